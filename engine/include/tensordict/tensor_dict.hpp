@@ -1,0 +1,352 @@
+#pragma once
+//! TensorDict: a dictionary of tensors that indexes, reshapes and stacks like one tensor.
+//! A TensorDict is a cheap ref-counted handle (like torch::Tensor): copying aliases, clone() copies.
+//! Thread-safety: like a torch::Tensor, concurrent reads are fine; concurrent structural changes
+//! (adding/removing keys) on one TensorDict are not. Concurrent in-place writes of disjoint rows are fine.
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "tensordict/backends/json_value.hpp"
+#include "tensordict/errors.hpp"
+#include "tensordict/nested_key.hpp"
+#include "tensordict/non_tensor.hpp"
+#include "tensordict/options.hpp"
+
+namespace tensordict {
+
+class Entry;
+class TensorDict;
+struct TensorDictImpl;
+
+//! one index element per batch dim: int, Slice, None, Ellipsis, bool, long/bool tensor (libtorch's kinds)
+using Index = std::vector<at::indexing::TensorIndex>;
+//! a source for construction: (key, value) pairs in order; values may themselves be Dicts (nested)
+using Dict = std::vector<std::pair<NestedKey, Entry>>;
+//! fn over leaves for apply: gets the leaf (and the matching leaves of `others`), returns the new leaf;
+//! an undefined tensor (at::Tensor()) drops the key (upstream's "returning None")
+using LeafFn = std::function<at::Tensor(const at::Tensor&)>;
+using MultiLeafFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+using NamedLeafFn = std::function<at::Tensor(const NestedKey&, const at::Tensor&)>;
+
+struct ApplyOptions {
+  //! value used when a key of self is missing in one of the others (otherwise KeyError)
+  TD_ARG(std::optional<at::Tensor>, default_value) = std::nullopt;
+  //! new batch size of the result (when fn changes the batch dims)
+  TD_ARG(std::optional<BatchSize>, batch_size) = std::nullopt;
+  //! named_apply: pass the full nested key instead of the leaf name
+  TD_ARG(bool, nested_keys) = false;
+  //! keep sub-TensorDicts that end up empty (upstream filter_empty=False)
+  TD_ARG(bool, keep_empty) = true;
+  //! lock the result when self is locked
+  TD_ARG(bool, propagate_lock) = false;
+};
+
+class TensorDict {
+ public:
+  // ---------------------------------------------------------------- construction
+  //! empty, batch_size [] and no device
+  TensorDict();
+  explicit TensorDict(BatchSize batch_size, std::optional<at::Device> device = std::nullopt);
+  //! from (key, value) pairs; nested Dicts become TensorDicts with this batch size
+  TensorDict(const Dict& source, BatchSize batch_size = {}, std::optional<at::Device> device = std::nullopt);
+  //! upstream from_dict: batch_size xor batch_dims (ValueError "both"), auto_batch_size
+  static TensorDict from_dict(const Dict& source, const FromDictOptions& options = {});
+  //! every key gets `value` (a 0-dim tensor), batch []
+  static TensorDict fromkeys(const std::vector<NestedKey>& keys, double value = 0);
+
+  // ---------------------------------------------------------------- shape and metadata
+  const BatchSize& batch_size() const;
+  //! checks every leaf (RuntimeError-like BatchSizeError with upstream's text otherwise)
+  void set_batch_size(BatchSize batch_size);
+  int64_t batch_dims() const;
+  int64_t ndim() const { return batch_dims(); }
+  int64_t numel() const;   //!< product of batch_size
+  int64_t size(int64_t dim) const;
+  std::optional<at::Device> device() const;
+  //! bytes of every tensor leaf, nested included
+  int64_t bytes() const;
+  bool is_empty() const;   //!< no leaf at any depth (non-tensor leaves count as leaves)
+  bool defined() const { return impl_ != nullptr; }
+  //! number of elements along dim 0 (0 for 0-dim), upstream's len(td)
+  int64_t len() const;
+  //! same underlying object (Python's `is`)
+  bool is_same(const TensorDict& other) const { return impl_ == other.impl_; }
+
+  // ---------------------------------------------------------------- keys
+  std::vector<NestedKey> keys(const KeysOptions& options = {}) const;
+  std::vector<Entry> values(const KeysOptions& options = {}) const;
+  std::vector<std::pair<NestedKey, Entry>> items(const KeysOptions& options = {}) const;
+  bool contains(const NestedKey& key) const;
+
+  // ---------------------------------------------------------------- reading
+  //! the tensor at key: KeyError if missing, TypeError if it is not a tensor
+  at::Tensor get(const NestedKey& key) const;
+  //! the tensor at key, or `default_value` when the key is missing
+  at::Tensor get(const NestedKey& key, const at::Tensor& default_value) const;
+  //! the sub-TensorDict at key (KeyError / TypeError)
+  TensorDict get_td(const NestedKey& key) const;
+  //! whatever is at key, as its wrapper (tensor, TensorDict, NonTensorData, NonTensorStack): KeyError if missing
+  Entry get_entry(const NestedKey& key) const;
+  std::optional<Entry> get_entry_opt(const NestedKey& key) const;
+  //! upstream td["k"] for non-tensors: NonTensorData -> its value, NonTensorStack -> nested lists
+  JsonValue get_non_tensor(const NestedKey& key) const;
+  bool is_non_tensor(const NestedKey& key) const;
+  //! get(key)[index]
+  at::Tensor get_at(const NestedKey& key, const Index& index) const;
+  //! upstream td[key]
+  Entry operator[](const NestedKey& key) const;
+
+  // ---------------------------------------------------------------- writing
+  //! adds or replaces the value at key (no copy), creating intermediate TensorDicts; with
+  //! inplace=true copies into the existing leaf when there is one. Locked: only in-place works.
+  TensorDict& set(const NestedKey& key, const Entry& value, bool inplace = false);
+  //! strict in-place copy into an existing leaf (KeyError if missing); allowed when locked
+  TensorDict& set_(const NestedKey& key, const Entry& value);
+  //! in-place write of value into get(key)[index]
+  TensorDict& set_at_(const NestedKey& key, const at::Tensor& value, const Index& index);
+  TensorDict& set_non_tensor(const NestedKey& key, const JsonValue& value);
+  TensorDict& update(const TensorDict& other, const UpdateOptions& options = {});
+  //! every key of other must exist here; copies in place
+  TensorDict& update_(const TensorDict& other);
+  TensorDict& update_at_(const TensorDict& other, const Index& index);
+  //! removes and returns; KeyError if missing
+  Entry pop(const NestedKey& key);
+  Entry pop(const NestedKey& key, const Entry& default_value);
+  TensorDict& del(const NestedKey& key);
+  //! `safe`: KeyError if new_key exists
+  TensorDict& rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe = false);
+  //! the value at key, after setting it to `default_value` when missing
+  Entry setdefault(const NestedKey& key, const Entry& default_value);
+  TensorDict& clear();
+  //! fills the tensor at key with a scalar, in place
+  TensorDict& fill_(const NestedKey& key, const at::Scalar& value);
+
+  // ---------------------------------------------------------------- key-structure ops
+  //! no copy; strict: KeyError for a missing key; inplace: drops the other keys from self
+  TensorDict select(const std::vector<NestedKey>& keys, bool strict = true, bool inplace = false) const;
+  TensorDict exclude(const std::vector<NestedKey>& keys, bool inplace = false) const;
+  //! N+1 TensorDicts: one per key set, then the rest (inplace: the rest is self)
+  std::vector<TensorDict> split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace = false,
+                                     bool strict = true) const;
+  TensorDict flatten_keys(const std::string& separator = ".", bool inplace = false) const;
+  TensorDict unflatten_keys(const std::string& separator = ".", bool inplace = false) const;
+  //! same batch size and device, no leaves (recurse: keeps the sub-TensorDict skeleton)
+  TensorDict empty(bool recurse = false) const;
+
+  // ---------------------------------------------------------------- indexing (batch dims only)
+  //! result batch size equals that of a dense tensor of shape batch_size indexed alike;
+  //! td.index({}) / {Ellipsis} / {Slice()} return this very TensorDict
+  TensorDict index(const Index& index) const;
+  //! td[idx] = value: broadcast on the left as upstream; missing keys are preallocated (zeros of
+  //! full size) and then written; existing keys are written in place
+  TensorDict& index_put_(const Index& index, const TensorDict& value);
+  //! every leaf's [idx] filled with the tensor (broadcast)
+  TensorDict& index_put_(const Index& index, const at::Tensor& value);
+  TensorDict& index_put_(const Index& index, const at::Scalar& value);
+
+  // ---------------------------------------------------------------- shape ops (views where torch gives views)
+  TensorDict view(BatchSize shape) const;
+  TensorDict reshape(BatchSize shape) const;
+  TensorDict flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  TensorDict unflatten(int64_t dim, BatchSize sizes) const;
+  //! all size-1 batch dims
+  TensorDict squeeze() const;
+  TensorDict squeeze(int64_t dim) const;
+  TensorDict unsqueeze(int64_t dim) const;
+  TensorDict permute(std::vector<int64_t> dims) const;
+  TensorDict transpose(int64_t dim0, int64_t dim1) const;
+  //! stride-0 views, no allocation; shape may start with new leading dims; -1 keeps a dim
+  TensorDict expand(BatchSize shape) const;
+  std::vector<TensorDict> unbind(int64_t dim = 0) const;
+  std::vector<TensorDict> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<TensorDict> split(std::vector<int64_t> split_sizes, int64_t dim = 0) const;
+  std::vector<TensorDict> chunk(int64_t chunks, int64_t dim = 0) const;
+  TensorDict contiguous() const;
+
+  // ---------------------------------------------------------------- apply family
+  TensorDict apply(const LeafFn& fn, const ApplyOptions& options = {}) const;
+  TensorDict apply(const MultiLeafFn& fn, const std::vector<TensorDict>& others,
+                   const ApplyOptions& options = {}) const;
+  TensorDict& apply_(const LeafFn& fn);
+  TensorDict& apply_(const MultiLeafFn& fn, const std::vector<TensorDict>& others);
+  TensorDict named_apply(const NamedLeafFn& fn, const ApplyOptions& options = {}) const;
+
+  //! deep copy (recurse) or structure-only copy sharing the leaves; never locked
+  TensorDict clone(bool recurse = true) const;
+  TensorDict copy() const { return clone(false); }
+  TensorDict to(at::Device device) const;
+  TensorDict to(at::ScalarType dtype) const;
+  TensorDict& zero_();
+  TensorDict masked_fill(const at::Tensor& mask, const at::Scalar& value) const;
+  TensorDict& masked_fill_(const at::Tensor& mask, const at::Scalar& value);
+  //! where(cond, self, other) leaf by leaf; cond is broadcast on the batch dims
+  TensorDict where(const at::Tensor& condition, const TensorDict& other) const;
+  TensorDict where(const at::Tensor& condition, const at::Scalar& other) const;
+
+  // ---------------------------------------------------------------- arithmetic, comparison, reductions
+  TensorDict add(const TensorDict& other) const;
+  TensorDict add(const at::Tensor& other) const;   //!< broadcast left to the batch dims
+  TensorDict add(const at::Scalar& other) const;
+  TensorDict sub(const TensorDict& other) const;
+  TensorDict sub(const at::Tensor& other) const;
+  TensorDict sub(const at::Scalar& other) const;
+  TensorDict mul(const TensorDict& other) const;
+  TensorDict mul(const at::Tensor& other) const;
+  TensorDict mul(const at::Scalar& other) const;
+  TensorDict div(const TensorDict& other) const;
+  TensorDict div(const at::Tensor& other) const;
+  TensorDict div(const at::Scalar& other) const;
+  TensorDict& add_(const TensorDict& other);
+  TensorDict& add_(const at::Scalar& other);
+  TensorDict& mul_(const at::Scalar& other);
+  //! TD of bool; TD-vs-TD needs equal key sets (KeyError)
+  TensorDict eq(const TensorDict& other) const;
+  TensorDict eq(const at::Scalar& other) const;
+  TensorDict ne(const TensorDict& other) const;
+  TensorDict ne(const at::Scalar& other) const;
+  TensorDict lt(const TensorDict& other) const;
+  TensorDict lt(const at::Scalar& other) const;
+  TensorDict le(const TensorDict& other) const;
+  TensorDict le(const at::Scalar& other) const;
+  TensorDict gt(const TensorDict& other) const;
+  TensorDict gt(const at::Scalar& other) const;
+  TensorDict ge(const TensorDict& other) const;
+  TensorDict ge(const at::Scalar& other) const;
+  //! over every leaf
+  bool all() const;
+  bool any() const;
+  //! along a batch dim: a TensorDict with that dim removed
+  TensorDict all(int64_t dim) const;
+  TensorDict any(int64_t dim) const;
+  //! reduce over all batch dims (dim unset) or one batch dim
+  TensorDict sum(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  TensorDict mean(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  //! same keys, leaves equal (torch::equal) and same batch size
+  bool equal(const TensorDict& other) const;
+
+  // ---------------------------------------------------------------- lock
+  //! locks this TensorDict and every sub-TensorDict; returns *this
+  TensorDict& lock_();
+  //! LockedError when a locked parent still holds this TensorDict
+  TensorDict& unlock_();
+  bool is_locked() const;
+  //! flags set by memmap_() / share_memory_() (the flag, not leaf inspection, as upstream)
+  bool is_memmap() const;
+  bool is_shared() const;
+
+  //! internal: the implementation object (engine and upper layers only)
+  const std::shared_ptr<TensorDictImpl>& impl() const { return impl_; }
+  explicit TensorDict(std::shared_ptr<TensorDictImpl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<TensorDictImpl> impl_;
+};
+
+//! the value at a key: a tensor, a sub-TensorDict, a NonTensorData, a NonTensorStack, or (only as
+//! construction input) a nested Dict
+class Entry {
+ public:
+  enum class Kind { None, Tensor, TensorDict, NonTensorData, NonTensorStack, Dict };
+  Entry() = default;
+  Entry(at::Tensor t);
+  Entry(TensorDict td);
+  Entry(NonTensorData d);
+  Entry(NonTensorStack s);
+  Entry(Dict d);
+  Entry(const char* s);
+  Entry(std::string s);
+  //! a non-tensor value (broadcast over the batch when set)
+  explicit Entry(JsonValue v);
+
+  Kind kind() const { return kind_; }
+  bool is_none() const { return kind_ == Kind::None; }
+  bool is_tensor() const { return kind_ == Kind::Tensor; }
+  bool is_tensordict() const { return kind_ == Kind::TensorDict; }
+  bool is_non_tensor_data() const { return kind_ == Kind::NonTensorData; }
+  bool is_non_tensor_stack() const { return kind_ == Kind::NonTensorStack; }
+  bool is_non_tensor() const { return is_non_tensor_data() || is_non_tensor_stack(); }
+  bool is_dict() const { return kind_ == Kind::Dict; }
+  //! typed access; TypeError naming the actual kind otherwise
+  const at::Tensor& tensor() const;
+  TensorDict tensordict() const;
+  const NonTensorData& non_tensor_data() const;
+  const NonTensorStack& non_tensor_stack() const;
+  const Dict& dict() const;
+  //! NonTensorData value or NonTensorStack nested list
+  JsonValue non_tensor_value() const;
+  //! leading dims that count as batch: tensor sizes, TD / non-tensor batch sizes
+  BatchSize shape() const;
+  static const char* kind_name(Kind k);
+
+ private:
+  Kind kind_ = Kind::None;
+  at::Tensor tensor_;
+  std::shared_ptr<TensorDictImpl> td_;
+  NonTensorData nt_;
+  NonTensorStack nts_;
+  std::shared_ptr<Dict> dict_;
+};
+
+// ---------------------------------------------------------------- free functions
+//! dense stack: identical batch sizes, key sets and leaf shapes; out: written in place
+TensorDict stack(const std::vector<TensorDict>& tds, int64_t dim = 0,
+                 std::optional<TensorDict> out = std::nullopt);
+TensorDict cat(const std::vector<TensorDict>& tds, int64_t dim = 0,
+               std::optional<TensorDict> out = std::nullopt);
+TensorDict zeros_like(const TensorDict& td);
+TensorDict ones_like(const TensorDict& td);
+TensorDict empty_like(const TensorDict& td);
+
+TensorDict operator+(const TensorDict& a, const TensorDict& b);
+TensorDict operator-(const TensorDict& a, const TensorDict& b);
+TensorDict operator*(const TensorDict& a, const TensorDict& b);
+TensorDict operator/(const TensorDict& a, const TensorDict& b);
+TensorDict operator+(const TensorDict& a, const at::Scalar& b);
+TensorDict operator-(const TensorDict& a, const at::Scalar& b);
+TensorDict operator*(const TensorDict& a, const at::Scalar& b);
+TensorDict operator/(const TensorDict& a, const at::Scalar& b);
+TensorDict operator+(const TensorDict& a, const at::Tensor& b);
+TensorDict operator-(const TensorDict& a, const at::Tensor& b);
+TensorDict operator*(const TensorDict& a, const at::Tensor& b);
+TensorDict operator/(const TensorDict& a, const at::Tensor& b);
+TensorDict operator==(const TensorDict& a, const TensorDict& b);
+TensorDict operator!=(const TensorDict& a, const TensorDict& b);
+
+//! upstream's repr layout: fields sorted, shapes, dtypes, batch_size, device, is_shared
+std::ostream& operator<<(std::ostream& os, const TensorDict& td);
+std::string repr(const TensorDict& td);
+std::string repr_batch_size(const BatchSize& bs);  //!< "torch.Size([3, 4])"
+
+//! RAII: locks in the constructor, unlocks in the destructor (if it locked)
+class LockGuard {
+ public:
+  explicit LockGuard(TensorDict td);
+  ~LockGuard();
+  LockGuard(const LockGuard&) = delete;
+  LockGuard& operator=(const LockGuard&) = delete;
+
+ private:
+  TensorDict td_;
+  bool was_locked_;
+};
+//! RAII: unlocks in the constructor, re-locks in the destructor (upstream's `with td.unlock_():`)
+class UnlockGuard {
+ public:
+  explicit UnlockGuard(TensorDict td);
+  ~UnlockGuard();
+  UnlockGuard(const UnlockGuard&) = delete;
+  UnlockGuard& operator=(const UnlockGuard&) = delete;
+
+ private:
+  TensorDict td_;
+  bool was_locked_;
+};
+
+}  // namespace tensordict

@@ -1,0 +1,963 @@
+// TensorDict core: construction, metadata, keys, get/set/update, key-structure ops, clone, lock.
+#include <algorithm>
+#include <sstream>
+
+#include "tensor_dict_internal.hpp"
+
+namespace tensordict {
+
+// ============================================================================ detail helpers
+namespace detail {
+
+std::string shape_list(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+std::string shape_str(at::IntArrayRef shape) { return "torch.Size(" + shape_list(shape) + ")"; }
+
+int64_t prod(at::IntArrayRef shape) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+int64_t normalize_dim(int64_t dim, int64_t ndim, bool allow_end) {
+  int64_t hi = allow_end ? ndim + 1 : ndim;
+  if (dim < -hi || dim >= hi) {
+    throw IndexError("Dimension out of range (expected to be in range of [" + std::to_string(-hi) + ", " +
+                     std::to_string(hi - 1) + "], but got " + std::to_string(dim) + ")");
+  }
+  return dim < 0 ? dim + hi : dim;
+}
+
+TensorDict make_empty(const TensorDictImpl& like, BatchSize batch_size) {
+  auto impl = std::make_shared<TensorDictImpl>();
+  impl->batch_size = std::move(batch_size);
+  impl->device = like.device;
+  return TensorDict(std::move(impl));
+}
+
+void check_unlocked(const TensorDictImpl& impl, const std::string& what) {
+  if (impl.locked) {
+    throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+                      "method and make sure the key is present. (" + what + ")");
+  }
+}
+
+[[noreturn]] void throw_missing_key(const NestedKey& key, const TensorDictImpl& where) {
+  std::string existing;
+  for (size_t i = 0; i < where.entries.size(); ++i) existing += (i ? ", " : "") + where.entries[i].first;
+  throw KeyError("key " + key.repr() + " not found in TensorDict with keys [" + existing + "]");
+}
+
+static bool has_prefix(at::IntArrayRef shape, const BatchSize& bs) {
+  if (shape.size() < bs.size()) return false;
+  for (size_t i = 0; i < bs.size(); ++i)
+    if (shape[i] != bs[i]) return false;
+  return true;
+}
+
+static void batch_mismatch(const TensorDictImpl& impl, at::IntArrayRef shape) {
+  throw BatchSizeError("batch dimension mismatch, got self.batch_size=" + shape_str(impl.batch_size) +
+                       " and value.shape=" + shape_str(shape) + ".");
+}
+
+Entry prepare_value(const TensorDictImpl& impl, const std::string& key, const Entry& value) {
+  (void)key;
+  switch (value.kind()) {
+    case Entry::Kind::None:
+      throw TypeError("cannot set key '" + key + "' to an empty value");
+    case Entry::Kind::Tensor: {
+      at::Tensor t = value.tensor();
+      if (!t.defined()) throw TypeError("cannot set key '" + key + "' to an undefined tensor");
+      if (impl.device && t.device() != *impl.device) t = t.to(*impl.device);
+      if (!has_prefix(t.sizes(), impl.batch_size)) batch_mismatch(impl, t.sizes());
+      return Entry(t);
+    }
+    case Entry::Kind::TensorDict: {
+      TensorDict td = value.tensordict();
+      if (impl.device && td.device() != impl.device) td = td.to(*impl.device);
+      if (!has_prefix(td.batch_size(), impl.batch_size)) {
+        TensorDict copy = td.copy();
+        try {
+          copy.set_batch_size(impl.batch_size);
+        } catch (const BatchSizeError&) {
+          batch_mismatch(impl, td.batch_size());
+        }
+        return Entry(copy);
+      }
+      return Entry(td);
+    }
+    case Entry::Kind::Dict:
+      return Entry(TensorDict(value.dict(), impl.batch_size, impl.device));
+    case Entry::Kind::NonTensorData: {
+      const auto& d = value.non_tensor_data();
+      if (d.batch_size().empty() || !has_prefix(d.batch_size(), impl.batch_size)) {
+        if (!d.batch_size().empty() && d.batch_size() != impl.batch_size) batch_mismatch(impl, d.batch_size());
+        return Entry(NonTensorData(d.value(), impl.batch_size));
+      }
+      return value;
+    }
+    case Entry::Kind::NonTensorStack: {
+      const auto& s = value.non_tensor_stack();
+      if (!has_prefix(s.batch_size(), impl.batch_size)) batch_mismatch(impl, s.batch_size());
+      return value;
+    }
+  }
+  return value;
+}
+
+TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
+  TensorDictImpl* cur = root;
+  for (size_t i = 0; i + 1 < key.size(); ++i) {
+    Entry* e = cur->find(key[i]);
+    if (!e) {
+      if (!create) return nullptr;
+      check_unlocked(*cur, "creating sub-TensorDict '" + key[i] + "'");
+      TensorDict sub = make_empty(*cur, cur->batch_size);
+      cur->put(key[i], Entry(sub));
+      e = cur->find(key[i]);
+    }
+    if (!e->is_tensordict()) {
+      throw KeyError("key " + key.repr() + ": '" + key[i] + "' is a " + Entry::kind_name(e->kind()) +
+                     ", not a TensorDict, so it cannot hold nested keys");
+    }
+    cur = e->tensordict().impl().get();
+  }
+  return cur;
+}
+
+const TensorDictImpl* walk(const TensorDictImpl* root, const NestedKey& key) {
+  return walk(const_cast<TensorDictImpl*>(root), key, false);
+}
+
+TensorDict map_batch(const TensorDict& td, const BatchSize& new_batch,
+                     const std::function<at::Tensor(const at::Tensor&)>& fn, bool keep_flags) {
+  const TensorDictImpl& src = *td.impl();
+  auto out = std::make_shared<TensorDictImpl>();
+  out->batch_size = new_batch;
+  out->device = src.device;
+  out->entries.reserve(src.entries.size());
+  const size_t old_nd = src.batch_size.size();
+  for (const auto& kv : src.entries) {
+    const Entry& e = kv.second;
+    switch (e.kind()) {
+      case Entry::Kind::Tensor:
+        out->entries.emplace_back(kv.first, Entry(fn(e.tensor())));
+        break;
+      case Entry::Kind::TensorDict: {
+        TensorDict child = e.tensordict();
+        BatchSize cb = new_batch;
+        const auto& obs = child.batch_size();
+        cb.insert(cb.end(), obs.begin() + static_cast<long>(old_nd), obs.end());
+        out->entries.emplace_back(kv.first, Entry(map_batch(child, cb, fn, keep_flags)));
+        break;
+      }
+      case Entry::Kind::NonTensorData: {
+        BatchSize cb = new_batch;
+        const auto& obs = e.non_tensor_data().batch_size();
+        if (obs.size() > old_nd) cb.insert(cb.end(), obs.begin() + static_cast<long>(old_nd), obs.end());
+        out->entries.emplace_back(kv.first, Entry(NonTensorData(e.non_tensor_data().value(), cb)));
+        break;
+      }
+      case Entry::Kind::NonTensorStack:
+        out->entries.emplace_back(kv.first, Entry(e.non_tensor_stack().remap(fn)));
+        break;
+      default:
+        break;
+    }
+  }
+  if (keep_flags) {
+    out->is_memmap = src.is_memmap;
+    out->is_shared = src.is_shared;
+    if (src.locked) {
+      TensorDict r(out);
+      r.lock_();
+      return r;
+    }
+  }
+  return TensorDict(out);
+}
+
+static void lock_impl(const std::shared_ptr<TensorDictImpl>& impl) {
+  impl->locked = true;
+  lock_children(impl);
+}
+
+void lock_children(const std::shared_ptr<TensorDictImpl>& parent) {
+  for (auto& kv : parent->entries) {
+    if (!kv.second.is_tensordict()) continue;
+    auto child = kv.second.tensordict().impl();
+    bool known = false;
+    for (auto& w : child->locked_parents)
+      if (w.lock() == parent) known = true;
+    if (!known) child->locked_parents.push_back(parent);
+    lock_impl(child);
+  }
+}
+
+bool contains_impl(const TensorDictImpl& impl, const TensorDictImpl* target) {
+  for (const auto& kv : impl.entries) {
+    if (!kv.second.is_tensordict()) continue;
+    auto child = kv.second.tensordict().impl();
+    if (child.get() == target || contains_impl(*child, target)) return true;
+  }
+  return false;
+}
+
+}  // namespace detail
+
+using detail::check_unlocked;
+using detail::make_empty;
+using detail::prepare_value;
+using detail::shape_str;
+using detail::throw_missing_key;
+
+// ============================================================================ Entry
+Entry::Entry(at::Tensor t) : kind_(Kind::Tensor), tensor_(std::move(t)) {}
+Entry::Entry(TensorDict td) : kind_(Kind::TensorDict), td_(td.impl()) {
+  if (!td_) throw TypeError("cannot make an entry of an undefined TensorDict");
+}
+Entry::Entry(NonTensorData d) : kind_(Kind::NonTensorData), nt_(std::move(d)) {}
+Entry::Entry(NonTensorStack s) : kind_(Kind::NonTensorStack), nts_(std::move(s)) {}
+Entry::Entry(Dict d) : kind_(Kind::Dict), dict_(std::make_shared<Dict>(std::move(d))) {}
+Entry::Entry(const char* s) : Entry(JsonValue(s)) {}
+Entry::Entry(std::string s) : Entry(JsonValue(std::move(s))) {}
+Entry::Entry(JsonValue v) : kind_(Kind::NonTensorData), nt_(std::move(v)) {}
+
+const char* Entry::kind_name(Kind k) {
+  switch (k) {
+    case Kind::None: return "None";
+    case Kind::Tensor: return "Tensor";
+    case Kind::TensorDict: return "TensorDict";
+    case Kind::NonTensorData: return "NonTensorData";
+    case Kind::NonTensorStack: return "NonTensorStack";
+    case Kind::Dict: return "Dict";
+  }
+  return "?";
+}
+
+static void wrong_kind(Entry::Kind want, Entry::Kind got) {
+  throw TypeError(std::string("expected a ") + Entry::kind_name(want) + " entry, got a " + Entry::kind_name(got));
+}
+const at::Tensor& Entry::tensor() const {
+  if (kind_ != Kind::Tensor) wrong_kind(Kind::Tensor, kind_);
+  return tensor_;
+}
+TensorDict Entry::tensordict() const {
+  if (kind_ != Kind::TensorDict) wrong_kind(Kind::TensorDict, kind_);
+  return TensorDict(td_);
+}
+const NonTensorData& Entry::non_tensor_data() const {
+  if (kind_ != Kind::NonTensorData) wrong_kind(Kind::NonTensorData, kind_);
+  return nt_;
+}
+const NonTensorStack& Entry::non_tensor_stack() const {
+  if (kind_ != Kind::NonTensorStack) wrong_kind(Kind::NonTensorStack, kind_);
+  return nts_;
+}
+const Dict& Entry::dict() const {
+  if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
+  return *dict_;
+}
+JsonValue Entry::non_tensor_value() const {
+  if (kind_ == Kind::NonTensorData) return nt_.value();
+  if (kind_ == Kind::NonTensorStack) return nts_.tolist();
+  throw TypeError(std::string("expected a non-tensor entry, got a ") + kind_name(kind_));
+}
+BatchSize Entry::shape() const {
+  switch (kind_) {
+    case Kind::Tensor: return BatchSize(tensor_.sizes().begin(), tensor_.sizes().end());
+    case Kind::TensorDict: return TensorDict(td_).batch_size();
+    case Kind::NonTensorData: return nt_.batch_size();
+    case Kind::NonTensorStack: return nts_.batch_size();
+    default: return {};
+  }
+}
+
+// ============================================================================ construction
+TensorDict::TensorDict() : impl_(std::make_shared<TensorDictImpl>()) {}
+
+TensorDict::TensorDict(BatchSize batch_size, std::optional<at::Device> device)
+    : impl_(std::make_shared<TensorDictImpl>()) {
+  for (auto s : batch_size)
+    if (s < 0) throw BatchSizeError("batch size " + shape_str(batch_size) + " has a negative dimension");
+  impl_->batch_size = std::move(batch_size);
+  impl_->device = device;
+}
+
+TensorDict::TensorDict(const Dict& source, BatchSize batch_size, std::optional<at::Device> device)
+    : TensorDict(std::move(batch_size), device) {
+  for (const auto& kv : source) set(kv.first, kv.second);
+}
+
+static BatchSize common_prefix(const std::vector<BatchSize>& shapes) {
+  if (shapes.empty()) return {};
+  BatchSize p = shapes[0];
+  for (const auto& s : shapes) {
+    size_t n = 0;
+    while (n < p.size() && n < s.size() && p[n] == s[n]) ++n;
+    p.resize(n);
+  }
+  return p;
+}
+
+static BatchSize max_batch(const TensorDict& td) {
+  std::vector<BatchSize> shapes;
+  for (const auto& kv : td.impl()->entries) {
+    if (kv.second.is_tensordict()) {
+      shapes.push_back(max_batch(kv.second.tensordict()));
+    } else {
+      shapes.push_back(kv.second.shape());
+    }
+  }
+  return common_prefix(shapes);
+}
+
+static void auto_batch(TensorDict& td, std::optional<int64_t> dims) {
+  for (auto& kv : td.impl()->entries) {
+    if (kv.second.is_tensordict()) {
+      TensorDict c = kv.second.tensordict();
+      auto_batch(c, std::nullopt);
+    }
+  }
+  BatchSize bs = max_batch(td);
+  if (dims) {
+    if (static_cast<int64_t>(bs.size()) < *dims) {
+      throw BatchSizeError("cannot find " + std::to_string(*dims) + " common batch dims, found " +
+                           detail::shape_str(bs));
+    }
+    bs.resize(static_cast<size_t>(*dims));
+  }
+  td.set_batch_size(bs);
+}
+
+TensorDict TensorDict::from_dict(const Dict& source, const FromDictOptions& options) {
+  if (options.batch_size() && options.batch_dims()) {
+    throw ValueError("Cannot pass both batch_size and batch_dims to `from_dict`.");
+  }
+  if (options.batch_size()) return TensorDict(source, *options.batch_size());
+  TensorDict td(source, {});
+  if (options.auto_batch_size() || options.batch_dims()) auto_batch(td, options.batch_dims());
+  return td;
+}
+
+TensorDict TensorDict::fromkeys(const std::vector<NestedKey>& keys, double value) {
+  TensorDict td;
+  for (const auto& k : keys) td.set(k, at::scalar_tensor(value, at::kFloat));
+  return td;
+}
+
+// ============================================================================ metadata
+const BatchSize& TensorDict::batch_size() const { return impl_->batch_size; }
+int64_t TensorDict::batch_dims() const { return static_cast<int64_t>(impl_->batch_size.size()); }
+int64_t TensorDict::numel() const { return detail::prod(impl_->batch_size); }
+int64_t TensorDict::size(int64_t dim) const { return impl_->batch_size[detail::normalize_dim(dim, batch_dims())]; }
+std::optional<at::Device> TensorDict::device() const { return impl_->device; }
+int64_t TensorDict::len() const { return impl_->batch_size.empty() ? 0 : impl_->batch_size[0]; }
+bool TensorDict::is_locked() const { return impl_->locked; }
+bool TensorDict::is_memmap() const { return impl_->is_memmap; }
+bool TensorDict::is_shared() const { return impl_->is_shared; }
+
+int64_t TensorDict::bytes() const {
+  int64_t n = 0;
+  for (const auto& kv : impl_->entries) {
+    if (kv.second.is_tensor()) n += kv.second.tensor().numel() * static_cast<int64_t>(kv.second.tensor().element_size());
+    if (kv.second.is_tensordict()) n += kv.second.tensordict().bytes();
+  }
+  return n;
+}
+
+bool TensorDict::is_empty() const {
+  for (const auto& kv : impl_->entries) {
+    if (!kv.second.is_tensordict()) return false;
+    if (!kv.second.tensordict().is_empty()) return false;
+  }
+  return true;
+}
+
+static void check_batch_size(const TensorDictImpl& impl, const BatchSize& bs) {
+  for (auto s : bs)
+    if (s < 0) throw BatchSizeError("batch size " + shape_str(bs) + " has a negative dimension");
+  for (const auto& kv : impl.entries) {
+    BatchSize shape = kv.second.shape();
+    bool ok = shape.size() >= bs.size() && std::equal(bs.begin(), bs.end(), shape.begin());
+    if (!ok) {
+      std::string what = kv.second.is_tensordict() ? "TensorDict" : "tensor";
+      throw BatchSizeError("the " + what + " " + kv.first + " has shape " + shape_str(shape) +
+                           " which is incompatible with the batch-size " + shape_str(bs) + ".");
+    }
+  }
+}
+
+void TensorDict::set_batch_size(BatchSize batch_size) {
+  check_batch_size(*impl_, batch_size);
+  // NonTensorData follows the batch size of its parent (it is broadcast)
+  for (auto& kv : impl_->entries) {
+    if (kv.second.is_non_tensor_data() && kv.second.non_tensor_data().batch_size() == impl_->batch_size) {
+      kv.second = Entry(NonTensorData(kv.second.non_tensor_data().value(), batch_size));
+    }
+  }
+  impl_->batch_size = std::move(batch_size);
+}
+
+// ============================================================================ keys
+static void collect_keys(const TensorDictImpl& impl, const NestedKey& prefix, const KeysOptions& o,
+                         std::vector<std::pair<NestedKey, Entry>>& out) {
+  for (const auto& kv : impl.entries) {
+    NestedKey full = prefix + NestedKey(kv.first);
+    const Entry& e = kv.second;
+    if (o.include_nested() && e.is_tensordict()) collect_keys(*e.tensordict().impl(), full, o, out);
+    bool leaf = e.is_tensor() || (o.non_tensor_leaves() && e.is_non_tensor());
+    if (!o.leaves_only() || leaf) out.emplace_back(std::move(full), e);
+  }
+}
+
+std::vector<std::pair<NestedKey, Entry>> TensorDict::items(const KeysOptions& options) const {
+  std::vector<std::pair<NestedKey, Entry>> out;
+  out.reserve(impl_->entries.size());
+  collect_keys(*impl_, NestedKey(), options, out);
+  if (options.sort()) {
+    std::stable_sort(out.begin(), out.end(),
+                     [](const auto& a, const auto& b) { return a.first.join(".") < b.first.join("."); });
+  }
+  return out;
+}
+
+std::vector<NestedKey> TensorDict::keys(const KeysOptions& options) const {
+  if (!options.include_nested() && !options.leaves_only() && !options.sort()) {
+    std::vector<NestedKey> out;
+    out.reserve(impl_->entries.size());
+    for (const auto& kv : impl_->entries) out.emplace_back(kv.first);
+    return out;
+  }
+  std::vector<NestedKey> out;
+  for (auto& kv : items(options)) out.push_back(std::move(kv.first));
+  return out;
+}
+
+std::vector<Entry> TensorDict::values(const KeysOptions& options) const {
+  std::vector<Entry> out;
+  for (auto& kv : items(options)) out.push_back(std::move(kv.second));
+  return out;
+}
+
+bool TensorDict::contains(const NestedKey& key) const {
+  if (key.empty()) return false;
+  const TensorDictImpl* p = nullptr;
+  try {
+    p = detail::walk(impl_.get(), key);
+  } catch (const KeyError&) {
+    return false;
+  }
+  return p && p->find(key.back()) != nullptr;
+}
+
+// ============================================================================ reading
+std::optional<Entry> TensorDict::get_entry_opt(const NestedKey& key) const {
+  if (key.empty()) throw KeyError("empty key");
+  const TensorDictImpl* p = detail::walk(impl_.get(), key);
+  if (!p) return std::nullopt;
+  const Entry* e = p->find(key.back());
+  if (!e) return std::nullopt;
+  return *e;
+}
+
+Entry TensorDict::get_entry(const NestedKey& key) const {
+  if (key.empty()) throw KeyError("empty key");
+  const TensorDictImpl* p = detail::walk(impl_.get(), key);
+  if (!p) throw_missing_key(key, *impl_);
+  const Entry* e = p->find(key.back());
+  if (!e) throw_missing_key(key, *p);
+  return *e;
+}
+
+Entry TensorDict::operator[](const NestedKey& key) const { return get_entry(key); }
+
+at::Tensor TensorDict::get(const NestedKey& key) const {
+  if (key.size() == 1) {  // fast path: no walk, no Entry copy
+    const Entry* e = impl_->find(key.front());
+    if (!e) throw_missing_key(key, *impl_);
+    return e->tensor();
+  }
+  return get_entry(key).tensor();
+}
+
+at::Tensor TensorDict::get(const NestedKey& key, const at::Tensor& default_value) const {
+  auto e = get_entry_opt(key);
+  if (!e) return default_value;
+  return e->tensor();
+}
+
+TensorDict TensorDict::get_td(const NestedKey& key) const { return get_entry(key).tensordict(); }
+
+JsonValue TensorDict::get_non_tensor(const NestedKey& key) const { return get_entry(key).non_tensor_value(); }
+
+bool TensorDict::is_non_tensor(const NestedKey& key) const {
+  auto e = get_entry_opt(key);
+  return e && e->is_non_tensor();
+}
+
+at::Tensor TensorDict::get_at(const NestedKey& key, const Index& index) const { return get(key).index(index); }
+
+// ============================================================================ writing
+static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
+  if (dest.is_tensor()) {
+    if (!value.is_tensor()) {
+      throw TypeError("in-place write of a " + std::string(Entry::kind_name(value.kind())) + " into tensor " +
+                      key.repr());
+    }
+    at::Tensor d = dest.tensor();
+    const at::Tensor& v = value.tensor();
+    if (!v.sizes().equals(d.sizes())) {
+      // copy_ broadcasts; upstream allows it too, but a larger value is an error
+      try {
+        d.copy_(v);
+      } catch (const c10::Error& err) {
+        throw BatchSizeError("cannot copy a value of shape " + shape_str(v.sizes()) + " into " + key.repr() +
+                             " of shape " + shape_str(d.sizes()));
+      }
+      return;
+    }
+    d.copy_(v);
+  } else if (dest.is_tensordict()) {
+    TensorDict d = dest.tensordict();
+    if (value.is_tensordict()) {
+      d.update_(value.tensordict());
+    } else if (value.is_dict()) {
+      d.update_(TensorDict(value.dict(), d.batch_size(), d.device()));
+    } else {
+      throw TypeError("in-place write of a " + std::string(Entry::kind_name(value.kind())) + " into TensorDict " +
+                      key.repr());
+    }
+  } else if (dest.is_non_tensor()) {
+    if (!value.is_non_tensor()) throw TypeError("in-place write of a tensor into non-tensor " + key.repr());
+    BatchSize bs = dest.shape();
+    if (value.is_non_tensor_data()) {
+      dest = Entry(NonTensorData(value.non_tensor_data().value(), bs));
+    } else {
+      if (value.non_tensor_stack().batch_size() != bs) {
+        throw BatchSizeError("cannot write a NonTensorStack of batch " + shape_str(value.non_tensor_stack().batch_size()) +
+                             " into " + key.repr() + " of batch " + shape_str(bs));
+      }
+      dest = value;
+    }
+  }
+}
+
+TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inplace) {
+  if (key.empty()) throw KeyError("empty key");
+  TensorDictImpl* p = detail::walk(impl_.get(), key, /*create=*/!impl_->locked || !inplace);
+  if (!p) throw_missing_key(key, *impl_);
+  Entry* existing = p->find(key.back());
+  if (existing && inplace) {
+    copy_into(*existing, prepare_value(*p, key.back(), value), key);
+    return *this;
+  }
+  check_unlocked(*p, "set " + key.repr());
+  Entry v = prepare_value(*p, key.back(), value);
+  p->put(key.back(), std::move(v));
+  return *this;
+}
+
+TensorDict& TensorDict::set_(const NestedKey& key, const Entry& value) {
+  if (key.empty()) throw KeyError("empty key");
+  TensorDictImpl* p = detail::walk(impl_.get(), key, false);
+  Entry* existing = p ? p->find(key.back()) : nullptr;
+  if (!existing) {
+    throw KeyError("key " + key.repr() + " not found in tensordict, call td.set(key, value) to add a new key");
+  }
+  copy_into(*existing, prepare_value(*p, key.back(), value), key);
+  return *this;
+}
+
+TensorDict& TensorDict::set_at_(const NestedKey& key, const at::Tensor& value, const Index& index) {
+  at::Tensor t = get(key);
+  t.index_put_(index, value);
+  return *this;
+}
+
+TensorDict& TensorDict::set_non_tensor(const NestedKey& key, const JsonValue& value) {
+  return set(key, Entry(value));
+}
+
+static void update_impl(TensorDict& self, const TensorDict& other, const UpdateOptions& o, const NestedKey& prefix) {
+  for (const auto& kv : other.impl()->entries) {
+    NestedKey k(kv.first);
+    NestedKey full = prefix + k;
+    if (o.keys_to_update()) {
+      const auto& ks = *o.keys_to_update();
+      std::string joined = full.join(".");
+      bool wanted = false;
+      for (const auto& w : ks)
+        if (w == joined || joined.rfind(w + ".", 0) == 0 || w.rfind(joined + ".", 0) == 0) wanted = true;
+      if (!wanted) continue;
+    }
+    Entry* mine = self.impl()->find(kv.first);
+    if (kv.second.is_tensordict() && mine && mine->is_tensordict()) {
+      TensorDict sub = mine->tensordict();
+      update_impl(sub, kv.second.tensordict(), o, full);
+      continue;
+    }
+    Entry v = kv.second;
+    if (o.clone()) {
+      if (v.is_tensor()) v = Entry(v.tensor().clone());
+      if (v.is_tensordict()) v = Entry(v.tensordict().clone());
+    }
+    if (o.inplace() && mine) {
+      self.set(k, v, true);
+    } else if (o.ignore_lock()) {
+      bool was = self.impl()->locked;
+      self.impl()->locked = false;
+      try {
+        self.set(k, v);
+      } catch (...) {
+        self.impl()->locked = was;
+        throw;
+      }
+      self.impl()->locked = was;
+    } else {
+      self.set(k, v);
+    }
+  }
+}
+
+TensorDict& TensorDict::update(const TensorDict& other, const UpdateOptions& options) {
+  if (other.is_same(*this)) return *this;
+  update_impl(*this, other, options, NestedKey());
+  return *this;
+}
+
+static void check_all_exist(const TensorDict& self, const TensorDict& other) {
+  for (const auto& k : other.keys(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    if (!self.contains(k)) {
+      throw KeyError("key " + k.repr() + " not found in the destination TensorDict: update_ only writes existing keys");
+    }
+  }
+}
+
+TensorDict& TensorDict::update_(const TensorDict& other) {
+  if (other.is_same(*this)) return *this;
+  check_all_exist(*this, other);
+  for (const auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    set_(kv.first, kv.second);
+  }
+  return *this;
+}
+
+TensorDict& TensorDict::update_at_(const TensorDict& other, const Index& index) {
+  check_all_exist(*this, other);
+  for (const auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true))) {
+    get(kv.first).index_put_(index, kv.second.tensor());
+  }
+  return *this;
+}
+
+Entry TensorDict::pop(const NestedKey& key) {
+  Entry e = get_entry(key);
+  del(key);
+  return e;
+}
+
+Entry TensorDict::pop(const NestedKey& key, const Entry& default_value) {
+  if (!contains(key)) return default_value;
+  return pop(key);
+}
+
+TensorDict& TensorDict::del(const NestedKey& key) {
+  if (key.empty()) throw KeyError("empty key");
+  TensorDictImpl* p = detail::walk(impl_.get(), key, false);
+  if (!p || !p->find(key.back())) throw_missing_key(key, p ? *p : *impl_);
+  check_unlocked(*p, "del " + key.repr());
+  p->erase(key.back());
+  return *this;
+}
+
+TensorDict& TensorDict::rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe) {
+  check_unlocked(*impl_, "rename_key_");
+  if (old_key == new_key) return *this;
+  if (safe && contains(new_key)) {
+    throw KeyError("key " + new_key.repr() + " already present in TensorDict (rename_key_ with safe=true)");
+  }
+  Entry e = get_entry(old_key);
+  TensorDictImpl* op = detail::walk(impl_.get(), old_key, false);
+  check_unlocked(*op, "rename_key_");
+  if (old_key.size() == 1 && new_key.size() == 1) {  // keep the position, like upstream's dict rename
+    for (auto& kv : impl_->entries)
+      if (kv.first == old_key.front()) {
+        impl_->erase(new_key.front());
+        for (auto& kv2 : impl_->entries)
+          if (kv2.first == old_key.front()) kv2.first = new_key.front();
+        return *this;
+      }
+  }
+  del(old_key);
+  set(new_key, e);
+  return *this;
+}
+
+Entry TensorDict::setdefault(const NestedKey& key, const Entry& default_value) {
+  if (!contains(key)) set(key, default_value);
+  return get_entry(key);
+}
+
+TensorDict& TensorDict::clear() {
+  check_unlocked(*impl_, "clear");
+  impl_->entries.clear();
+  return *this;
+}
+
+TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
+  Entry e = get_entry(key);
+  if (e.is_tensordict()) {
+    e.tensordict().apply_([&](const at::Tensor& t) { return t.fill_(value); });
+  } else {
+    e.tensor().fill_(value);
+  }
+  return *this;
+}
+
+// ============================================================================ key-structure ops
+TensorDict TensorDict::empty(bool recurse) const {
+  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  if (recurse) {
+    for (const auto& kv : impl_->entries)
+      if (kv.second.is_tensordict()) out.impl()->put(kv.first, Entry(kv.second.tensordict().empty(true)));
+  }
+  return out;
+}
+
+TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, bool inplace) const {
+  if (inplace) check_unlocked(*impl_, "select(inplace=true)");
+  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  for (const auto& k : keys) {
+    auto e = get_entry_opt(k);
+    if (!e) {
+      if (strict) throw_missing_key(k, *impl_);
+      continue;
+    }
+    // rebuild intermediate levels with their own batch sizes
+    TensorDictImpl* dst = out.impl().get();
+    const TensorDictImpl* src = impl_.get();
+    for (size_t i = 0; i + 1 < k.size(); ++i) {
+      const Entry* se = src->find(k[i]);
+      src = se->tensordict().impl().get();
+      Entry* de = dst->find(k[i]);
+      if (!de) {
+        dst->put(k[i], Entry(make_empty(*src, src->batch_size)));
+        de = dst->find(k[i]);
+      }
+      dst = de->tensordict().impl().get();
+    }
+    dst->put(k.back(), *e);
+  }
+  if (inplace) {
+    impl_->entries = out.impl()->entries;
+    return *this;
+  }
+  return out;
+}
+
+static void exclude_into(const TensorDictImpl& src, TensorDictImpl& dst, const std::vector<NestedKey>& keys) {
+  for (const auto& kv : src.entries) {
+    bool drop = false;
+    std::vector<NestedKey> sub;
+    for (const auto& k : keys) {
+      if (k.front() != kv.first) continue;
+      if (k.size() == 1) {
+        drop = true;
+      } else {
+        sub.push_back(k.tail());
+      }
+    }
+    if (drop) continue;
+    if (!sub.empty() && kv.second.is_tensordict()) {
+      const auto& child = *kv.second.tensordict().impl();
+      TensorDict c = make_empty(child, child.batch_size);
+      exclude_into(child, *c.impl(), sub);
+      dst.entries.emplace_back(kv.first, Entry(c));
+    } else {
+      dst.entries.emplace_back(kv.first, kv.second);
+    }
+  }
+}
+
+TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace) const {
+  if (inplace) check_unlocked(*impl_, "exclude(inplace=true)");
+  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  exclude_into(*impl_, *out.impl(), keys);
+  if (inplace) {
+    impl_->entries = out.impl()->entries;
+    return *this;
+  }
+  return out;
+}
+
+std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
+                                               bool strict) const {
+  std::vector<TensorDict> out;
+  std::vector<NestedKey> all;
+  for (const auto& ks : key_sets) {
+    out.push_back(select(ks, strict));
+    all.insert(all.end(), ks.begin(), ks.end());
+  }
+  if (inplace) {
+    out.push_back(exclude(all, true));
+  } else {
+    out.push_back(exclude(all).clone());
+  }
+  return out;
+}
+
+TensorDict TensorDict::flatten_keys(const std::string& separator, bool inplace) const {
+  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  for (auto& kv : items(KeysOptions().include_nested(true))) {
+    const Entry& e = kv.second;
+    if (e.is_tensordict() && !e.tensordict().impl()->entries.empty()) continue;
+    std::string k = kv.first.join(separator);
+    if (out.impl()->find(k)) {
+      throw KeyError("flatten_keys: the flattened key '" + k + "' collides with an existing key");
+    }
+    out.impl()->entries.emplace_back(k, e.is_tensordict() ? Entry(e.tensordict().empty()) : e);
+  }
+  if (inplace) {
+    check_unlocked(*impl_, "flatten_keys(inplace=true)");
+    impl_->entries = out.impl()->entries;
+    return *this;
+  }
+  return out;
+}
+
+TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace) const {
+  if (separator.empty()) throw ValueError("unflatten_keys: empty separator");
+  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  // plain keys first so that a collision is detected whatever the order
+  for (const auto& kv : impl_->entries) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    while (true) {
+      size_t pos = kv.first.find(separator, start);
+      parts.push_back(kv.first.substr(start, pos - start));
+      if (pos == std::string::npos) break;
+      start = pos + separator.size();
+    }
+    NestedKey k{std::vector<std::string>(parts)};
+    Entry v = kv.second;
+    if (v.is_tensordict()) v = Entry(v.tensordict().unflatten_keys(separator));
+    if (out.contains(k)) {
+      Entry cur = out.get_entry(k);
+      if (cur.is_tensordict() && v.is_tensordict()) {
+        cur.tensordict().update(v.tensordict());
+        continue;
+      }
+      throw KeyError("unflatten_keys: key '" + kv.first + "' collides with another key unflattened to " + k.repr());
+    }
+    try {
+      out.set(k, v);
+    } catch (const KeyError& e) {
+      throw KeyError("unflatten_keys: key '" + kv.first + "' collides with a leaf (" + e.what() + ")");
+    }
+  }
+  if (inplace) {
+    check_unlocked(*impl_, "unflatten_keys(inplace=true)");
+    impl_->entries = out.impl()->entries;
+    return *this;
+  }
+  return out;
+}
+
+// ============================================================================ clone, to
+TensorDict TensorDict::clone(bool recurse) const {
+  auto out = std::make_shared<TensorDictImpl>();
+  out->batch_size = impl_->batch_size;
+  out->device = impl_->device;
+  out->entries.reserve(impl_->entries.size());
+  for (const auto& kv : impl_->entries) {
+    const Entry& e = kv.second;
+    if (e.is_tensor()) {
+      out->entries.emplace_back(kv.first, recurse ? Entry(e.tensor().clone()) : e);
+    } else if (e.is_tensordict()) {
+      out->entries.emplace_back(kv.first, Entry(e.tensordict().clone(recurse)));
+    } else {
+      out->entries.emplace_back(kv.first, e);
+    }
+  }
+  return TensorDict(out);
+}
+
+TensorDict TensorDict::to(at::Device device) const {
+  if (impl_->device && *impl_->device == device) return *this;
+  TensorDict out = apply([&](const at::Tensor& t) { return t.to(device); });
+  out.impl()->device = device;
+  std::function<void(TensorDictImpl&)> set_dev = [&](TensorDictImpl& i) {
+    i.device = device;
+    for (auto& kv : i.entries)
+      if (kv.second.is_tensordict()) set_dev(*kv.second.tensordict().impl());
+  };
+  set_dev(*out.impl());
+  return out;
+}
+
+TensorDict TensorDict::to(at::ScalarType dtype) const {
+  return apply([&](const at::Tensor& t) { return t.to(dtype); });
+}
+
+// ============================================================================ lock
+TensorDict& TensorDict::lock_() {
+  impl_->locked = true;
+  detail::lock_children(impl_);
+  return *this;
+}
+
+static void unlock_impl(const std::shared_ptr<TensorDictImpl>& impl) {
+  impl->locked = false;
+  impl->is_memmap = false;
+  impl->is_shared = false;
+  for (auto& kv : impl->entries) {
+    if (!kv.second.is_tensordict()) continue;
+    auto child = kv.second.tensordict().impl();
+    auto& lp = child->locked_parents;
+    lp.erase(std::remove_if(lp.begin(), lp.end(),
+                            [&](const std::weak_ptr<TensorDictImpl>& w) {
+                              auto s = w.lock();
+                              return !s || s == impl;
+                            }),
+             lp.end());
+    if (lp.empty()) unlock_impl(child);
+  }
+}
+
+TensorDict& TensorDict::unlock_() {
+  for (auto& w : impl_->locked_parents) {
+    auto parent = w.lock();
+    if (parent && parent->locked && detail::contains_impl(*parent, impl_.get())) {
+      throw LockedError("Cannot unlock a tensordict that is part of a locked graph. Unlock the root tensordict "
+                        "first. If the tensordict is part of multiple graphs, group the graphs under a common "
+                        "tensordict an unlock this root.");
+    }
+  }
+  impl_->locked_parents.clear();
+  unlock_impl(impl_);
+  return *this;
+}
+
+LockGuard::LockGuard(TensorDict td) : td_(std::move(td)), was_locked_(td_.is_locked()) {
+  if (!was_locked_) td_.lock_();
+}
+LockGuard::~LockGuard() {
+  if (!was_locked_) {
+    try {
+      td_.unlock_();
+    } catch (...) {
+    }
+  }
+}
+UnlockGuard::UnlockGuard(TensorDict td) : td_(std::move(td)), was_locked_(td_.is_locked()) {
+  if (was_locked_) td_.unlock_();
+}
+UnlockGuard::~UnlockGuard() {
+  if (was_locked_) td_.lock_();
+}
+
+}  // namespace tensordict

@@ -1,0 +1,91 @@
+#pragma once
+//! Internal to engine/: the TensorDict implementation object and helpers shared by the engine's sources.
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tensordict/tensor_dict.hpp"
+
+namespace tensordict {
+
+struct TensorDictImpl {
+  BatchSize batch_size;
+  std::optional<at::Device> device;
+  //! entries in insertion order
+  std::vector<std::pair<std::string, Entry>> entries;
+  bool locked = false;
+  bool is_memmap = false;
+  bool is_shared = false;
+  //! locked TensorDicts holding this one (a child cannot unlock while one of them lives)
+  std::vector<std::weak_ptr<TensorDictImpl>> locked_parents;
+  //! memmap: the directory this TensorDict is stored in (empty when anonymous / not memmap)
+  std::string memmap_prefix;
+
+  Entry* find(const std::string& key) {
+    for (auto& kv : entries)
+      if (kv.first == key) return &kv.second;
+    return nullptr;
+  }
+  const Entry* find(const std::string& key) const {
+    for (auto& kv : entries)
+      if (kv.first == key) return &kv.second;
+    return nullptr;
+  }
+  //! replaces or appends (keeps the position of an existing key)
+  void put(const std::string& key, Entry value) {
+    if (Entry* e = find(key)) {
+      *e = std::move(value);
+    } else {
+      entries.emplace_back(key, std::move(value));
+    }
+  }
+  bool erase(const std::string& key) {
+    for (auto it = entries.begin(); it != entries.end(); ++it) {
+      if (it->first == key) {
+        entries.erase(it);
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+namespace detail {
+
+std::string shape_str(at::IntArrayRef shape);          //!< "torch.Size([3, 4])"
+std::string shape_list(at::IntArrayRef shape);         //!< "[3, 4]"
+int64_t prod(at::IntArrayRef shape);
+//! dim in [-ndim, ndim) (or [-ndim-1, ndim] with allow_end) -> [0, ndim); IndexError otherwise
+int64_t normalize_dim(int64_t dim, int64_t ndim, bool allow_end = false);
+
+//! a new TensorDict with the same device (and no keys) and the given batch size
+TensorDict make_empty(const TensorDictImpl& like, BatchSize batch_size);
+//! LockedError with upstream's text when locked
+void check_unlocked(const TensorDictImpl& impl, const std::string& what);
+//! converts a value for insertion into `impl` at `key`: Dicts become TensorDicts, non-tensors get the
+//! batch size, tensors are moved to the device; checks the batch prefix (BatchSizeError otherwise)
+Entry prepare_value(const TensorDictImpl& impl, const std::string& key, const Entry& value);
+//! walks a nested key to the TensorDict holding its last part; creates missing levels when `create`
+//! (KeyError when a level exists and is not a TensorDict); returns nullptr if missing and !create
+TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create);
+const TensorDictImpl* walk(const TensorDictImpl* root, const NestedKey& key);
+//! KeyError text for a missing key
+[[noreturn]] void throw_missing_key(const NestedKey& key, const TensorDictImpl& where);
+
+//! applies a batch-dim op to every entry: `fn` transforms a tensor whose leading dims are the old batch
+//! dims (it must leave the trailing dims alone); sub-TensorDicts get new_batch + their extra batch dims;
+//! NonTensorStacks are remapped through their position tensor. keep_flags: lock/memmap/shared survive.
+TensorDict map_batch(const TensorDict& td, const BatchSize& new_batch,
+                     const std::function<at::Tensor(const at::Tensor&)>& fn, bool keep_flags);
+
+//! propagates the lock to children (registering `parent` as a locked parent)
+void lock_children(const std::shared_ptr<TensorDictImpl>& parent);
+//! true when `impl` holds a sub-TensorDict anywhere below whose impl is `target`
+bool contains_impl(const TensorDictImpl& impl, const TensorDictImpl* target);
+
+}  // namespace detail
+}  // namespace tensordict

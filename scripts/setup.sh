@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs every Debian package tensordict-cpp needs. Idempotent: packages already present are skipped.
+set -euo pipefail
+PKGS=(
+  build-essential cmake pkg-config
+  libtorch-dev libopenblas0-pthread
+  libcaf-dev libhdf5-dev libhiredis-dev redis-server
+  libboost-dev libboost-test-dev
+  libspdlog-dev rapidjson-dev nlohmann-json3-dev libcli11-dev
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "setup: all ${#PKGS[@]} packages already installed"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,115 @@
+#pragma once
+// The fixture "zoo" (upstream's TestTensorDictsBase): every kind of TensorDict the generic tests run on.
+// Every zoo member has batch_size [4, 3, 2, 1] and the tensor leaves "a" [..,5] f32, "b" [..,1,10] f32,
+// "c" [..,3] i64; some add a sub-TensorDict "nested" (batch [4,3,2,1,2]) or a non-tensor "data".
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <boost/test/unit_test.hpp>
+
+#include "tensordict/tensor_dict.hpp"
+
+namespace zoo {
+
+using tensordict::BatchSize;
+using tensordict::Dict;
+using tensordict::TensorDict;
+using namespace at::indexing;
+
+struct Kind {
+  std::string name;
+  std::function<TensorDict()> make;
+  bool writable;  // in-place writes reach distinct memory (false for expanded stride-0 leaves)
+};
+
+inline at::Tensor randn(BatchSize shape, int64_t seed) {
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed));
+  return at::randn(shape, gen);
+}
+inline at::Tensor randint(BatchSize shape, int64_t seed) {
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed));
+  return at::randint(0, 100, shape, gen, at::kLong);
+}
+
+inline BatchSize cat_shape(BatchSize a, const BatchSize& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+//! a plain TensorDict of the given batch with leaves a, b, c
+inline TensorDict plain(const BatchSize& bs, int64_t seed = 1) {
+  return TensorDict(Dict{{"a", randn(cat_shape(bs, {5}), seed)},
+                         {"b", randn(cat_shape(bs, {1, 10}), seed + 1)},
+                         {"c", randint(cat_shape(bs, {3}), seed + 2)}},
+                    bs);
+}
+
+inline std::vector<Kind> kinds() {
+  const BatchSize bs{4, 3, 2, 1};
+  return {
+      {"td", [=] { return plain(bs); }, true},
+      {"nested_td",
+       [=] {
+         TensorDict td = plain(bs);
+         td.set("nested", TensorDict(Dict{{"x", randn(cat_shape(bs, {2, 3}), 7)},
+                                          {"y", randint(cat_shape(bs, {2}), 8)}},
+                                     cat_shape(bs, {2})));
+         return td;
+       },
+       true},
+      {"sub_td", [=] { return plain(cat_shape({2}, bs), 3).index({1}); }, true},
+      {"idx_td", [=] { return plain({6, 3, 2, 1}, 5).index({Slice(1, 5)}); }, true},
+      {"unsqueezed_td", [=] { return plain({4, 3, 2}, 9).unsqueeze(-1); }, true},
+      {"squeezed_td", [=] { return plain({4, 3, 1, 2, 1}, 11).squeeze(2); }, true},
+      {"permute_td", [=] { return plain({3, 1, 4, 2}, 13).permute({2, 0, 3, 1}); }, true},
+      {"expanded_td", [=] { return plain({1, 3, 2, 1}, 15).expand(bs); }, false},
+      {"td_reset_bs",
+       [=] {
+         TensorDict td = plain(cat_shape(bs, {1}), 17);
+         td.set_batch_size(bs);
+         return td;
+       },
+       true},
+      {"stacked_td",
+       [=] {
+         std::vector<TensorDict> parts;
+         for (int i = 0; i < 4; ++i) parts.push_back(plain({3, 2, 1}, 20 + i));
+         return tensordict::stack(parts, 0);
+       },
+       true},
+      {"td_with_non_tensor",
+       [=] {
+         TensorDict td = plain(bs, 19);
+         td.set("data", "a string");
+         return td;
+       },
+       true},
+  };
+}
+
+//! the tensor leaves (nested included) as (joined key, tensor) pairs
+inline std::vector<std::pair<std::string, at::Tensor>> leaves(const TensorDict& td) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& kv : td.items(tensordict::KeysOptions().include_nested(true).leaves_only(true)))
+    out.emplace_back(kv.first.join("."), kv.second.tensor());
+  return out;
+}
+
+//! same batch size, same tensor keys, equal values
+inline void check_equal(const TensorDict& got, const TensorDict& want, const std::string& ctx = "") {
+  BOOST_TEST_CONTEXT(ctx) {
+    BOOST_TEST(got.batch_size() == want.batch_size());
+    auto g = leaves(got);
+    auto w = leaves(want);
+    BOOST_REQUIRE_EQUAL(g.size(), w.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      BOOST_TEST(g[i].first == w[i].first);
+      BOOST_TEST(g[i].second.sizes() == w[i].second.sizes());
+      BOOST_TEST(at::equal(g[i].second, w[i].second), "leaf " << g[i].first << " differs");
+    }
+  }
+}
+
+}  // namespace zoo
