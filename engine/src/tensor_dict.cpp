@@ -381,6 +381,7 @@ static void check_batch_size(const TensorDictImpl& impl, const BatchSize& bs) {
   for (auto s : bs)
     if (s < 0) throw BatchSizeError("batch size " + shape_str(bs) + " has a negative dimension");
   for (const auto& kv : impl.entries) {
+    if (kv.second.is_non_tensor_data()) continue;  // broadcast: follows the batch size
     BatchSize shape = kv.second.shape();
     bool ok = shape.size() >= bs.size() && std::equal(bs.begin(), bs.end(), shape.begin());
     if (!ok) {
@@ -395,7 +396,7 @@ void TensorDict::set_batch_size(BatchSize batch_size) {
   check_batch_size(*impl_, batch_size);
   // NonTensorData follows the batch size of its parent (it is broadcast)
   for (auto& kv : impl_->entries) {
-    if (kv.second.is_non_tensor_data() && kv.second.non_tensor_data().batch_size() == impl_->batch_size) {
+    if (kv.second.is_non_tensor_data()) {
       kv.second = Entry(NonTensorData(kv.second.non_tensor_data().value(), batch_size));
     }
   }
@@ -888,13 +889,18 @@ TensorDict TensorDict::clone(bool recurse) const {
 
 TensorDict TensorDict::to(at::Device device) const {
   if (impl_->device && *impl_->device == device) return *this;
-  TensorDict out = apply([&](const at::Tensor& t) { return t.to(device); });
-  out.impl()->device = device;
+  std::optional<at::Device> target = device;
   std::function<void(TensorDictImpl&)> set_dev = [&](TensorDictImpl& i) {
-    i.device = device;
+    i.device = target;
     for (auto& kv : i.entries)
       if (kv.second.is_tensordict()) set_dev(*kv.second.tensordict().impl());
   };
+  // apply() moves results to the result's device (upstream): run it on a device-less structure copy
+  TensorDict src = clone(false);
+  target = std::nullopt;
+  set_dev(*src.impl());
+  TensorDict out = src.apply([&](const at::Tensor& t) { return t.to(device); });
+  target = device;
   set_dev(*out.impl());
   return out;
 }

@@ -24,6 +24,12 @@ struct TensorDictImpl {
   std::vector<std::weak_ptr<TensorDictImpl>> locked_parents;
   //! memmap: the directory this TensorDict is stored in (empty when anonymous / not memmap)
   std::string memmap_prefix;
+  //! the Python class recorded on disk for a tensorclass ("<class '__main__.Pair'>"); empty for a plain
+  //! TensorDict. Kept so that re-writing produces the same layout (tensorclass records, formats §1.7).
+  std::string type_repr;
+  //! tensorclass records: the non-tensor fields stored in the class's meta.json, and its pickle, verbatim
+  std::optional<JsonValue> class_fields;
+  std::optional<JsonValue::Bytes> class_pickle;
 
   Entry* find(const std::string& key) {
     for (auto& kv : entries)
@@ -58,6 +64,7 @@ namespace detail {
 
 std::string shape_str(at::IntArrayRef shape);          //!< "torch.Size([3, 4])"
 std::string shape_list(at::IntArrayRef shape);         //!< "[3, 4]"
+std::string dtype_str(at::ScalarType dtype);          //!< "torch.float32" (defined in repr.cpp)
 int64_t prod(at::IntArrayRef shape);
 //! dim in [-ndim, ndim) (or [-ndim-1, ndim] with allow_end) -> [0, ndim); IndexError otherwise
 int64_t normalize_dim(int64_t dim, int64_t ndim, bool allow_end = false);

@@ -47,7 +47,7 @@ BOOST_AUTO_TEST_CASE(batch_mismatch_errors) {
   TensorDict td({}, {3});
   BOOST_CHECK_THROW(td.set("a", at::zeros({2})), BatchSizeError);
   BOOST_CHECK_THROW(td.set("a", at::zeros({})), BatchSizeError);
-  BOOST_CHECK_THROW(td.set("s", TensorDict({}, {4})), BatchSizeError);
+  BOOST_CHECK_THROW(td.set("s", TensorDict(Dict{{"x", at::zeros({4})}}, {4})), BatchSizeError);
   BOOST_CHECK_THROW(TensorDict(BatchSize{-1}), BatchSizeError);
   BOOST_TEST(td.keys().empty());  // nothing half-written
 }

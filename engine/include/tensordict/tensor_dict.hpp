@@ -24,6 +24,10 @@ namespace tensordict {
 class Entry;
 class TensorDict;
 struct TensorDictImpl;
+struct MapOptions;
+class MapIter;
+//! fn for map/map_iter: gets one chunk, returns its result (undefined TensorDict = upstream's None)
+using MapFn = std::function<TensorDict(const TensorDict&)>;
 
 //! one index element per batch dim: int, Slice, None, Ellipsis, bool, long/bool tensor (libtorch's kinds)
 using Index = std::vector<at::indexing::TensorIndex>;
@@ -34,6 +38,25 @@ using Dict = std::vector<std::pair<NestedKey, Entry>>;
 using LeafFn = std::function<at::Tensor(const at::Tensor&)>;
 using MultiLeafFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 using NamedLeafFn = std::function<at::Tensor(const NestedKey&, const at::Tensor&)>;
+
+struct MemmapOptions {
+  //! threads writing leaves in parallel (0: the calling thread only)
+  TD_ARG(int64_t, num_threads) = 0;
+  //! allow re-writing leaves already mapped to another file
+  TD_ARG(bool, copy_existing) = false;
+  //! allow writing into a prefix that already holds a meta.json
+  TD_ARG(bool, existsok) = true;
+  //! from_schema(storage="memmap"): the directory
+  TD_ARG(std::string, prefix) = "";
+};
+
+struct LoadOptions {
+  //! map leaves with MAP_SHARED when the files are writable (writes reach the files); false: private
+  TD_ARG(bool, writable) = true;
+};
+
+//! from_schema: key -> (element shape, dtype)
+using Schema = std::vector<std::pair<NestedKey, std::pair<BatchSize, at::ScalarType>>>;
 
 struct ApplyOptions {
   //! value used when a key of self is missing in one of the others (otherwise KeyError)
@@ -240,6 +263,60 @@ class TensorDict {
   //! flags set by memmap_() / share_memory_() (the flag, not leaf inspection, as upstream)
   bool is_memmap() const;
   bool is_shared() const;
+
+  // ---------------------------------------------------------------- persistence (memmap directories)
+  //! writes every leaf to `prefix` in Python tensordict's directory format (meta.json per node, raw
+  //! `<encoded key>.memmap` leaves) and swaps the leaves for memory-mapped tensors in place; locks.
+  //! An empty prefix maps the leaves to anonymous shared memory instead. Leaves already mapped to their
+  //! target file are not rewritten; leaves mapped elsewhere need copy_existing (ValueError otherwise).
+  TensorDict& memmap_(const std::string& prefix = "", const MemmapOptions& options = {});
+  //! memmap_ into a new TensorDict: this one is left as it is
+  TensorDict memmap(const std::string& prefix = "", const MemmapOptions& options = {}) const;
+  //! a new zero-filled memmap TensorDict with the same structure, shapes and dtypes (files are
+  //! preallocated sparse, nothing is copied; expanded leaves get full-size files)
+  TensorDict memmap_like(const std::string& prefix = "", const MemmapOptions& options = {}) const;
+  //! alias of memmap (upstream's save)
+  TensorDict save(const std::string& prefix, const MemmapOptions& options = {}) const;
+  //! loads a directory written by Python tensordict or by memmap/save: locked and is_memmap(); leaves
+  //! map the files (shared mapping when the file is writable and options.writable, else private copy-on-write)
+  static TensorDict load_memmap(const std::string& prefix, const LoadOptions& options = {});
+  static TensorDict load(const std::string& prefix, const LoadOptions& options = {});
+  //! loads `prefix` into this TensorDict (its entries are replaced by the loaded ones)
+  TensorDict& load_memmap_(const std::string& prefix, const LoadOptions& options = {});
+  //! re-reads meta.json of this memmap TensorDict (keys added by other processes appear)
+  TensorDict& memmap_refresh_();
+  //! adds a zero-filled memory-mapped leaf to a memmap TensorDict with a prefix (rewrites meta.json)
+  TensorDict& make_memmap(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype = at::kFloat);
+  //! the directory this memmap TensorDict lives in ("" when not memmap or anonymous)
+  std::string memmap_prefix() const;
+  //! the Python class recorded on disk: "TensorDict", or a tensorclass name such as "Pair"
+  std::string type_name() const;
+
+  // ---------------------------------------------------------------- shared memory
+  //! moves every leaf into shared-memory segments (named POSIX shm, one segment per TensorDict tree) and
+  //! locks; ValueError on a memmap TensorDict (mutually exclusive, as upstream)
+  TensorDict& share_memory_();
+  //! a small serialised handle (segment names, offsets, dtypes, shapes, batch size, keys) naming the
+  //! shared-memory leaves of a share_memory_()'d TensorDict; non-tensor entries are not included
+  std::string share_handle() const;
+  //! opens the TensorDict another process shared, zero-copy (writes are seen by every process); the
+  //! result is locked and is_shared(); sub-TensorDicts get the root's batch size
+  static TensorDict from_share_handle(const std::string& handle);
+  //! the name prefix of shared-memory segments created by this process (default "tensordict_")
+  static void set_shm_prefix(const std::string& prefix);
+  static std::string shm_prefix();
+
+  //! the schema-driven constructor (upstream from_schema): element shapes prefixed by batch_size,
+  //! zero-filled; storage "" / "none" (memory), "memmap" (needs options.prefix), "shared"
+  static TensorDict from_schema(const Schema& schema, const BatchSize& batch_size,
+                                const std::string& storage = "", const MemmapOptions& options = {});
+
+  // ---------------------------------------------------------------- map (parallel, see tensordict/map.hpp)
+  //! upstream map: splits along options.dim(), runs fn on worker actors, restacks in order (or writes into
+  //! options.out()); an undefined TensorDict when out is memmap/shared or every fn result is undefined
+  TensorDict map(const MapFn& fn, const MapOptions& options) const;
+  //! upstream map_iter: the results one by one (in chunk order, or as completed with shuffle)
+  MapIter map_iter(const MapFn& fn, const MapOptions& options) const;
 
   //! internal: the implementation object (engine and upper layers only)
   const std::shared_ptr<TensorDictImpl>& impl() const { return impl_; }

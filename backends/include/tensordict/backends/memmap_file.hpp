@@ -1,0 +1,81 @@
+#pragma once
+//! Memory-mapped files as at::Tensors: a tensor returned here is an at::from_blob view over an mmap whose
+//! deleter munmaps it when the last reference to the storage goes away. No file descriptor is kept open:
+//! each function closes its fd right after mmap(2).
+//!
+//! Which file a tensor maps is recorded in a process-wide registry keyed by the storage's data pointer, so
+//! views that share the storage (slices, reshapes, `t[i]`) report the same mapping: see mapping_of().
+//!
+//! Thread-safety: every function here may be called concurrently from any thread (the registry has its
+//! own mutex). Concurrent writes to the same bytes of a mapping are the caller's business, as for any
+//! tensor. Ownership: the returned tensor owns the mapping; the file itself is never deleted here.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace tensordict::backends {
+
+//! What a mapped tensor's storage is backed by (see mapping_of()).
+struct MappingInfo {
+  std::string filename;  //!< the path given when mapping; empty for anonymous memory
+  int64_t file_offset = 0;  //!< byte offset in the file where the storage starts
+  int64_t nbytes = 0;       //!< bytes mapped for the storage
+  bool writable = false;    //!< true: MAP_SHARED (writes reach the file); false: private copy-on-write
+  bool anonymous = false;   //!< memfd-backed (map_anonymous)
+};
+
+//! Maps `shape`-many `dtype` elements of `path`, starting at byte `offset`, as a C-contiguous CPU tensor.
+//! writable=true: O_RDWR + MAP_SHARED, in-place ops write through to the file (and to every other
+//! process mapping it). writable=false: O_RDONLY + MAP_PRIVATE with PROT_READ|PROT_WRITE, i.e. a private
+//! copy-on-write view: in-place ops work and never reach the file.
+//! The file may be longer than needed (trailing bytes are ignored). Shapes with zero elements need no
+//! file: an ordinary empty tensor is returned and `path` is not touched.
+//! Throws ValueError (negative dim/offset, byte size overflow, not a regular file),
+//! FormatError naming the file with expected vs actual size if the file is too short,
+//! BackendError for OS failures (missing file, permission denied, mmap failure), with errno's text.
+at::Tensor map_file(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape, bool writable,
+                    int64_t offset = 0);
+
+//! Creates (or truncates) `path` as a sparse zero-filled file of `nbytes` bytes with ftruncate: no data
+//! is written and no RAM is used until pages are touched. Existing contents are discarded, so the file
+//! reads as zeros afterwards (unlike Python's from_file, which keeps stale bytes).
+//! Throws ValueError if `path` is an existing symlink (never followed) or nbytes < 0, BackendError on OS errors.
+void create_file(const std::string& path, int64_t nbytes);
+
+//! Writes the bytes of `tensor` (made CPU and C-contiguous first; expanded/strided views are densified)
+//! to `path`, replacing its contents, with large pwrite(2)s into the page cache. Returns the byte count.
+//! The file is created even when the tensor has no elements (0 bytes).
+//! Throws ValueError for an existing symlink at `path`, TypeError for nested/sparse/quantized tensors,
+//! BackendError on OS errors (e.g. ENOSPC), leaving a partially written file behind.
+int64_t write_file(const std::string& path, const at::Tensor& tensor);
+
+//! write_file() then map_file(path, tensor's dtype and shape, writable): Python's MemoryMappedTensor.from_tensor.
+//! With zero elements, the (empty) file is still created and an ordinary empty tensor is returned.
+at::Tensor write_and_map(const std::string& path, const at::Tensor& tensor, bool writable = true);
+
+//! create_file() then map_file(writable=true): a zero-filled file-backed tensor (Python's memmap_like /
+//! MemoryMappedTensor.zeros(filename=...)). With zero elements no file is created (Python creates none).
+at::Tensor create_and_map(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape);
+
+//! Zero-filled tensor in anonymous shared memory (memfd_create + MAP_SHARED; the fd is closed at once).
+//! Shared with children created by fork(); invisible to unrelated processes. mapping_of() reports
+//! anonymous=true and filename = "". Zero elements: an ordinary empty tensor.
+at::Tensor map_anonymous(at::ScalarType dtype, at::IntArrayRef shape);
+
+//! The mapping behind `t`'s storage (works for any view of a mapped tensor), or nullopt if `t` is
+//! undefined, not created by this file's functions, or has zero elements.
+std::optional<MappingInfo> mapping_of(const at::Tensor& t);
+
+//! The file behind `t` (empty string for anonymous memory), or nullopt if `t` is not mapped here.
+std::optional<std::string> mapped_filename(const at::Tensor& t);
+
+//! msync(MS_SYNC) of the whole mapping behind `t` (writable file mappings: forces data to the file;
+//! private/anonymous mappings: no-op). Throws ValueError if `t` is not a mapped tensor, BackendError on failure.
+void flush(const at::Tensor& t);
+
+//! Number of live mappings created by this file's functions (diagnostics and leak tests).
+size_t live_mappings();
+
+}  // namespace tensordict::backends

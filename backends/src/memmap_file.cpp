@@ -1,0 +1,235 @@
+// Memory-mapped files as at::Tensors (from_blob over mmap, munmap in the deleter, no fd kept open).
+#include "tensordict/backends/memmap_file.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+
+#include "tensordict/errors.hpp"
+
+namespace tensordict::backends {
+namespace {
+
+std::string errno_text(int err) { return std::string(std::strerror(err)); }
+
+[[noreturn]] void os_error(const std::string& what, const std::string& path, int err) {
+  throw BackendError(what + " '" + path + "': " + errno_text(err));
+}
+
+//! Closes an fd on scope exit.
+struct FdGuard {
+  int fd;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+struct Entry {
+  MappingInfo info;
+  void* base;        // what mmap returned
+  size_t map_len;    // what was mapped
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<const void*, Entry>& registry() {
+  static auto* r = new std::unordered_map<const void*, Entry>();  // leaked: outlives static tensors
+  return *r;
+}
+
+//! numel * itemsize with overflow and negative-dimension checks.
+int64_t checked_nbytes(at::ScalarType dtype, at::IntArrayRef shape) {
+  bool zero = false;
+  for (int64_t d : shape) {
+    if (d < 0) throw ValueError("negative dimension " + std::to_string(d) + " in shape " + c10::str(shape));
+    if (d == 0) zero = true;
+  }
+  if (zero) return 0;
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+  int64_t total = item;
+  for (int64_t d : shape) {
+    if (total > std::numeric_limits<int64_t>::max() / d)
+      throw ValueError("byte size of shape " + c10::str(shape) + " overflows int64");
+    total *= d;
+  }
+  return total;
+}
+
+//! mmaps [offset, offset + nbytes) of fd and wraps it; the fd may be closed right after.
+at::Tensor wrap_mapping(int fd, const std::string& path, at::ScalarType dtype, at::IntArrayRef shape,
+                        int64_t nbytes, int64_t offset, bool shared, bool writable, bool anonymous) {
+  static const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t aligned = offset - offset % page;
+  const int64_t delta = offset - aligned;
+  const size_t len = static_cast<size_t>(delta + nbytes);
+  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, shared ? MAP_SHARED : MAP_PRIVATE, fd,
+                      static_cast<off_t>(aligned));
+  if (base == MAP_FAILED) os_error("mmap failed for", path, errno);
+  char* data = static_cast<char*>(base) + delta;
+  Entry e{MappingInfo{anonymous ? std::string() : path, offset, nbytes, writable, anonymous}, base, len};
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry()[data] = std::move(e);
+  }
+  try {
+    return at::from_blob(
+        data, shape,
+        [base, len](void* p) {
+          {  // unregister first: once munmapped, the address may be reused by another mapping
+            std::lock_guard<std::mutex> lock(registry_mutex());
+            registry().erase(p);
+          }
+          ::munmap(base, len);
+        },
+        at::TensorOptions().dtype(dtype).device(at::kCPU));
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex());
+      registry().erase(data);
+    }
+    ::munmap(base, len);
+    throw;
+  }
+}
+
+void refuse_symlink(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    throw ValueError("refusing to write through the symlink '" + path + "'");
+}
+
+}  // namespace
+
+at::Tensor map_file(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape, bool writable,
+                    int64_t offset) {
+  if (offset < 0) throw ValueError("map_file: negative offset " + std::to_string(offset) + " for '" + path + "'");
+  const int64_t nbytes = checked_nbytes(dtype, shape);
+  if (nbytes == 0) return at::empty(shape, at::TensorOptions().dtype(dtype));
+  FdGuard fd{::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)};
+  if (fd.fd < 0) os_error(writable ? "cannot open for read-write" : "cannot open for reading", path, errno);
+  struct stat st;
+  if (::fstat(fd.fd, &st) != 0) os_error("cannot stat", path, errno);
+  if (!S_ISREG(st.st_mode)) throw ValueError("map_file: '" + path + "' is not a regular file");
+  if (offset > std::numeric_limits<int64_t>::max() - nbytes)
+    throw ValueError("map_file: offset + size overflows int64 for '" + path + "'");
+  const int64_t need = offset + nbytes;
+  if (static_cast<int64_t>(st.st_size) < need)
+    throw FormatError("file '" + path + "' is too short: expected at least " + std::to_string(need) + " bytes (" +
+                      std::to_string(nbytes) + " for " + c10::toString(dtype) + c10::str(shape) +
+                      (offset ? " at offset " + std::to_string(offset) : std::string()) + "), found " +
+                      std::to_string(static_cast<int64_t>(st.st_size)));
+  return wrap_mapping(fd.fd, path, dtype, shape, nbytes, offset, /*shared=*/writable, writable, false);
+}
+
+void create_file(const std::string& path, int64_t nbytes) {
+  if (nbytes < 0) throw ValueError("create_file: negative size " + std::to_string(nbytes) + " for '" + path + "'");
+  refuse_symlink(path);
+  FdGuard fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644)};
+  if (fd.fd < 0) {
+    if (errno == ELOOP) throw ValueError("refusing to write through the symlink '" + path + "'");
+    os_error("cannot create", path, errno);
+  }
+  if (::ftruncate(fd.fd, static_cast<off_t>(nbytes)) != 0) os_error("ftruncate failed for", path, errno);
+}
+
+int64_t write_file(const std::string& path, const at::Tensor& tensor) {
+  if (!tensor.defined()) throw ValueError("write_file: undefined tensor for '" + path + "'");
+  if (tensor.is_nested()) throw TypeError("write_file: nested tensors have no single byte layout ('" + path + "')");
+  if (tensor.is_sparse() || tensor.layout() != at::kStrided)
+    throw TypeError("write_file: only strided (dense) tensors can be written ('" + path + "')");
+  if (tensor.is_quantized()) throw TypeError("write_file: quantized tensors are not supported ('" + path + "')");
+  refuse_symlink(path);
+  at::Tensor t = tensor.to(at::kCPU).contiguous();
+  if (t.is_conj()) t = t.resolve_conj();
+  if (t.is_neg()) t = t.resolve_neg();
+  const int64_t nbytes = static_cast<int64_t>(t.nbytes());
+  FdGuard fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644)};
+  if (fd.fd < 0) {
+    if (errno == ELOOP) throw ValueError("refusing to write through the symlink '" + path + "'");
+    os_error("cannot create", path, errno);
+  }
+  const char* p = static_cast<const char*>(t.data_ptr());
+  constexpr int64_t kChunk = int64_t{1} << 30;  // pwrite moves at most ~2 GiB per call on Linux
+  int64_t done = 0;
+  while (done < nbytes) {
+    const size_t n = static_cast<size_t>(std::min(kChunk, nbytes - done));
+    ssize_t w = ::pwrite(fd.fd, p + done, n, static_cast<off_t>(done));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      os_error("write failed for", path, errno);
+    }
+    if (w == 0) throw BackendError("write made no progress for '" + path + "'");
+    done += w;
+  }
+  return nbytes;
+}
+
+at::Tensor write_and_map(const std::string& path, const at::Tensor& tensor, bool writable) {
+  write_file(path, tensor);
+  return map_file(path, tensor.scalar_type(), tensor.sizes(), writable);
+}
+
+at::Tensor create_and_map(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape) {
+  const int64_t nbytes = checked_nbytes(dtype, shape);
+  if (nbytes == 0) return at::empty(shape, at::TensorOptions().dtype(dtype));
+  create_file(path, nbytes);
+  return map_file(path, dtype, shape, /*writable=*/true);
+}
+
+at::Tensor map_anonymous(at::ScalarType dtype, at::IntArrayRef shape) {
+  const int64_t nbytes = checked_nbytes(dtype, shape);
+  if (nbytes == 0) return at::empty(shape, at::TensorOptions().dtype(dtype));
+  FdGuard fd{::memfd_create("tensordict", MFD_CLOEXEC)};
+  if (fd.fd < 0) os_error("memfd_create failed", "<anonymous>", errno);
+  if (::ftruncate(fd.fd, static_cast<off_t>(nbytes)) != 0) os_error("ftruncate failed for", "<anonymous>", errno);
+  return wrap_mapping(fd.fd, "<anonymous>", dtype, shape, nbytes, 0, /*shared=*/true, /*writable=*/true, true);
+}
+
+std::optional<MappingInfo> mapping_of(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return std::nullopt;
+  const void* key = t.storage().data();
+  if (key == nullptr) return std::nullopt;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(key);
+  if (it == registry().end()) return std::nullopt;
+  return it->second.info;
+}
+
+std::optional<std::string> mapped_filename(const at::Tensor& t) {
+  auto info = mapping_of(t);
+  if (!info) return std::nullopt;
+  return info->filename;
+}
+
+void flush(const at::Tensor& t) {
+  void* base = nullptr;
+  size_t len = 0;
+  std::string name;
+  {
+    if (!t.defined() || !t.has_storage()) throw ValueError("flush: not a memory-mapped tensor");
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(t.storage().data());
+    if (it == registry().end()) throw ValueError("flush: not a memory-mapped tensor");
+    base = it->second.base;
+    len = it->second.map_len;
+    name = it->second.info.filename;
+  }
+  // `t` keeps the mapping alive while we sync it.
+  if (::msync(base, len, MS_SYNC) != 0) os_error("msync failed for", name, errno);
+}
+
+size_t live_mappings() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return registry().size();
+}
+
+}  // namespace tensordict::backends

@@ -1,0 +1,124 @@
+#include "tensordict/describe.hpp"
+
+#include "tensor_dict_internal.hpp"
+
+namespace tensordict {
+namespace {
+
+JsonValue int_list(at::IntArrayRef v) {
+  JsonValue::Array a;
+  for (auto x : v) a.emplace_back(static_cast<int64_t>(x));
+  return JsonValue(std::move(a));
+}
+JsonValue key_list(const NestedKey& k) {
+  JsonValue::Array a;
+  for (const auto& p : k.parts()) a.emplace_back(p);
+  return JsonValue(std::move(a));
+}
+
+void walk(const TensorDict& td, const NestedKey& prefix, bool values, JsonValue::Array& subs, JsonValue::Array& leaves) {
+  for (const auto& kv : td.impl()->entries) {
+    NestedKey key = prefix + NestedKey(kv.first);
+    const Entry& e = kv.second;
+    if (e.is_tensordict()) {
+      TensorDict c = e.tensordict();
+      subs.emplace_back(JsonValue::object({{"key", key_list(key)}, {"type", c.type_name()}, {"batch_size", int_list(c.batch_size())}}));
+      walk(c, key, values, subs, leaves);
+    } else if (e.is_tensor()) {
+      const at::Tensor& t = e.tensor();
+      JsonValue::Object o{{"key", key_list(key)},
+                          {"kind", "tensor"},
+                          {"dtype", dtype_repr(t.scalar_type())},
+                          {"shape", int_list(t.sizes())}};
+      if (values) o.emplace_back("values", tensor_values(t));
+      leaves.emplace_back(JsonValue(std::move(o)));
+    } else if (e.is_non_tensor_data()) {
+      leaves.emplace_back(JsonValue::object({{"key", key_list(key)},
+                                             {"kind", "non_tensor"},
+                                             {"type", "NonTensorData"},
+                                             {"data", e.non_tensor_data().value()},
+                                             {"batch_size", int_list(e.non_tensor_data().batch_size())}}));
+    } else if (e.is_non_tensor_stack()) {
+      leaves.emplace_back(JsonValue::object({{"key", key_list(key)},
+                                             {"kind", "non_tensor_stack"},
+                                             {"data", e.non_tensor_stack().tolist()},
+                                             {"batch_size", int_list(e.non_tensor_stack().batch_size())}}));
+    }
+  }
+}
+
+JsonValue structure_of(const TensorDict& td, bool values, JsonValue* leaves_out) {
+  JsonValue::Array subs, leaves;
+  walk(td, NestedKey(), values, subs, leaves);
+  if (leaves_out) *leaves_out = JsonValue(std::move(leaves));
+  return JsonValue::object({{"type", td.type_name()}, {"batch_size", int_list(td.batch_size())}, {"sub_tensordicts", JsonValue(std::move(subs))}});
+}
+
+}  // namespace
+
+std::string dtype_repr(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBool: return "torch.bool";
+    case at::kByte: return "torch.uint8";
+    case at::kChar: return "torch.int8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(dtype);
+  }
+}
+
+JsonValue tensor_values(const at::Tensor& t) {
+  at::Tensor c = t.contiguous().cpu().reshape({-1});
+  JsonValue::Array a;
+  a.reserve(static_cast<size_t>(c.numel()));
+  if (c.scalar_type() == at::kBool) {
+    auto p = c.data_ptr<bool>();
+    for (int64_t i = 0; i < c.numel(); ++i) a.emplace_back(p[i]);
+  } else if (at::isIntegralType(c.scalar_type(), /*includeBool=*/false)) {
+    at::Tensor l = c.to(at::kLong);
+    auto p = l.data_ptr<int64_t>();
+    for (int64_t i = 0; i < l.numel(); ++i) a.emplace_back(p[i]);
+  } else if (at::isComplexType(c.scalar_type())) {
+    at::Tensor r = at::view_as_real(c.to(at::kComplexDouble)).reshape({-1});
+    auto p = r.data_ptr<double>();
+    for (int64_t i = 0; i < r.numel(); ++i) a.emplace_back(p[i]);
+  } else {
+    at::Tensor d = c.to(at::kDouble);
+    auto p = d.data_ptr<double>();
+    for (int64_t i = 0; i < d.numel(); ++i) a.emplace_back(p[i]);
+  }
+  return JsonValue(std::move(a));
+}
+
+JsonValue describe(const TensorDict& td, bool values) {
+  JsonValue leaves;
+  JsonValue structure = structure_of(td, values, &leaves);
+  return JsonValue::object({{"loaded_type", td.type_name()}, {"structure", structure}, {"leaves", leaves}});
+}
+
+JsonValue describe(const LazyStackedTensorDict& lazy, bool values) {
+  JsonValue::Array members;
+  for (const auto& td : lazy.tensordicts()) {
+    JsonValue leaves;
+    JsonValue s = structure_of(td, values, &leaves);
+    s.as_object().emplace_back("leaves", leaves);
+    members.push_back(std::move(s));
+  }
+  JsonValue::Array bs;
+  for (auto b : lazy.batch_size()) bs.emplace_back(b);
+  return JsonValue::object({{"loaded_type", "LazyStackedTensorDict"},
+                            {"structure", JsonValue::object({{"type", "LazyStackedTensorDict"},
+                                                             {"batch_size", JsonValue(std::move(bs))},
+                                                             {"stack_dim", lazy.stack_dim()},
+                                                             {"tensordicts", JsonValue(std::move(members))}})}});
+}
+
+}  // namespace tensordict

@@ -1,0 +1,646 @@
+// TensorDict persistence in Python tensordict's memmap directory format (upstream-formats.md §1):
+// memmap_, memmap, memmap_like, save, load_memmap, load_memmap_, memmap_refresh_, make_memmap,
+// and LazyStackedTensorDict's directory layout. The file format itself lives in backends/memmap_*.
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "tensor_dict_internal.hpp"
+#include "tensordict/backends/memmap_file.hpp"
+#include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/lazy_stack.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tensordict {
+namespace {
+
+using backends::DirEntry;
+using backends::DirNode;
+using backends::LeafMeta;
+using backends::NodeKind;
+
+std::string join_path(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+void make_dirs(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw BackendError("cannot create directory '" + dir + "': " + ec.message());
+}
+
+//! one leaf to write: the tensor and where its mapped replacement goes
+struct LeafJob {
+  std::string path;
+  at::Tensor source;
+  Entry* target;     // entry to replace with the mapped tensor (memmap_); nullptr: only write
+  bool zeros_only;   // memmap_like: preallocate, copy nothing
+  bool reuse;        // already mapped to `path`: keep the mapping
+  at::Tensor result;
+};
+
+//! the plan of a whole tree: leaf jobs, then meta.json files bottom-up
+struct WritePlan {
+  std::vector<LeafJob> leaves;
+  std::vector<std::pair<std::string, std::shared_ptr<DirNode>>> metas;  // post-order: children first
+};
+
+LeafMeta leaf_meta(const std::string& key, const at::Tensor& t) {
+  LeafMeta m;
+  m.key = key;
+  m.dtype = t.scalar_type();
+  m.shape.assign(t.sizes().begin(), t.sizes().end());
+  m.device = "cpu";
+  m.is_nested = false;
+  m.file = t.numel() == 0 ? "" : backends::encode_key(key) + ".memmap";
+  return m;
+}
+
+DirNode non_tensor_node(const Entry& e) {
+  DirNode n;
+  if (e.is_non_tensor_data()) {
+    n.kind = NodeKind::NonTensorData;
+    n.type_repr = backends::type_repr::kNonTensorData;
+    const JsonValue& v = e.non_tensor_data().value();
+    if (v.is_bytes()) {
+      n.pickle = v.as_bytes();
+    } else {
+      n.data = v;
+    }
+  } else {
+    n.kind = NodeKind::NonTensorStack;
+    n.type_repr = backends::type_repr::kNonTensorStack;
+    n.stack_dim = 0;
+    n.data = e.non_tensor_stack().tolist();
+    n.batch_size = e.non_tensor_stack().batch_size();
+  }
+  return n;
+}
+
+//! plans the writing of `impl` into `dir`; returns the node whose meta.json is written in `dir`
+std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir, const MemmapOptions& o,
+                                   bool like, bool replace, WritePlan& plan) {
+  make_dirs(dir);
+  std::string td_dir = dir;
+  if (!impl.type_repr.empty()) td_dir = join_path(dir, "_tensordict");  // tensorclass record
+  make_dirs(td_dir);
+  auto node = std::make_shared<DirNode>();
+  node->kind = NodeKind::TensorDict;
+  node->type_repr = backends::type_repr::kTensorDict;
+  node->batch_size = impl.batch_size;
+  node->device = std::string("cpu");
+  for (auto& kv : impl.entries) {
+    const std::string& key = kv.first;
+    Entry& e = kv.second;
+    if (key == "shape" || key == "device" || key == "_type") {
+      throw ValueError("key '" + key + "' cannot be saved: Python's meta.json uses it for the TensorDict itself "
+                       "and would lose the entry on load");
+    }
+    if (e.is_tensor()) {
+      const at::Tensor& t = e.tensor();
+      if (t.is_nested()) throw TypeError("nested (ragged) tensor leaves cannot be memory-mapped yet: " + key);
+      LeafMeta m = leaf_meta(key, t);
+      std::string path = join_path(td_dir, backends::encode_key(key) + ".memmap");
+      LeafJob job{path, t, replace ? &e : nullptr, like, false, {}};
+      if (!like && t.numel() > 0) {
+        auto info = backends::mapping_of(t);
+        if (info && !info->anonymous && !info->filename.empty()) {
+          bool same = false;
+          std::error_code ec;
+          same = fs::equivalent(info->filename, path, ec);
+          if (same && info->nbytes == t.numel() * static_cast<int64_t>(t.element_size()) && t.is_contiguous() &&
+              t.storage_offset() == 0) {
+            job.reuse = true;
+          } else if (same) {
+            job.source = t.clone();  // the file is about to be rewritten: read the data out first
+          } else if (!o.copy_existing() && replace) {
+            throw ValueError("the leaf '" + key + "' is already memory-mapped to '" + info->filename +
+                             "'; memmap_ into '" + path + "' needs copy_existing=true");
+          }
+        }
+      }
+      plan.leaves.push_back(std::move(job));
+      node->add_leaf(m);
+    } else if (e.is_tensordict()) {
+      TensorDict child = e.tensordict();
+      std::string cdir = join_path(td_dir, backends::encode_key(key));
+      auto cnode = plan_tree(*child.impl(), cdir, o, like, replace, plan);
+      DirNode copy = *cnode;
+      node->add_child(key, copy);
+    } else if (e.is_non_tensor()) {
+      std::string cdir = join_path(td_dir, backends::encode_key(key));
+      make_dirs(cdir);
+      auto cnode = std::make_shared<DirNode>(non_tensor_node(e));
+      plan.metas.emplace_back(cdir, cnode);
+      node->add_child(key, *cnode);
+    }
+  }
+  if (!impl.type_repr.empty()) {
+    plan.metas.emplace_back(td_dir, node);
+    auto outer = std::make_shared<DirNode>();
+    outer->kind = NodeKind::TensorClass;
+    outer->type_repr = impl.type_repr;
+    outer->batch_size = impl.batch_size;
+    outer->data = impl.class_fields ? *impl.class_fields : JsonValue::object();
+    outer->pickle = impl.class_pickle;
+    outer->add_child("_tensordict", *node);
+    plan.metas.emplace_back(dir, outer);
+    return outer;
+  }
+  plan.metas.emplace_back(dir, node);
+  return node;
+}
+
+void run_leaf_job(LeafJob& job) {
+  const at::Tensor& t = job.source;
+  if (job.reuse) {
+    backends::flush(t);
+    job.result = t;
+    return;
+  }
+  if (t.numel() == 0) {
+    std::error_code ec;
+    fs::remove(job.path, ec);  // Python writes no file for an empty leaf
+    job.result = at::empty(t.sizes(), t.options().device(at::kCPU));
+    return;
+  }
+  if (job.zeros_only) {
+    job.result = backends::create_and_map(job.path, t.scalar_type(), t.sizes());
+  } else {
+    job.result = backends::write_and_map(job.path, t, /*writable=*/true);
+  }
+}
+
+void run_jobs(std::vector<LeafJob>& jobs, int64_t num_threads) {
+  if (num_threads <= 1 || jobs.size() < 2) {
+    for (auto& j : jobs) run_leaf_job(j);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::mutex err_mu;
+  std::exception_ptr first_error;
+  auto work = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      try {
+        run_leaf_job(jobs[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(err_mu);
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  size_t n = std::min<size_t>(static_cast<size_t>(num_threads), jobs.size());
+  for (size_t i = 0; i < n; ++i) pool.emplace_back(work);
+  for (auto& th : pool) th.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string& prefix) {
+  impl->is_memmap = true;
+  impl->is_shared = false;
+  impl->memmap_prefix = prefix;
+  std::string base = (prefix.empty() || impl->type_repr.empty()) ? prefix : join_path(prefix, "_tensordict");
+  for (auto& kv : impl->entries) {
+    if (kv.second.is_tensordict()) {
+      std::string sub = base.empty() ? "" : join_path(base, backends::encode_key(kv.first));
+      mark_memmap(kv.second.tensordict().impl(), sub);
+    }
+  }
+}
+
+void check_prefix(const std::string& prefix, const MemmapOptions& o) {
+  if (!o.existsok() && fs::exists(join_path(prefix, "meta.json"))) {
+    throw ValueError("'" + prefix + "' already holds a saved TensorDict (existsok=false)");
+  }
+  std::error_code ec;
+  if (fs::is_symlink(prefix, ec)) throw ValueError("refusing to write through the symlink '" + prefix + "'");
+}
+
+// ------------------------------------------------------------------------------------------ loading
+void build_from_node(TensorDictImpl& impl, const DirNode& node, const BatchSize& parent_batch,
+                     const LoadOptions& o);
+
+Entry entry_from_child(const DirNode& child, const TensorDictImpl& parent, const LoadOptions& o) {
+  switch (child.kind) {
+    case NodeKind::TensorDict:
+    case NodeKind::TensorClass:
+    case NodeKind::Other: {
+      auto impl = std::make_shared<TensorDictImpl>();
+      build_from_node(*impl, child, parent.batch_size, o);
+      return Entry(TensorDict(impl));
+    }
+    case NodeKind::NonTensorData: {
+      JsonValue v = child.data ? *child.data : (child.pickle ? JsonValue(*child.pickle) : JsonValue());
+      return Entry(NonTensorData(v, parent.batch_size));
+    }
+    case NodeKind::NonTensorStack: {
+      if (!child.data) {
+        if (child.pickle) {
+          // a pickled list: kept verbatim (never executed), broadcast like NonTensorData
+          return Entry(NonTensorData(JsonValue(*child.pickle), parent.batch_size));
+        }
+        throw FormatError("NonTensorStack in '" + child.path + "' has no data");
+      }
+      int64_t depth = static_cast<int64_t>(parent.batch_size.size());
+      NonTensorStack st = NonTensorStack::from_nested(*child.data, depth);
+      return Entry(st);
+    }
+    case NodeKind::LazyStackedTensorDict: {
+      LazyStackedTensorDict lazy = LazyStackedTensorDict::load_memmap(child.path, o);
+      try {
+        return Entry(lazy.contiguous());
+      } catch (const Error& e) {
+        throw TypeError("the lazy stack in '" + child.path +
+                        "' has ragged members and cannot be held inside a TensorDict yet (" + e.what() + ")");
+      }
+    }
+  }
+  throw FormatError("unknown node kind in '" + child.path + "'");
+}
+
+bool writable_file(const std::string& path) { return ::access(path.c_str(), W_OK) == 0; }
+
+void build_from_node(TensorDictImpl& impl, const DirNode& node, const BatchSize& parent_batch,
+                     const LoadOptions& o) {
+  if (node.kind == NodeKind::TensorClass || node.kind == NodeKind::Other) {
+    const DirEntry* inner = node.find(node.kind == NodeKind::TensorClass ? "_tensordict" : "_source");
+    if (!inner || inner->is_leaf || !inner->child) {
+      throw FormatError("'" + node.path + "' (" + node.type_repr + ") has no _tensordict/_source directory");
+    }
+    build_from_node(impl, *inner->child, parent_batch, o);
+    if (node.kind == NodeKind::TensorClass) {
+      impl.type_repr = node.type_repr;
+      impl.class_fields = node.data;
+      impl.class_pickle = node.pickle;
+    }
+    return;
+  }
+  if (node.kind != NodeKind::TensorDict) {
+    throw TypeError("'" + node.path + "' holds a " + backends::node_kind_name(node.kind) + ", not a TensorDict");
+  }
+  impl.batch_size = node.batch_size ? *node.batch_size : BatchSize{};
+  if (node.device && *node.device != "None") {
+    try {
+      impl.device = at::Device(*node.device);
+    } catch (const c10::Error&) {
+      throw FormatError("'" + node.path + "/meta.json' has an unknown device '" + *node.device + "'");
+    }
+  }
+  (void)parent_batch;
+  for (const auto& de : node.entries) {
+    if (de.is_leaf) {
+      if (de.leaf.is_nested) {
+        throw TypeError("'" + node.path + "': the nested (ragged) tensor leaf '" + de.key +
+                        "' is not supported yet");
+      }
+      std::string file = de.leaf.file.empty() ? "" : join_path(node.path, de.leaf.file);
+      bool w = o.writable() && !file.empty() && writable_file(file);
+      at::Tensor t = backends::map_leaf(node.path, de.leaf, w);
+      if (impl.device && t.device() != *impl.device) t = t.to(*impl.device);
+      BatchSize shape(t.sizes().begin(), t.sizes().end());
+      if (shape.size() < impl.batch_size.size() ||
+          !std::equal(impl.batch_size.begin(), impl.batch_size.end(), shape.begin())) {
+        throw FormatError("'" + node.path + "/meta.json': leaf '" + de.key + "' has shape " + detail::shape_str(shape) +
+                          " which does not start with the batch size " + detail::shape_str(impl.batch_size));
+      }
+      impl.entries.emplace_back(de.key, Entry(t));
+    } else {
+      if (!de.child) throw FormatError("'" + node.path + "': the sub-collection '" + de.key + "' was not read");
+      Entry e = entry_from_child(*de.child, impl, o);
+      BatchSize shape = e.shape();
+      if (shape.size() < impl.batch_size.size() ||
+          !std::equal(impl.batch_size.begin(), impl.batch_size.end(), shape.begin())) {
+        throw FormatError("'" + de.child->path + "' has batch size " + detail::shape_str(shape) +
+                          " which does not start with its parent's " + detail::shape_str(impl.batch_size));
+      }
+      impl.entries.emplace_back(de.key, std::move(e));
+    }
+  }
+}
+
+TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
+  DirNode root = backends::read_dir(prefix);
+  if (root.kind == NodeKind::LazyStackedTensorDict) {
+    throw TypeError("'" + prefix + "' holds a LazyStackedTensorDict: load it with LazyStackedTensorDict::load_memmap");
+  }
+  if (root.kind == NodeKind::NonTensorData || root.kind == NodeKind::NonTensorStack) {
+    throw TypeError("'" + prefix + "' holds a " + std::string(backends::node_kind_name(root.kind)) +
+                    ", not a TensorDict");
+  }
+  auto impl = std::make_shared<TensorDictImpl>();
+  build_from_node(*impl, root, {}, o);
+  TensorDict td(impl);
+  mark_memmap(impl, prefix);
+  // sub-TensorDicts of a tensorclass record live under _tensordict/
+  td.lock_();
+  return td;
+}
+
+}  // namespace
+
+// ============================================================================ TensorDict methods
+TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& options) {
+  if (impl_->is_shared) {
+    throw ValueError("memmap_ and share_memory_ are mutually exclusive: this TensorDict is in shared memory");
+  }
+  if (prefix.empty()) {  // anonymous shared memory
+    std::function<void(TensorDictImpl&)> anon = [&](TensorDictImpl& impl) {
+      for (auto& kv : impl.entries) {
+        if (kv.second.is_tensor()) {
+          const at::Tensor& t = kv.second.tensor();
+          if (backends::mapping_of(t)) continue;
+          at::Tensor m = backends::map_anonymous(t.scalar_type(), t.sizes());
+          if (t.numel() > 0) m.copy_(t);
+          kv.second = Entry(m);
+        } else if (kv.second.is_tensordict()) {
+          anon(*kv.second.tensordict().impl());
+        }
+      }
+    };
+    anon(*impl_);
+    mark_memmap(impl_, "");
+    lock_();
+    return *this;
+  }
+  check_prefix(prefix, options);
+  WritePlan plan;
+  plan_tree(*impl_, prefix, options, /*like=*/false, /*replace=*/true, plan);
+  run_jobs(plan.leaves, options.num_threads());
+  for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
+  for (auto& j : plan.leaves)
+    if (j.target) *j.target = Entry(j.result);
+  mark_memmap(impl_, prefix);
+  lock_();
+  return *this;
+}
+
+TensorDict TensorDict::memmap(const std::string& prefix, const MemmapOptions& options) const {
+  TensorDict out = copy();
+  out.impl()->type_repr = impl_->type_repr;
+  out.impl()->class_fields = impl_->class_fields;
+  out.impl()->class_pickle = impl_->class_pickle;
+  // the copy's leaves are this TensorDict's: re-writing them elsewhere is what memmap() means
+  MemmapOptions o = options;
+  o.copy_existing(true);
+  if (prefix.empty()) {
+    // anonymous: copy even leaves that are already mapped (the copy must not alias this TD)
+    out = clone();
+  }
+  out.memmap_(prefix, o);
+  return out;
+}
+
+TensorDict TensorDict::save(const std::string& prefix, const MemmapOptions& options) const {
+  if (prefix.empty()) throw ValueError("save needs a prefix (a directory)");
+  return memmap(prefix, options);
+}
+
+TensorDict TensorDict::memmap_like(const std::string& prefix, const MemmapOptions& options) const {
+  TensorDict out = copy();
+  out.impl()->type_repr = impl_->type_repr;
+  out.impl()->class_fields = impl_->class_fields;
+  if (prefix.empty()) {
+    std::function<void(TensorDictImpl&)> anon = [&](TensorDictImpl& impl) {
+      for (auto& kv : impl.entries) {
+        if (kv.second.is_tensor()) {
+          const at::Tensor& t = kv.second.tensor();
+          kv.second = Entry(backends::map_anonymous(t.scalar_type(), t.sizes()));
+        } else if (kv.second.is_tensordict()) {
+          anon(*kv.second.tensordict().impl());
+        }
+      }
+    };
+    anon(*out.impl());
+    mark_memmap(out.impl(), "");
+    out.lock_();
+    return out;
+  }
+  check_prefix(prefix, options);
+  WritePlan plan;
+  plan_tree(*out.impl(), prefix, options, /*like=*/true, /*replace=*/true, plan);
+  run_jobs(plan.leaves, options.num_threads());
+  for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
+  for (auto& j : plan.leaves)
+    if (j.target) *j.target = Entry(j.result);
+  mark_memmap(out.impl(), prefix);
+  out.lock_();
+  return out;
+}
+
+TensorDict TensorDict::load_memmap(const std::string& prefix, const LoadOptions& options) {
+  return load_tree(prefix, options);
+}
+
+TensorDict TensorDict::load(const std::string& prefix, const LoadOptions& options) {
+  return load_tree(prefix, options);
+}
+
+TensorDict& TensorDict::load_memmap_(const std::string& prefix, const LoadOptions& options) {
+  TensorDict loaded = load_tree(prefix, options);
+  if (impl_->locked) {
+    throw LockedError("Cannot modify locked TensorDict: load_memmap_ replaces the entries; unlock it first");
+  }
+  impl_->entries = loaded.impl()->entries;
+  impl_->batch_size = loaded.impl()->batch_size;
+  impl_->device = loaded.impl()->device;
+  impl_->type_repr = loaded.impl()->type_repr;
+  impl_->class_fields = loaded.impl()->class_fields;
+  impl_->class_pickle = loaded.impl()->class_pickle;
+  for (auto& kv : impl_->entries)
+    if (kv.second.is_tensordict()) kv.second.tensordict().impl()->locked_parents.clear();
+  mark_memmap(impl_, prefix);
+  lock_();
+  return *this;
+}
+
+static void refresh_impl(TensorDictImpl& impl, const DirNode& node, const LoadOptions& o) {
+  const DirNode* td_node = &node;
+  if (node.kind == NodeKind::TensorClass) {
+    const DirEntry* inner = node.find("_tensordict");
+    if (!inner || !inner->child) return;
+    td_node = inner->child.get();
+  }
+  for (const auto& de : td_node->entries) {
+    Entry* mine = impl.find(de.key);
+    if (mine) {
+      if (!de.is_leaf && de.child && mine->is_tensordict()) refresh_impl(*mine->tensordict().impl(), *de.child, o);
+      continue;
+    }
+    TensorDictImpl tmp;
+    tmp.batch_size = impl.batch_size;
+    DirNode one = *td_node;
+    one.entries = {de};
+    one.kind = NodeKind::TensorDict;
+    one.batch_size = impl.batch_size;
+    build_from_node(tmp, one, impl.batch_size, o);
+    for (auto& kv : tmp.entries) {
+      if (kv.second.is_tensordict()) {
+        auto child = kv.second.tensordict().impl();
+        child->is_memmap = true;
+        child->memmap_prefix = de.child ? de.child->path : "";
+        if (impl.locked) {
+          child->locked = true;
+        }
+      }
+      impl.entries.push_back(kv);
+    }
+  }
+}
+
+TensorDict& TensorDict::memmap_refresh_() {
+  if (!impl_->is_memmap || impl_->memmap_prefix.empty()) {
+    throw ValueError("memmap_refresh_ needs a memmap TensorDict saved to a directory");
+  }
+  DirNode node = backends::read_dir(impl_->memmap_prefix);
+  refresh_impl(*impl_, node, LoadOptions());
+  if (impl_->locked) lock_();  // register the lock on new children
+  return *this;
+}
+
+TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype) {
+  if (!impl_->is_memmap || impl_->memmap_prefix.empty()) {
+    throw ValueError("make_memmap needs a memmap TensorDict saved to a directory (call memmap_(prefix) first)");
+  }
+  if (contains(key)) throw KeyError("make_memmap: key " + key.repr() + " already exists");
+  if (shape.size() < impl_->batch_size.size() ||
+      !std::equal(impl_->batch_size.begin(), impl_->batch_size.end(), shape.begin())) {
+    throw BatchSizeError("make_memmap: shape " + detail::shape_str(shape) + " does not start with the batch size " +
+                         detail::shape_str(impl_->batch_size));
+  }
+  TensorDictImpl* parent = impl_.get();
+  for (size_t i = 0; i + 1 < key.size(); ++i) {
+    Entry* e = parent->find(key[i]);
+    if (!e) throw KeyError("make_memmap: intermediate key '" + key[i] + "' is missing");
+    if (!e->is_tensordict()) throw KeyError("make_memmap: '" + key[i] + "' is not a TensorDict");
+    parent = e->tensordict().impl().get();
+  }
+  if (parent->memmap_prefix.empty()) throw ValueError("make_memmap: the parent has no directory");
+  std::string dir = parent->memmap_prefix;
+  if (!parent->type_repr.empty()) dir = join_path(dir, "_tensordict");
+  at::Tensor t = backends::create_and_map(join_path(dir, backends::encode_key(key.back()) + ".memmap"), dtype, shape);
+  if (t.numel() == 0) t = at::zeros(shape, at::TensorOptions().dtype(dtype));
+  parent->entries.emplace_back(key.back(), Entry(t));
+  // rewrite that level's meta.json (atomically)
+  DirNode node = backends::read_dir(parent->memmap_prefix);
+  DirNode* td_node = &node;
+  if (node.kind == NodeKind::TensorClass) {
+    for (auto& de : node.entries)
+      if (de.key == "_tensordict" && de.child) td_node = de.child.get();
+  }
+  td_node->add_leaf(leaf_meta(key.back(), t));
+  backends::write_meta(dir, *td_node);
+  return *this;
+}
+
+std::string TensorDict::memmap_prefix() const { return impl_->memmap_prefix; }
+
+std::string TensorDict::type_name() const {
+  if (impl_->type_repr.empty()) return "TensorDict";
+  // "<class 'pkg.mod.Name'>" -> "Name"
+  std::string r = impl_->type_repr;
+  auto q1 = r.find('\'');
+  auto q2 = r.rfind('\'');
+  if (q1 != std::string::npos && q2 != std::string::npos && q2 > q1) r = r.substr(q1 + 1, q2 - q1 - 1);
+  auto dot = r.rfind('.');
+  return dot == std::string::npos ? r : r.substr(dot + 1);
+}
+
+// ============================================================================ LazyStackedTensorDict
+LazyStackedTensorDict::LazyStackedTensorDict(std::vector<TensorDict> tensordicts, int64_t stack_dim)
+    : tds_(std::move(tensordicts)), stack_dim_(stack_dim) {
+  if (tds_.empty()) throw ValueError("LazyStackedTensorDict needs at least one member");
+  int64_t nd = tds_[0].batch_dims();
+  for (const auto& td : tds_) {
+    if (td.batch_dims() != nd) {
+      throw BatchSizeError("LazyStackedTensorDict: members have different numbers of batch dims (" +
+                           std::to_string(nd) + " vs " + std::to_string(td.batch_dims()) + ")");
+    }
+  }
+  stack_dim_ = detail::normalize_dim(stack_dim, nd, /*allow_end=*/true);
+}
+
+BatchSize LazyStackedTensorDict::batch_size() const {
+  BatchSize bs = tds_[0].batch_size();
+  for (const auto& td : tds_)
+    for (size_t i = 0; i < bs.size(); ++i)
+      if (td.batch_size()[i] != bs[i]) bs[i] = -1;
+  bs.insert(bs.begin() + stack_dim_, static_cast<int64_t>(tds_.size()));
+  return bs;
+}
+
+std::vector<NestedKey> LazyStackedTensorDict::keys() const {
+  std::vector<NestedKey> common = tds_[0].keys(KeysOptions().sort(true));
+  for (const auto& td : tds_) {
+    std::vector<NestedKey> keep;
+    for (const auto& k : common)
+      if (td.contains(k)) keep.push_back(k);
+    common = std::move(keep);
+  }
+  return common;
+}
+
+TensorDict LazyStackedTensorDict::contiguous() const { return stack(tds_, stack_dim_); }
+
+LazyStackedTensorDict& LazyStackedTensorDict::memmap_(const std::string& prefix, const MemmapOptions& options) {
+  if (prefix.empty()) throw ValueError("LazyStackedTensorDict::memmap_ needs a prefix");
+  make_dirs(prefix);
+  for (size_t i = 0; i < tds_.size(); ++i) tds_[i].memmap_(join_path(prefix, std::to_string(i)), options);
+  DirNode node;
+  node.kind = NodeKind::LazyStackedTensorDict;
+  node.type_repr = backends::type_repr::kLazyStackedTensorDict;
+  node.stack_dim = stack_dim_;
+  backends::write_meta(prefix, node);
+  return *this;
+}
+
+LazyStackedTensorDict LazyStackedTensorDict::load_memmap(const std::string& prefix, const LoadOptions& options) {
+  DirNode root = backends::read_dir(prefix);
+  if (root.kind != NodeKind::LazyStackedTensorDict) {
+    throw TypeError("'" + prefix + "' holds a " + std::string(backends::node_kind_name(root.kind)) +
+                    ", not a LazyStackedTensorDict");
+  }
+  std::vector<TensorDict> members;
+  for (const auto& de : root.entries) {
+    if (de.is_leaf || !de.child) continue;
+    auto impl = std::make_shared<TensorDictImpl>();
+    build_from_node(*impl, *de.child, {}, options);
+    TensorDict td(impl);
+    mark_memmap(impl, de.child->path);
+    td.lock_();
+    members.push_back(td);
+  }
+  if (members.empty()) throw FormatError("'" + prefix + "/meta.json': a LazyStackedTensorDict without members");
+  return LazyStackedTensorDict(std::move(members), root.stack_dim);
+}
+
+bool LazyStackedTensorDict::is_memmap() const {
+  bool first = tds_[0].is_memmap();
+  for (const auto& td : tds_) {
+    if (td.is_memmap() != first) throw RuntimeError("the members of the lazy stack disagree on is_memmap()");
+  }
+  return first;
+}
+
+bool is_lazy_stack_dir(const std::string& prefix) {
+  try {
+    JsonValue meta = JsonValue::parse([&] {
+      std::string path = join_path(prefix, "meta.json");
+      FILE* f = std::fopen(path.c_str(), "rb");
+      if (!f) return std::string();
+      std::string s;
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+      std::fclose(f);
+      return s;
+    }());
+    const JsonValue* t = meta.find("_type");
+    return t && t->is_string() && t->as_string() == backends::type_repr::kLazyStackedTensorDict;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace tensordict

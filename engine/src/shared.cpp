@@ -1,0 +1,141 @@
+// Shared memory for TensorDicts (share_memory_, handles, from_schema) over backends/shm.
+#include <mutex>
+
+#include "tensor_dict_internal.hpp"
+#include "tensordict/backends/shm.hpp"
+
+namespace tensordict {
+namespace {
+
+std::mutex g_prefix_mu;
+std::string g_prefix = "tensordict_";
+
+void collect_leaves(const TensorDictImpl& impl, const std::vector<std::string>& prefix,
+                    std::vector<std::vector<std::string>>& keys, std::vector<at::Tensor>& tensors) {
+  for (const auto& kv : impl.entries) {
+    std::vector<std::string> k = prefix;
+    k.push_back(kv.first);
+    if (kv.second.is_tensor()) {
+      keys.push_back(k);
+      tensors.push_back(kv.second.tensor());
+    } else if (kv.second.is_tensordict()) {
+      collect_leaves(*kv.second.tensordict().impl(), k, keys, tensors);
+    }
+  }
+}
+
+void mark_shared(const std::shared_ptr<TensorDictImpl>& impl) {
+  impl->is_shared = true;
+  impl->is_memmap = false;
+  for (auto& kv : impl->entries)
+    if (kv.second.is_tensordict()) mark_shared(kv.second.tensordict().impl());
+}
+
+//! replaces the tensor at a key path (walking existing levels; no lock checks: storage swap, same data)
+void swap_leaf(TensorDictImpl& root, const std::vector<std::string>& key, const at::Tensor& t) {
+  TensorDictImpl* cur = &root;
+  for (size_t i = 0; i + 1 < key.size(); ++i) cur = cur->find(key[i])->tensordict().impl().get();
+  *cur->find(key.back()) = Entry(t);
+}
+
+}  // namespace
+
+void TensorDict::set_shm_prefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> g(g_prefix_mu);
+  g_prefix = prefix;
+}
+std::string TensorDict::shm_prefix() {
+  std::lock_guard<std::mutex> g(g_prefix_mu);
+  return g_prefix;
+}
+
+TensorDict& TensorDict::share_memory_() {
+  if (impl_->is_memmap) {
+    throw ValueError("share_memory_ and memmap_ are mutually exclusive: this TensorDict is memory-mapped");
+  }
+  if (impl_->is_shared) return *this;
+  std::vector<std::vector<std::string>> keys;
+  std::vector<at::Tensor> tensors;
+  collect_leaves(*impl_, {}, keys, tensors);
+  if (!tensors.empty()) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i].device().is_cpu()) {
+        throw TypeError("share_memory_: leaf '" + NestedKey(keys[i]).join(".") + "' is not on the CPU");
+      }
+    }
+    backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, impl_->batch_size, shm_prefix());
+    for (size_t i = 0; i < keys.size(); ++i) swap_leaf(*impl_, keys[i], alloc.tensors[i]);
+  }
+  mark_shared(impl_);
+  lock_();
+  return *this;
+}
+
+std::string TensorDict::share_handle() const {
+  if (!impl_->is_shared) throw ValueError("share_handle needs a shared TensorDict (call share_memory_() first)");
+  std::vector<std::vector<std::string>> keys;
+  std::vector<at::Tensor> tensors;
+  collect_leaves(*impl_, {}, keys, tensors);
+  backends::ShmTensorDictHandle h;
+  h.batch_size = impl_->batch_size;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto th = backends::handle_of(tensors[i]);
+    if (!th) {
+      throw ValueError("share_handle: leaf '" + NestedKey(keys[i]).join(".") +
+                       "' is not a contiguous tensor in a shared-memory segment");
+    }
+    h.entries.push_back({keys[i], *th});
+  }
+  return backends::serialize(h);
+}
+
+TensorDict TensorDict::from_share_handle(const std::string& handle) {
+  backends::ShmTensorDictHandle h = backends::parse_tensordict_handle(handle);
+  std::vector<at::Tensor> tensors = backends::open_tensordict(h);
+  TensorDict td(h.batch_size);
+  for (size_t i = 0; i < tensors.size(); ++i) td.set(NestedKey(h.entries[i].key), tensors[i]);
+  mark_shared(td.impl());
+  td.lock_();
+  return td;
+}
+
+TensorDict TensorDict::from_schema(const Schema& schema, const BatchSize& batch_size, const std::string& storage,
+                                   const MemmapOptions& options) {
+  auto full_shape = [&](const BatchSize& elem) {
+    BatchSize s = batch_size;
+    s.insert(s.end(), elem.begin(), elem.end());
+    return s;
+  };
+  for (auto b : batch_size)
+    if (b < 0) throw BatchSizeError("from_schema: negative batch size " + detail::shape_str(batch_size));
+  if (storage.empty() || storage == "none") {
+    TensorDict td(batch_size);
+    for (const auto& kv : schema)
+      td.set(kv.first, at::zeros(full_shape(kv.second.first), at::TensorOptions().dtype(kv.second.second)));
+    return td;
+  }
+  if (storage == "memmap") {
+    if (options.prefix().empty()) throw ValueError("from_schema(storage=\"memmap\") needs MemmapOptions().prefix(dir)");
+    // the expand trick: stride-0 views of one zero, then memmap_like preallocates sparse files
+    TensorDict td(batch_size);
+    for (const auto& kv : schema) {
+      td.set(kv.first, at::zeros({}, at::TensorOptions().dtype(kv.second.second)).expand(full_shape(kv.second.first)));
+    }
+    return td.memmap_like(options.prefix(), options);
+  }
+  if (storage == "shared") {
+    std::vector<backends::ShmLayoutEntry> entries;
+    for (const auto& kv : schema) entries.push_back({kv.first.parts(), kv.second.second, full_shape(kv.second.first)});
+    TensorDict td(batch_size);
+    if (!entries.empty()) {
+      backends::ShmAllocation alloc = backends::allocate(entries, batch_size, shm_prefix());
+      for (size_t i = 0; i < entries.size(); ++i) td.set(NestedKey(entries[i].key), alloc.tensors[i]);
+    }
+    mark_shared(td.impl());
+    td.lock_();
+    return td;
+  }
+  throw ValueError("Unknown storage backend '" + storage + "'. Valid storages: none, memmap, shared");
+}
+
+}  // namespace tensordict

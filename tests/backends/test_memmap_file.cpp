@@ -1,0 +1,302 @@
+// Memory-mapped files as tensors: map_file / create_file / write_file / anonymous mappings / registry.
+#include <boost/test/unit_test.hpp>
+
+#include <ATen/ATen.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "backends_test_util.hpp"
+#include "tensordict/backends/memmap_file.hpp"
+#include "tensordict/errors.hpp"
+
+namespace be = tensordict::backends;
+using tensordict::BackendError;
+using tensordict::FormatError;
+using tensordict::TypeError;
+using tensordict::ValueError;
+
+namespace {
+size_t count_fds() {
+  size_t n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  BOOST_TEST_REQUIRE(d != nullptr);
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+int64_t file_size(const std::string& p) {
+  struct stat st;
+  BOOST_TEST_REQUIRE(::stat(p.c_str(), &st) == 0);
+  return st.st_size;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(memmap_file)
+
+BOOST_AUTO_TEST_CASE(write_then_map_read_only_is_copy_on_write) {
+  td_test::TempDir tmp;
+  at::Tensor src = at::arange(12, at::kFloat).reshape({3, 4});
+  const std::string f = tmp / "x.memmap";
+  BOOST_TEST(be::write_file(f, src) == 48);
+  BOOST_TEST(file_size(f) == 48);
+  at::Tensor m = be::map_file(f, at::kFloat, {3, 4}, /*writable=*/false);
+  BOOST_TEST(m.is_contiguous());
+  BOOST_TEST(at::equal(m, src));
+  m.add_(100);  // private mapping: in-place works, the file is untouched
+  BOOST_TEST(m[0][0].item<float>() == 100.0f);
+  at::Tensor again = be::map_file(f, at::kFloat, {3, 4}, false);
+  BOOST_TEST(at::equal(again, src));
+  auto info = be::mapping_of(m);
+  BOOST_TEST_REQUIRE(info.has_value());
+  BOOST_TEST(info->filename == f);
+  BOOST_TEST(!info->writable);
+  BOOST_TEST(!info->anonymous);
+  BOOST_TEST(info->nbytes == 48);
+}
+
+BOOST_AUTO_TEST_CASE(writable_mapping_writes_through) {
+  td_test::TempDir tmp;
+  const std::string f = tmp / "w.memmap";
+  be::write_file(f, at::zeros({4}, at::kLong));
+  {
+    at::Tensor m = be::map_file(f, at::kLong, {4}, /*writable=*/true);
+    m[2] = int64_t{1} << 40;
+    be::flush(m);
+    at::Tensor other = be::map_file(f, at::kLong, {4}, false);  // a second mapping sees it at once
+    BOOST_TEST(other[2].item<int64_t>() == (int64_t{1} << 40));
+    BOOST_TEST(be::mapping_of(m)->writable);
+  }
+  std::string bytes = td_test::read_file(f);
+  int64_t v;
+  std::memcpy(&v, bytes.data() + 16, 8);
+  BOOST_TEST(v == (int64_t{1} << 40));
+}
+
+BOOST_AUTO_TEST_CASE(offsets_and_longer_files) {
+  td_test::TempDir tmp;
+  const std::string f = tmp / "o.memmap";
+  at::Tensor data = at::arange(3000, at::kInt);  // 12000 bytes: crosses page boundaries
+  be::write_file(f, data);
+  at::Tensor a = be::map_file(f, at::kInt, {2}, false, 8);  // unaligned offset
+  BOOST_TEST(a[0].item<int>() == 2);
+  BOOST_TEST(a[1].item<int>() == 3);
+  at::Tensor b = be::map_file(f, at::kInt, {10}, true, 4096 + 12);  // offset beyond the first page
+  BOOST_TEST(b[0].item<int>() == 1027);
+  BOOST_TEST(be::mapping_of(b)->file_offset == 4096 + 12);
+  b[0] = -5;
+  BOOST_TEST(be::map_file(f, at::kInt, {1}, false, 4096 + 12).item<int>() == -5);
+  // longer file than the shape needs: accepted, trailing bytes ignored
+  at::Tensor head = be::map_file(f, at::kInt, {5}, false);
+  BOOST_TEST(at::equal(head, at::arange(5, at::kInt)));
+}
+
+BOOST_AUTO_TEST_CASE(too_short_file_is_a_format_error_naming_the_file) {
+  td_test::TempDir tmp;
+  const std::string f = tmp / "short.memmap";
+  be::write_file(f, at::ones({3}, at::kFloat));  // 12 bytes
+  td_test::check_throws<FormatError>([&] { be::map_file(f, at::kFloat, {4}, false); },
+                                     {"FormatError", f, "expected at least 16 bytes", "found 12"});
+  td_test::check_throws<FormatError>([&] { be::map_file(f, at::kFloat, {4}, true); }, {f, "16"});
+  td_test::check_throws<FormatError>([&] { be::map_file(f, at::kFloat, {3}, false, 4); },
+                                     {"expected at least 16 bytes", "offset 4"});
+  BOOST_TEST(file_size(f) == 12);  // never grown silently
+}
+
+BOOST_AUTO_TEST_CASE(bad_arguments_and_os_errors) {
+  td_test::TempDir tmp;
+  const std::string missing = tmp / "missing.memmap";
+  td_test::check_throws<BackendError>([&] { be::map_file(missing, at::kFloat, {2}, false); }, {missing, "No such file"});
+  td_test::check_throws<BackendError>([&] { be::map_file(missing, at::kFloat, {2}, true); }, {missing});
+  td_test::check_throws<ValueError>([&] { be::map_file(missing, at::kFloat, {-1, 2}, false); }, {"negative dimension"});
+  td_test::check_throws<ValueError>([&] { be::map_file(missing, at::kFloat, {2}, false, -8); }, {"negative offset"});
+  td_test::check_throws<ValueError>(
+      [&] { be::map_file(missing, at::kDouble, {int64_t{1} << 40, int64_t{1} << 40}, false); }, {"overflows"});
+  td_test::check_throws<ValueError>([&] { be::map_file(tmp.path, at::kFloat, {2}, false); }, {"not a regular file"});
+  td_test::check_throws<ValueError>([&] { be::create_file(tmp / "neg", -1); }, {"negative size"});
+  td_test::check_throws<BackendError>([&] { be::create_file(tmp / "no/such/dir/f", 8); }, {"cannot create"});
+  td_test::check_throws<BackendError>([&] { be::write_file(tmp / "no/such/dir/f", at::ones({2})); }, {"cannot create"});
+  td_test::check_throws<ValueError>([&] { be::write_file(tmp / "u", at::Tensor()); }, {"undefined"});
+  td_test::check_throws<TypeError>([&] { be::write_file(tmp / "s", at::ones({2, 2}).to_sparse()); }, {"strided"});
+  td_test::check_throws<ValueError>([&] { be::flush(at::ones({2})); }, {"not a memory-mapped tensor"});
+  td_test::check_throws<ValueError>([&] { be::flush(at::Tensor()); }, {"not a memory-mapped tensor"});
+  BOOST_TEST(!be::mapping_of(at::ones({2})).has_value());
+  BOOST_TEST(!be::mapping_of(at::Tensor()).has_value());
+  BOOST_TEST(!be::mapped_filename(at::ones({2})).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(zero_size_shapes_need_no_file) {
+  td_test::TempDir tmp;
+  const std::string f = tmp / "never.memmap";
+  at::Tensor e = be::map_file(f, at::kFloat, {0, 5}, true);
+  BOOST_TEST(e.numel() == 0);
+  BOOST_TEST(e.sizes().vec() == (std::vector<int64_t>{0, 5}));
+  BOOST_TEST(!td_test::exists(f));
+  at::Tensor c = be::create_and_map(f, at::kLong, {3, 0});
+  BOOST_TEST(c.numel() == 0);
+  BOOST_TEST(!td_test::exists(f));  // like Python: no file for an empty tensor
+  BOOST_TEST(be::map_anonymous(at::kFloat, {0}).numel() == 0);
+  // write_file still creates the (empty) file; write_and_map maps nothing
+  at::Tensor w = be::write_and_map(f, at::empty({0}, at::kFloat));
+  BOOST_TEST(td_test::exists(f));
+  BOOST_TEST(file_size(f) == 0);
+  BOOST_TEST(w.numel() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(create_file_is_sparse_zeroed_and_truncates) {
+  td_test::TempDir tmp;
+  const std::string f = tmp / "big.memmap";
+  const int64_t n = int64_t{256} << 20;  // 256 MiB, no RAM and (almost) no disk used
+  be::create_file(f, n);
+  struct stat st;
+  BOOST_TEST_REQUIRE(::stat(f.c_str(), &st) == 0);
+  BOOST_TEST(st.st_size == n);
+  BOOST_TEST(st.st_blocks * 512 < int64_t{1} << 20);
+  {
+    at::Tensor m = be::map_file(f, at::kByte, {n}, true);
+    BOOST_TEST(m[n - 1].item<uint8_t>() == 0);
+    m[7] = 9;
+  }
+  be::create_file(f, 16);  // existing contents are discarded: zeros again
+  BOOST_TEST(file_size(f) == 16);
+  BOOST_TEST(be::map_file(f, at::kByte, {16}, false).sum().item<int64_t>() == 0);
+  at::Tensor z = be::create_and_map(tmp / "z.memmap", at::kDouble, {2, 3});
+  BOOST_TEST(at::equal(z, at::zeros({2, 3}, at::kDouble)));
+  BOOST_TEST(be::mapped_filename(z).value() == tmp / "z.memmap");
+  z.fill_(1.5);
+  BOOST_TEST(be::map_file(tmp / "z.memmap", at::kDouble, {6}, false).sum().item<double>() == 9.0);
+}
+
+BOOST_AUTO_TEST_CASE(symlinks_are_refused_for_writing) {
+  td_test::TempDir tmp;
+  const std::string target = tmp / "target";
+  td_test::write_text(target, "precious");
+  const std::string link = tmp / "link.memmap";
+  BOOST_TEST_REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  td_test::check_throws<ValueError>([&] { be::create_file(link, 8); }, {"ValueError", "symlink", link});
+  td_test::check_throws<ValueError>([&] { be::write_file(link, at::ones({2})); }, {"symlink", link});
+  td_test::check_throws<ValueError>([&] { be::write_and_map(link, at::ones({2})); }, {"symlink"});
+  td_test::check_throws<ValueError>([&] { be::create_and_map(link, at::kFloat, {2}); }, {"symlink"});
+  BOOST_TEST(td_test::read_file(target) == "precious");
+  // dangling symlinks too (O_NOFOLLOW would otherwise create the target)
+  const std::string dangling = tmp / "dangling.memmap";
+  BOOST_TEST_REQUIRE(::symlink((tmp / "nowhere").c_str(), dangling.c_str()) == 0);
+  td_test::check_throws<ValueError>([&] { be::create_file(dangling, 8); }, {"symlink"});
+  BOOST_TEST(!td_test::exists(tmp / "nowhere"));
+}
+
+BOOST_AUTO_TEST_CASE(write_file_densifies_views_in_c_order) {
+  td_test::TempDir tmp;
+  at::Tensor base = at::arange(6, at::kShort).reshape({2, 3});
+  at::Tensor t = base.t();  // non-contiguous [3, 2]
+  be::write_file(tmp / "t", t);
+  BOOST_TEST(at::equal(be::map_file(tmp / "t", at::kShort, {3, 2}, false), t));
+  at::Tensor ex = at::tensor({7}, at::kInt).expand({4});
+  be::write_file(tmp / "e", ex);
+  BOOST_TEST(file_size(tmp / "e") == 16);
+  BOOST_TEST(at::equal(be::map_file(tmp / "e", at::kInt, {4}, false), at::full({4}, 7, at::kInt)));
+  at::Tensor bf = at::tensor({1.0, -2.0, 0.5, 3.140625}, at::kDouble).to(at::kBFloat16);
+  at::Tensor mb = be::write_and_map(tmp / "bf", bf, false);
+  BOOST_TEST(mb.scalar_type() == at::kBFloat16);
+  BOOST_TEST(at::equal(mb, bf));
+  std::string raw = td_test::read_file(tmp / "bf");
+  BOOST_TEST(raw.size() == 8u);
+  BOOST_TEST(static_cast<unsigned char>(raw[0]) == 0x80);  // bf16 1.0 = 0x3f80, little-endian
+  BOOST_TEST(static_cast<unsigned char>(raw[1]) == 0x3f);
+  at::Tensor cplx = at::complex(at::ones({2}), at::full({2}, 2.0f));
+  at::Tensor mc = be::write_and_map(tmp / "c", cplx.conj(), false);  // conj view is resolved
+  BOOST_TEST(at::equal(mc, cplx.conj().resolve_conj()));
+  at::Tensor bools = at::tensor({1, 0, 1}, at::kInt).to(at::kBool);
+  be::write_file(tmp / "b", bools);
+  BOOST_TEST(td_test::read_file(tmp / "b") == std::string("\x01\x00\x01", 3));
+}
+
+BOOST_AUTO_TEST_CASE(anonymous_mappings) {
+  at::Tensor a = be::map_anonymous(at::kFloat, {1000, 10});
+  BOOST_TEST(at::equal(a, at::zeros({1000, 10})));
+  a.fill_(2);
+  BOOST_TEST(a.sum().item<float>() == 20000.0f);
+  auto info = be::mapping_of(a);
+  BOOST_TEST_REQUIRE(info.has_value());
+  BOOST_TEST(info->anonymous);
+  BOOST_TEST(info->writable);
+  BOOST_TEST(info->filename.empty());
+  BOOST_TEST(be::mapped_filename(a).value().empty());
+  be::flush(a);
+}
+
+BOOST_AUTO_TEST_CASE(registry_follows_views_and_releases) {
+  td_test::TempDir tmp;
+  const size_t before = be::live_mappings();
+  {
+    at::Tensor m = be::write_and_map(tmp / "v", at::arange(20, at::kFloat).reshape({4, 5}));
+    at::Tensor row = m[2];
+    at::Tensor sl = m.narrow(1, 1, 3).t();
+    BOOST_TEST(be::live_mappings() == before + 1);
+    m = at::Tensor();  // the views keep the mapping alive
+    BOOST_TEST(be::mapped_filename(row).value() == tmp / "v");
+    BOOST_TEST(be::mapped_filename(sl).value() == tmp / "v");
+    BOOST_TEST(row[4].item<float>() == 14.0f);
+    BOOST_TEST(be::live_mappings() == before + 1);
+  }
+  BOOST_TEST(be::live_mappings() == before);
+}
+
+BOOST_AUTO_TEST_CASE(no_file_descriptor_is_kept_per_tensor) {
+  td_test::TempDir tmp;
+  const size_t fds_before = count_fds();
+  const size_t maps_before = be::live_mappings();
+  {
+    std::vector<at::Tensor> keep;
+    for (int i = 0; i < 300; ++i) {
+      const std::string f = tmp / ("f" + std::to_string(i));
+      switch (i % 4) {
+        case 0: keep.push_back(be::write_and_map(f, at::full({16}, i, at::kInt), i % 8 == 0)); break;
+        case 1: keep.push_back(be::create_and_map(f, at::kFloat, {4, 4})); break;
+        case 2: keep.push_back(be::map_anonymous(at::kDouble, {8})); break;
+        case 3:
+          be::create_file(f, 64);
+          keep.push_back(be::map_file(f, at::kByte, {64}, false));
+          break;
+      }
+    }
+    BOOST_TEST(count_fds() == fds_before);  // all 300 alive, no fd held
+    BOOST_TEST(be::live_mappings() == maps_before + 300);
+  }
+  BOOST_TEST(count_fds() == fds_before);
+  BOOST_TEST(be::live_mappings() == maps_before);
+  // failing calls do not leak either
+  for (int i = 0; i < 50; ++i) {
+    try {
+      be::map_file(tmp / "f1", at::kFloat, {1000}, false);
+    } catch (const FormatError&) {
+    }
+  }
+  BOOST_TEST(count_fds() == fds_before);
+}
+
+BOOST_AUTO_TEST_CASE(concurrent_mapping_is_safe) {
+  td_test::TempDir tmp;
+  be::write_file(tmp / "shared", at::arange(1024, at::kLong));
+  const size_t before = be::live_mappings();
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        at::Tensor m = be::map_file(tmp / "shared", at::kLong, {1024}, false);
+        at::Tensor a = be::map_anonymous(at::kInt, {16});
+        if (m[1023].item<int64_t>() != 1023 || !be::mapping_of(m) || !be::mapping_of(a)->anonymous) ++bad;
+      }
+    });
+  for (auto& th : threads) th.join();
+  BOOST_TEST(bad.load() == 0);
+  BOOST_TEST(be::live_mappings() == before);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,263 @@
+// TensorDict persistence: Python fixtures load, round trips are bit-exact, memmap_/memmap/memmap_like,
+// load_memmap_/memmap_refresh_/make_memmap, locks, bad files.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <boost/test/unit_test.hpp>
+
+#include "fixtures.hpp"
+#include "tensordict/backends/memmap_file.hpp"
+#include "tensordict/describe.hpp"
+#include "tensordict/lazy_stack.hpp"
+#include "tensordict/tensor_dict.hpp"
+#include "zoo.hpp"
+
+using namespace tensordict;
+using at::indexing::Slice;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<std::string> kTdFixtures = {"a_flat", "b_nested", "c_non_tensor", "d_dtypes",
+                                              "e_empty", "g_tensorclass", "h_zero_dim", "j_memmap_like"};
+
+//! every file below `dir` (relative path -> bytes)
+std::map<std::string, std::string> tree_bytes(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& p : fs::recursive_directory_iterator(dir)) {
+    if (!p.is_regular_file()) continue;
+    out[fs::relative(p.path(), dir).string()] = fixtures::read_file(p.path().string());
+  }
+  return out;
+}
+
+void check_same_data(const TensorDict& a, const TensorDict& b) {
+  auto la = zoo::leaves(a);
+  auto lb = zoo::leaves(b);
+  BOOST_REQUIRE_EQUAL(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); ++i) {
+    BOOST_TEST(la[i].first == lb[i].first);
+    BOOST_TEST(la[i].second.scalar_type() == lb[i].second.scalar_type());
+    BOOST_TEST(la[i].second.sizes() == lb[i].second.sizes());
+    // bit-exact: compare raw bytes (NaN-safe)
+    at::Tensor x = la[i].second.contiguous(), y = lb[i].second.contiguous();
+    BOOST_TEST(std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0, "leaf " << la[i].first);
+  }
+  for (const auto& k : a.keys(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    if (a.is_non_tensor(k)) BOOST_TEST(a.get_non_tensor(k) == b.get_non_tensor(k));
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(memmap)
+
+BOOST_AUTO_TEST_CASE(shared_fixtures_present) {
+  // loud failure when ../shared is not beside the checkout
+  BOOST_REQUIRE_MESSAGE(fs::is_directory(fixtures::shared_dir() + "/fixtures/python-written"),
+                        "shared fixtures not found at " << fixtures::shared_dir());
+}
+
+BOOST_AUTO_TEST_CASE(python_fixtures_load_with_expected_values) {
+  for (const auto& name : kTdFixtures) {
+    TensorDict td = TensorDict::load_memmap(fixtures::python_written(name));
+    BOOST_TEST(td.is_memmap());
+    BOOST_TEST(td.is_locked());
+    fixtures::check_described(describe(td), fixtures::read_json(fixtures::python_written(name + ".expected.json")), name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(python_lazy_stack_fixture) {
+  std::string dir = fixtures::python_written("f_lazy_stack");
+  BOOST_TEST(is_lazy_stack_dir(dir));
+  BOOST_CHECK_THROW(TensorDict::load_memmap(dir), TypeError);
+  LazyStackedTensorDict lazy = LazyStackedTensorDict::load_memmap(dir);
+  BOOST_TEST(lazy.tensordicts().size() == 2u);
+  BOOST_TEST(lazy.batch_size() == BatchSize({2}));
+  fixtures::check_described(describe(lazy), fixtures::read_json(dir + ".expected.json"), "f_lazy_stack");
+  BOOST_CHECK_THROW(lazy.contiguous(), Error);  // ragged x: [3] vs [5]
+}
+
+BOOST_AUTO_TEST_CASE(upstream_artifact_loads) {
+  // test_load_custom_artifact: padded data files (17 and 6 bytes) and the old list form of NonTensorData
+  TensorDict td = TensorDict::load_memmap(fixtures::shared_dir() + "/fixtures/upstream-artifact/mmap_example");
+  BOOST_TEST(td.batch_size() == BatchSize({2, 1}));
+  BOOST_TEST(td.get({"nested", "int64"}).equal(at::tensor({1, 2}, at::kLong).view({2, 1})));
+  BOOST_TEST(td.get({"nested", "bfloat16"}).equal(at::ones({2, 1}, at::kBFloat16)));
+  JsonValue s = td.get_non_tensor({"nested", "string"});
+  BOOST_TEST((s == JsonValue("a string!") || s == JsonValue::array({"a string!"})), "got " << s.dump());
+}
+
+BOOST_AUTO_TEST_CASE(fixture_round_trips_are_bit_exact) {
+  for (const auto& name : kTdFixtures) {
+    BOOST_TEST_CONTEXT(name) {
+      fixtures::TempDir tmp("rt-" + name);
+      TensorDict td = TensorDict::load_memmap(fixtures::python_written(name));
+      TensorDict saved = td.save(tmp.path + "/out");
+      TensorDict back = TensorDict::load_memmap(tmp.path + "/out");
+      check_same_data(td, back);
+      BOOST_TEST(back.type_name() == td.type_name());
+      fixtures::check_described(describe(back),
+                                fixtures::read_json(fixtures::python_written(name + ".expected.json")), name);
+      // data files are byte-identical to Python's (meta.json too, for the stdlib-json layout)
+      auto want = tree_bytes(fixtures::python_written(name));
+      auto got = tree_bytes(tmp.path + "/out");
+      for (const auto& kv : want) {
+        if (kv.first.find(".memmap") == std::string::npos) continue;
+        BOOST_TEST_REQUIRE(got.count(kv.first) == 1u, "missing file " << kv.first);
+        BOOST_TEST((got[kv.first] == kv.second), "file " << kv.first << " differs");
+      }
+    }
+  }
+  fixtures::TempDir tmp("rt-lazy");
+  LazyStackedTensorDict lazy = LazyStackedTensorDict::load_memmap(fixtures::python_written("f_lazy_stack"));
+  std::vector<TensorDict> members;
+  for (const auto& m : lazy.tensordicts()) members.push_back(m.clone());
+  LazyStackedTensorDict copy(members, lazy.stack_dim());
+  copy.memmap_(tmp.path + "/lazy");
+  LazyStackedTensorDict back = LazyStackedTensorDict::load_memmap(tmp.path + "/lazy");
+  for (size_t i = 0; i < 2; ++i) check_same_data(lazy.tensordicts()[i], back.tensordicts()[i]);
+}
+
+BOOST_AUTO_TEST_CASE(memmap_in_place_locks_and_writes_through) {
+  fixtures::TempDir tmp("inplace");
+  TensorDict td = zoo::plain({4, 3});
+  td.set({"sub", "x"}, at::arange(12, at::kFloat).view({4, 3, 1}));
+  td.set("label", "cat");
+  TensorDict ref = td.clone();
+  at::Tensor before = td.get("a");
+  td.memmap_(tmp.path);
+  BOOST_TEST(td.is_memmap());
+  BOOST_TEST(td.is_locked());
+  BOOST_TEST(td.get_td("sub").is_memmap());
+  BOOST_TEST(td.get("a").data_ptr() != before.data_ptr());
+  BOOST_TEST(backends::mapped_filename(td.get("a")).value() == tmp.path + "/a.memmap");
+  check_same_data(td, ref);
+  BOOST_CHECK_THROW(td.set("new", at::zeros({4, 3})), LockedError);
+  // in-place writes go to the files
+  td.set_("a", at::full({4, 3, 5}, 3.5));
+  td.index_put_({1}, TensorDict(Dict{{"c", at::full({3, 3}, 7, at::kLong)}}, {3}));
+  TensorDict back = TensorDict::load_memmap(tmp.path);
+  BOOST_TEST(back.get("a").eq(3.5).all().item<bool>());
+  BOOST_TEST(back.get("c").index({1}).eq(7).all().item<bool>());
+  BOOST_TEST(back.get_non_tensor("label") == JsonValue("cat"));
+  // memmap_ again into the same prefix reuses the files
+  td.memmap_(tmp.path);
+  BOOST_TEST(backends::mapped_filename(td.get("a")).value() == tmp.path + "/a.memmap");
+  // into another prefix needs copy_existing
+  fixtures::TempDir other("inplace2");
+  BOOST_CHECK_THROW(td.memmap_(other.path), ValueError);
+  td.memmap_(other.path, MemmapOptions().copy_existing(true));
+  BOOST_TEST(backends::mapped_filename(td.get("a")).value() == other.path + "/a.memmap");
+}
+
+BOOST_AUTO_TEST_CASE(memmap_new_td_and_parallel_threads) {
+  fixtures::TempDir tmp("copy");
+  TensorDict td = zoo::plain({50});
+  TensorDict m = td.memmap(tmp.path, MemmapOptions().num_threads(3));
+  BOOST_TEST(m.is_memmap());
+  BOOST_TEST(!td.is_memmap());
+  BOOST_TEST(!td.is_locked());
+  check_same_data(m, td);
+  TensorDict anon = td.memmap();
+  BOOST_TEST(anon.is_memmap());
+  BOOST_TEST(backends::mapping_of(anon.get("a"))->anonymous);
+  check_same_data(anon, td);
+}
+
+BOOST_AUTO_TEST_CASE(memmap_like_preallocates_zeros) {
+  fixtures::TempDir tmp("like");
+  TensorDict src(Dict{{"big", at::zeros({}).expand({1000, 64})}, {"n", Dict{{"i", at::ones({1000}, at::kInt)}}}},
+                 {1000});
+  TensorDict like = src.memmap_like(tmp.path);
+  BOOST_TEST(like.get("big").sizes() == at::IntArrayRef({1000, 64}));
+  BOOST_TEST(like.get("big").stride(0) == 64);  // a full-size file, not an expanded view
+  BOOST_TEST(like.get({"n", "i"}).eq(0).all().item<bool>());
+  BOOST_TEST(fs::file_size(tmp.path + "/big.memmap") == 1000u * 64u * 4u);
+  like.get("big").index_put_({3}, 1.0);
+  BOOST_TEST(TensorDict::load_memmap(tmp.path).get("big").index({3}).eq(1).all().item<bool>());
+}
+
+BOOST_AUTO_TEST_CASE(load_memmap_into_self_and_refresh) {
+  fixtures::TempDir tmp("refresh");
+  TensorDict td = zoo::plain({5});
+  td.memmap_(tmp.path);
+  TensorDict other = TensorDict::load_memmap(tmp.path);
+  td.make_memmap("extra", {5, 2}, at::kDouble);
+  BOOST_TEST(td.get("extra").sizes() == at::IntArrayRef({5, 2}));
+  BOOST_TEST(!other.contains("extra"));
+  other.memmap_refresh_();
+  BOOST_TEST(other.contains("extra"));
+  td.get("extra").fill_(2.0);
+  BOOST_TEST(other.get("extra").eq(2.0).all().item<bool>());  // same file, shared mapping
+  BOOST_CHECK_THROW(td.make_memmap("extra", {5}, at::kFloat), KeyError);
+  BOOST_CHECK_THROW(td.make_memmap("bad", {4}, at::kFloat), BatchSizeError);
+  TensorDict fresh;
+  fresh.load_memmap_(tmp.path);
+  BOOST_TEST(fresh.is_memmap());
+  BOOST_TEST(fresh.contains("extra"));
+  BOOST_CHECK_THROW(TensorDict().memmap_refresh_(), ValueError);
+  BOOST_CHECK_THROW(TensorDict().make_memmap("x", {}, at::kFloat), ValueError);
+}
+
+BOOST_AUTO_TEST_CASE(read_only_files_map_private) {
+  fixtures::TempDir tmp("ro");
+  TensorDict td = zoo::plain({3});
+  td.memmap(tmp.path);
+  TensorDict ro = TensorDict::load_memmap(tmp.path, LoadOptions().writable(false));
+  ro.get("a").fill_(9.0);  // copy-on-write: works, never reaches the file
+  BOOST_TEST(TensorDict::load_memmap(tmp.path).get("a").equal(td.get("a")));
+}
+
+BOOST_AUTO_TEST_CASE(reserved_keys_and_bad_files) {
+  fixtures::TempDir tmp("bad");
+  TensorDict td(Dict{{"shape", at::zeros({2})}}, {2});
+  BOOST_CHECK_THROW(td.memmap(tmp.path + "/x"), ValueError);
+  BOOST_CHECK_THROW(TensorDict::load_memmap(tmp.path + "/missing"), Error);
+  // truncated leaf
+  TensorDict ok = zoo::plain({4});
+  ok.memmap(tmp.path + "/t");
+  fs::resize_file(tmp.path + "/t/a.memmap", 10);
+  BOOST_CHECK_EXCEPTION(TensorDict::load_memmap(tmp.path + "/t"), FormatError, [](const FormatError& e) {
+    return std::string(e.what()).find("a.memmap") != std::string::npos;
+  });
+  // malformed meta.json
+  ok.memmap(tmp.path + "/m");
+  { std::ofstream(tmp.path + "/m/meta.json") << "{\"a\": {\"dtype\": "; }
+  BOOST_CHECK_EXCEPTION(TensorDict::load_memmap(tmp.path + "/m"), FormatError, [](const FormatError& e) {
+    return std::string(e.what()).find("meta.json") != std::string::npos;
+  });
+  // a leaf whose shape does not fit the batch
+  ok.memmap(tmp.path + "/s");
+  {
+    std::string meta = fixtures::read_file(tmp.path + "/s/meta.json");
+    auto pos = meta.find("\"shape\": [4]");
+    BOOST_REQUIRE(pos != std::string::npos);
+    meta.replace(pos, 12, "\"shape\": [5]");
+    std::ofstream(tmp.path + "/s/meta.json") << meta;
+  }
+  BOOST_CHECK_THROW(TensorDict::load_memmap(tmp.path + "/s"), FormatError);
+  // existsok=false refuses an existing save
+  BOOST_CHECK_THROW(ok.memmap(tmp.path + "/t", MemmapOptions().existsok(false)), ValueError);
+}
+
+BOOST_AUTO_TEST_CASE(memmap_and_shared_are_exclusive) {
+  TensorDict td = zoo::plain({3});
+  td.memmap_();
+  BOOST_CHECK_THROW(td.share_memory_(), ValueError);
+  TensorDict sh = zoo::plain({3});
+  sh.share_memory_();
+  BOOST_CHECK_THROW(sh.memmap_(), ValueError);
+}
+
+BOOST_AUTO_TEST_CASE(unlock_clears_memmap_flag) {
+  fixtures::TempDir tmp("flag");
+  TensorDict td = zoo::plain({3});
+  td.memmap_(tmp.path);
+  td.unlock_();
+  BOOST_TEST(!td.is_memmap());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
