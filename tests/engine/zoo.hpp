@@ -113,3 +113,50 @@ inline void check_equal(const TensorDict& got, const TensorDict& want, const std
 }
 
 }  // namespace zoo
+
+namespace zoo {
+
+//! `got` must equal `op` applied to every tensor leaf of `src` (same keys, same order) and have batch size
+//! `want_bs`; where `op` gives a view of the source leaf, the result leaf must be that same view (same
+//! data_ptr and strides). Sub-TensorDicts and non-tensors must keep the dims they had beyond src's batch.
+inline void check_leafwise(const TensorDict& src, const TensorDict& got, const BatchSize& want_bs,
+                           const std::function<at::Tensor(const at::Tensor&)>& op, const std::string& ctx = "") {
+  BOOST_TEST_CONTEXT(ctx) {
+    BOOST_TEST(got.batch_size() == want_bs);
+    auto s = leaves(src);
+    auto g = leaves(got);
+    BOOST_REQUIRE_EQUAL(s.size(), g.size());
+    for (size_t i = 0; i < s.size(); ++i) {
+      at::Tensor want = op(s[i].second);
+      BOOST_TEST(g[i].first == s[i].first);
+      BOOST_TEST(g[i].second.sizes() == want.sizes(), "leaf " << g[i].first << " shape");
+      BOOST_TEST(at::equal(g[i].second, want), "leaf " << g[i].first << " differs");
+      if (want.is_alias_of(s[i].second)) {
+        BOOST_TEST(g[i].second.is_alias_of(s[i].second), "leaf " << g[i].first << " is not a view");
+        BOOST_TEST(g[i].second.data_ptr() == want.data_ptr());
+        BOOST_TEST(g[i].second.strides() == want.strides(), "leaf " << g[i].first << " strides");
+      }
+    }
+    const size_t snd = src.batch_size().size();
+    for (const auto& kv : got.items(tensordict::KeysOptions().include_nested(true))) {
+      if (kv.second.is_tensor()) continue;
+      BatchSize shape = kv.second.shape();
+      BatchSize src_shape = src.get_entry(kv.first).shape();
+      BatchSize want = want_bs;
+      if (src_shape.size() > snd) want.insert(want.end(), src_shape.begin() + static_cast<long>(snd), src_shape.end());
+      BOOST_TEST(shape == want, "entry " << kv.first.join(".") << " batch");
+    }
+  }
+}
+
+//! true when every tensor leaf of `td` shares storage with the leaf of the same key in `base`
+inline bool all_alias(const TensorDict& td, const TensorDict& base) {
+  auto a = leaves(td);
+  auto b = leaves(base);
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].first != b[i].first || !a[i].second.is_alias_of(b[i].second)) return false;
+  return true;
+}
+
+}  // namespace zoo

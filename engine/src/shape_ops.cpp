@@ -1,0 +1,440 @@
+// TensorDict shape ops on the batch dims: view, reshape, flatten, unflatten, squeeze, unsqueeze, permute,
+// transpose, expand, unbind, split, chunk, contiguous. Every leaf gets the same torch op with its feature
+// dims carried along; sub-TensorDicts get it too (their extra batch dims preserved); results are views
+// wherever torch gives views. Lock and memmap/shared flags survive (upstream test_shared_inheritance).
+#include <algorithm>
+#include <string>
+
+#include "tensor_dict_internal.hpp"
+
+namespace tensordict {
+
+using detail::shape_list;
+using detail::shape_str;
+
+namespace {
+
+using TensorFn = std::function<at::Tensor(const at::Tensor&)>;
+using MultiFn = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
+
+std::string first_line(const char* what) {
+  std::string s(what);
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+//! dim in [-n, n) (n = ndim, or ndim + 1 with allow_end) -> [0, n); IndexError naming the op otherwise
+int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, bool allow_end = false) {
+  const int64_t nd = static_cast<int64_t>(bs.size());
+  const int64_t hi = allow_end ? nd + 1 : nd;
+  if (hi == 0) {
+    throw IndexError(std::string(op) + ": a TensorDict with batch_size " + shape_str(bs) +
+                     " has no batch dimension (got dim=" + std::to_string(dim) + ")");
+  }
+  if (dim < -hi || dim >= hi) {
+    throw IndexError(std::string(op) + ": dimension out of range (expected to be in range of [" +
+                     std::to_string(-hi) + ", " + std::to_string(hi - 1) + "] for a TensorDict with batch_size " +
+                     shape_str(bs) + ", but got " + std::to_string(dim) + ")");
+  }
+  return dim < 0 ? dim + hi : dim;
+}
+
+//! `batch` followed by the dims of t after its first `nd`
+std::vector<int64_t> with_feat(const BatchSize& batch, const at::Tensor& t, int64_t nd) {
+  std::vector<int64_t> s(batch);
+  auto sz = t.sizes();
+  s.insert(s.end(), sz.begin() + nd, sz.end());
+  return s;
+}
+
+//! resolves one -1 in `sizes` so that they multiply to `numel` (torch's infer_size); RuntimeError otherwise
+BatchSize infer_sizes(const char* op, BatchSize sizes, int64_t numel, const std::string& of_what) {
+  int64_t known = 1;
+  int64_t infer = -1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == -1) {
+      if (infer >= 0) {
+        throw RuntimeError(std::string(op) + ": only one dimension can be inferred, got shape " + shape_list(sizes));
+      }
+      infer = static_cast<int64_t>(i);
+    } else if (sizes[i] < 0) {
+      throw RuntimeError(std::string(op) + ": invalid shape dimension " + std::to_string(sizes[i]) + " in " +
+                         shape_list(sizes));
+    } else {
+      known *= sizes[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0) {
+      throw RuntimeError(std::string(op) + ": cannot reshape " + of_what + " of " + std::to_string(numel) +
+                         " elements into shape " + shape_list(sizes) +
+                         " because the unspecified dimension size -1 can be any value and is ambiguous");
+    }
+    if (numel % known == 0) sizes[static_cast<size_t>(infer)] = numel / known;
+  }
+  if (detail::prod(sizes) != numel || (infer >= 0 && sizes[static_cast<size_t>(infer)] < 0)) {
+    throw RuntimeError(std::string(op) + ": shape " + shape_list(sizes) + " is invalid for " + of_what + " of " +
+                       std::to_string(numel) + " elements");
+  }
+  return sizes;
+}
+
+//! map_batch, turning a torch failure into a RuntimeError that names the offending leaf
+TensorDict guarded_map(const char* op, const TensorDict& td, const BatchSize& new_batch, const TensorFn& fn,
+                       bool keep_flags) {
+  try {
+    return detail::map_batch(td, new_batch, fn, keep_flags);
+  } catch (const c10::Error& err) {
+    for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true))) {
+      const at::Tensor& t = kv.second.tensor();
+      try {
+        fn(t);
+      } catch (const c10::Error& leaf_err) {
+        throw RuntimeError(std::string(op) + " to batch_size " + shape_str(new_batch) + ": the leaf " +
+                           kv.first.repr() + " of shape " + shape_str(t.sizes()) + " and strides " +
+                           shape_list(t.strides()) + " cannot be transformed (" +
+                           first_line(leaf_err.what_without_backtrace()) + ")");
+      }
+    }
+    throw RuntimeError(std::string(op) + " to batch_size " + shape_str(new_batch) + " failed: " +
+                       first_line(err.what_without_backtrace()));
+  }
+}
+
+//! result of map_batch without the memmap/shared flags but locked like td (upstream's propagate_lock)
+TensorDict map_keep_lock(const char* op, const TensorDict& td, const BatchSize& new_batch, const TensorFn& fn) {
+  TensorDict out = guarded_map(op, td, new_batch, fn, /*keep_flags=*/false);
+  if (td.is_locked()) out.lock_();
+  return out;
+}
+
+//! the multi-output twin of map_batch: fn splits a tensor whose leading dims are the old batch dims into
+//! new_batches.size() tensors (unbind, split); sub-TensorDicts and non-tensors follow
+std::vector<TensorDict> map_batch_multi(const TensorDict& td, const std::vector<BatchSize>& new_batches,
+                                        const MultiFn& fn, bool keep_flags) {
+  const TensorDictImpl& src = *td.impl();
+  const size_t n = new_batches.size();
+  const int64_t old_nd = static_cast<int64_t>(src.batch_size.size());
+  std::vector<std::shared_ptr<TensorDictImpl>> outs(n);
+  for (size_t i = 0; i < n; ++i) {
+    outs[i] = std::make_shared<TensorDictImpl>();
+    outs[i]->batch_size = new_batches[i];
+    outs[i]->device = src.device;
+    outs[i]->entries.reserve(src.entries.size());
+  }
+  auto extra = [&](const BatchSize& base, const BatchSize& child) {
+    BatchSize cb = base;
+    if (static_cast<int64_t>(child.size()) > old_nd) cb.insert(cb.end(), child.begin() + old_nd, child.end());
+    return cb;
+  };
+  auto check_parts = [&](const std::vector<at::Tensor>& parts, const std::string& key) {
+    if (parts.size() != n) {
+      throw RuntimeError("splitting the entry '" + key + "' gave " + std::to_string(parts.size()) +
+                         " parts, expected " + std::to_string(n));
+    }
+  };
+  for (const auto& kv : src.entries) {
+    const Entry& e = kv.second;
+    switch (e.kind()) {
+      case Entry::Kind::Tensor: {
+        std::vector<at::Tensor> parts = fn(e.tensor());
+        check_parts(parts, kv.first);
+        for (size_t i = 0; i < n; ++i) outs[i]->entries.emplace_back(kv.first, Entry(std::move(parts[i])));
+        break;
+      }
+      case Entry::Kind::TensorDict: {
+        TensorDict child = e.tensordict();
+        std::vector<BatchSize> cbs;
+        cbs.reserve(n);
+        for (size_t i = 0; i < n; ++i) cbs.push_back(extra(new_batches[i], child.batch_size()));
+        std::vector<TensorDict> parts = map_batch_multi(child, cbs, fn, keep_flags);
+        for (size_t i = 0; i < n; ++i) outs[i]->entries.emplace_back(kv.first, Entry(parts[i]));
+        break;
+      }
+      case Entry::Kind::NonTensorData: {
+        const NonTensorData& d = e.non_tensor_data();
+        for (size_t i = 0; i < n; ++i) {
+          outs[i]->entries.emplace_back(kv.first, Entry(NonTensorData(d.value(), extra(new_batches[i], d.batch_size()))));
+        }
+        break;
+      }
+      case Entry::Kind::NonTensorStack: {
+        const NonTensorStack& s = e.non_tensor_stack();
+        std::vector<at::Tensor> parts = fn(s.positions());
+        check_parts(parts, kv.first);
+        for (size_t i = 0; i < n; ++i) {
+          at::Tensor p = parts[i].contiguous();
+          std::vector<JsonValue> vals;
+          vals.reserve(static_cast<size_t>(p.numel()));
+          const int64_t* pp = p.data_ptr<int64_t>();
+          for (int64_t j = 0; j < p.numel(); ++j) vals.push_back(s.values()[static_cast<size_t>(pp[j])]);
+          outs[i]->entries.emplace_back(kv.first,
+                                        Entry(NonTensorStack(std::move(vals), BatchSize(p.sizes().begin(), p.sizes().end()))));
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  std::vector<TensorDict> result;
+  result.reserve(n);
+  for (auto& o : outs) {
+    TensorDict r(o);
+    if (keep_flags) {
+      o->is_memmap = src.is_memmap;
+      o->is_shared = src.is_shared;
+      if (src.locked) r.lock_();
+    }
+    result.push_back(std::move(r));
+  }
+  return result;
+}
+
+}  // namespace
+
+// ============================================================================ view / reshape / flatten
+TensorDict TensorDict::view(BatchSize shape) const {
+  const BatchSize& bs = impl_->batch_size;
+  shape = infer_sizes("view", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
+  if (shape == bs) return *this;
+  const int64_t nd = batch_dims();
+  return guarded_map("view", *this, shape,
+                     [&](const at::Tensor& t) { return t.view(with_feat(shape, t, nd)); }, true);
+}
+
+TensorDict TensorDict::reshape(BatchSize shape) const {
+  const BatchSize& bs = impl_->batch_size;
+  shape = infer_sizes("reshape", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
+  if (shape == bs) return *this;
+  const int64_t nd = batch_dims();
+  return guarded_map("reshape", *this, shape,
+                     [&](const at::Tensor& t) { return t.reshape(with_feat(shape, t, nd)); }, true);
+}
+
+TensorDict TensorDict::flatten(int64_t start_dim, int64_t end_dim) const {
+  const BatchSize& bs = impl_->batch_size;
+  const int64_t s = norm_dim("flatten", start_dim, bs);
+  const int64_t e = norm_dim("flatten", end_dim, bs);
+  if (s > e) {
+    throw ValueError("flatten: start_dim cannot come after end_dim (got start_dim=" + std::to_string(start_dim) +
+                     ", end_dim=" + std::to_string(end_dim) + " for batch_size " + shape_str(bs) + ")");
+  }
+  if (s == e) return *this;  // like torch.flatten: nothing to merge
+  BatchSize nb(bs.begin(), bs.begin() + s);
+  nb.push_back(detail::prod(at::IntArrayRef(bs).slice(static_cast<size_t>(s), static_cast<size_t>(e - s + 1))));
+  nb.insert(nb.end(), bs.begin() + e + 1, bs.end());
+  return guarded_map("flatten", *this, nb, [s, e](const at::Tensor& t) { return t.flatten(s, e); }, true);
+}
+
+TensorDict TensorDict::unflatten(int64_t dim, BatchSize sizes) const {
+  const BatchSize& bs = impl_->batch_size;
+  const int64_t d = norm_dim("unflatten", dim, bs);
+  if (sizes.empty()) throw ValueError("unflatten: sizes must be non-empty");
+  sizes = infer_sizes("unflatten", std::move(sizes), bs[static_cast<size_t>(d)],
+                      "batch dim " + std::to_string(d) + " of batch_size " + shape_str(bs));
+  BatchSize nb(bs.begin(), bs.begin() + d);
+  nb.insert(nb.end(), sizes.begin(), sizes.end());
+  nb.insert(nb.end(), bs.begin() + d + 1, bs.end());
+  const int64_t nd = batch_dims();
+  // torch.unflatten is a view
+  return guarded_map("unflatten", *this, nb, [&](const at::Tensor& t) { return t.view(with_feat(nb, t, nd)); }, true);
+}
+
+// ============================================================================ squeeze / unsqueeze
+TensorDict TensorDict::squeeze() const {
+  const BatchSize& bs = impl_->batch_size;
+  std::vector<int64_t> dims;
+  BatchSize nb;
+  for (size_t i = 0; i < bs.size(); ++i) {
+    if (bs[i] == 1) {
+      dims.push_back(static_cast<int64_t>(i));
+    } else {
+      nb.push_back(bs[i]);
+    }
+  }
+  if (dims.empty()) return *this;
+  return guarded_map("squeeze", *this, nb,
+                     [&](const at::Tensor& t) {
+                       at::Tensor r = t;
+                       for (auto it = dims.rbegin(); it != dims.rend(); ++it) r = r.squeeze(*it);
+                       return r;
+                     },
+                     true);
+}
+
+TensorDict TensorDict::squeeze(int64_t dim) const {
+  const BatchSize& bs = impl_->batch_size;
+  if (bs.empty()) {  // like a 0-dim tensor: dims -1 and 0 are accepted and change nothing
+    if (dim < -1 || dim > 0) norm_dim("squeeze", dim, bs);
+    return *this;
+  }
+  const int64_t d = norm_dim("squeeze", dim, bs);
+  if (bs[static_cast<size_t>(d)] != 1) return *this;  // like torch: a non-singleton dim is left alone
+  BatchSize nb = bs;
+  nb.erase(nb.begin() + d);
+  return guarded_map("squeeze", *this, nb, [d](const at::Tensor& t) { return t.squeeze(d); }, true);
+}
+
+TensorDict TensorDict::unsqueeze(int64_t dim) const {
+  const BatchSize& bs = impl_->batch_size;
+  const int64_t d = norm_dim("unsqueeze", dim, bs, /*allow_end=*/true);
+  BatchSize nb = bs;
+  nb.insert(nb.begin() + d, 1);
+  return guarded_map("unsqueeze", *this, nb, [d](const at::Tensor& t) { return t.unsqueeze(d); }, true);
+}
+
+// ============================================================================ permute / transpose / expand
+TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
+  const BatchSize& bs = impl_->batch_size;
+  const size_t nd = bs.size();
+  if (dims.size() > nd) {
+    throw ValueError("permute: got " + std::to_string(dims.size()) + " dims " + shape_list(dims) +
+                     " for a TensorDict with " + std::to_string(nd) + " batch dims (batch_size " + shape_str(bs) + ")");
+  }
+  for (auto& d : dims) d = norm_dim("permute", d, bs);
+  // like upstream, a permutation of the first k dims (k <= batch_dims) is accepted
+  std::vector<int64_t> sorted = dims;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] != static_cast<int64_t>(i)) {
+      std::vector<int64_t> want(dims.size());
+      for (size_t j = 0; j < want.size(); ++j) want[j] = static_cast<int64_t>(j);
+      throw ValueError("permute: cannot compute the permutation, got dims=" + shape_list(dims) +
+                       " but expected a permutation of " + shape_list(want) + " (batch_size " + shape_str(bs) + ")");
+    }
+  }
+  bool identity = true;
+  for (size_t i = 0; i < dims.size(); ++i) identity = identity && dims[i] == static_cast<int64_t>(i);
+  if (identity) return *this;
+  BatchSize nb = bs;
+  for (size_t i = 0; i < dims.size(); ++i) nb[i] = bs[static_cast<size_t>(dims[i])];
+  return guarded_map("permute", *this, nb,
+                     [&](const at::Tensor& t) {
+                       std::vector<int64_t> full = dims;
+                       for (int64_t i = static_cast<int64_t>(dims.size()); i < t.dim(); ++i) full.push_back(i);
+                       return t.permute(full);
+                     },
+                     true);
+}
+
+TensorDict TensorDict::transpose(int64_t dim0, int64_t dim1) const {
+  const BatchSize& bs = impl_->batch_size;
+  const int64_t d0 = norm_dim("transpose", dim0, bs);
+  const int64_t d1 = norm_dim("transpose", dim1, bs);
+  if (d0 == d1) return *this;
+  BatchSize nb = bs;
+  std::swap(nb[static_cast<size_t>(d0)], nb[static_cast<size_t>(d1)]);
+  return guarded_map("transpose", *this, nb, [d0, d1](const at::Tensor& t) { return t.transpose(d0, d1); }, true);
+}
+
+TensorDict TensorDict::expand(BatchSize shape) const {
+  const BatchSize& bs = impl_->batch_size;
+  const size_t nd = bs.size();
+  if (shape.size() < nd) {
+    throw RuntimeError("expand: the number of sizes provided (" + std::to_string(shape.size()) +
+                       ") must be greater or equal to the number of batch dimensions in the TensorDict (" +
+                       std::to_string(nd) + "), got shape " + shape_list(shape) + " for batch_size " + shape_str(bs));
+  }
+  const size_t offset = shape.size() - nd;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i < offset) {
+      if (shape[i] < 0) {
+        throw RuntimeError("expand: the expanded size " + std::to_string(shape[i]) +
+                           " isn't allowed in a leading, non-existing dimension " + std::to_string(i) + " (shape " +
+                           shape_list(shape) + ", batch_size " + shape_str(bs) + ")");
+      }
+      continue;
+    }
+    const int64_t old = bs[i - offset];
+    if (shape[i] == -1) {
+      shape[i] = old;
+    } else if (shape[i] < 0) {
+      throw RuntimeError("expand: invalid size " + std::to_string(shape[i]) + " at dimension " + std::to_string(i) +
+                         " of " + shape_list(shape));
+    } else if (old != 1 && old != shape[i]) {
+      throw RuntimeError("expand: the expanded size of the TensorDict (" + std::to_string(shape[i]) +
+                         ") must match the existing size (" + std::to_string(old) + ") at non-singleton dimension " +
+                         std::to_string(i) + ". Target sizes: " + shape_list(shape) + ". batch_size: " + shape_str(bs));
+    }
+  }
+  const int64_t ond = static_cast<int64_t>(nd);
+  // upstream propagates the lock but not the memmap/shared flags (stride-0 views are not the stored data)
+  return map_keep_lock("expand", *this, shape,
+                       [&](const at::Tensor& t) { return t.expand(with_feat(shape, t, ond)); });
+}
+
+// ============================================================================ unbind / split / chunk
+std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
+  const BatchSize& bs = impl_->batch_size;
+  const int64_t d = norm_dim("unbind", dim, bs);
+  BatchSize nb = bs;
+  nb.erase(nb.begin() + d);
+  std::vector<BatchSize> nbs(static_cast<size_t>(bs[static_cast<size_t>(d)]), nb);
+  return map_batch_multi(*this, nbs, [d](const at::Tensor& t) { return t.unbind(d); }, true);
+}
+
+std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const {
+  const BatchSize& bs = impl_->batch_size;
+  if (bs.empty()) throw RuntimeError("split: TensorDict with empty batch size is not splittable");
+  const int64_t d = norm_dim("split", dim, bs);
+  const int64_t n = bs[static_cast<size_t>(d)];
+  if (split_size < 0) {
+    throw RuntimeError("split expects split_size be non-negative, but got split_size=" + std::to_string(split_size));
+  }
+  if (split_size == 0 && n != 0) {
+    throw RuntimeError("split: split_size can only be 0 if dimension size is 0, but got dimension size of " +
+                       std::to_string(n) + " (batch_size " + shape_str(bs) + ", dim " + std::to_string(d) + ")");
+  }
+  std::vector<int64_t> sizes;
+  if (n == 0) {
+    sizes.push_back(0);
+  } else {
+    for (int64_t start = 0; start < n; start += split_size) sizes.push_back(std::min(split_size, n - start));
+  }
+  return split(sizes, d);
+}
+
+std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int64_t dim) const {
+  const BatchSize& bs = impl_->batch_size;
+  if (bs.empty()) throw RuntimeError("split: TensorDict with empty batch size is not splittable");
+  const int64_t d = norm_dim("split", dim, bs);
+  const int64_t n = bs[static_cast<size_t>(d)];
+  int64_t total = 0;
+  for (auto s : split_sizes) {
+    if (s < 0) {
+      throw RuntimeError("split expects split_sizes to have only non-negative entries, but got split_sizes=" +
+                         shape_list(split_sizes));
+    }
+    total += s;
+  }
+  if (total != n) {
+    throw RuntimeError("Split method expects split_size to sum exactly to " + std::to_string(n) +
+                       " (tensor's size at dimension " + std::to_string(d) + "), but got split_size=" +
+                       shape_list(split_sizes));
+  }
+  std::vector<BatchSize> nbs;
+  nbs.reserve(split_sizes.size());
+  for (auto s : split_sizes) {
+    BatchSize nb = bs;
+    nb[static_cast<size_t>(d)] = s;
+    nbs.push_back(std::move(nb));
+  }
+  return map_batch_multi(*this, nbs,
+                         [&](const at::Tensor& t) { return at::split_with_sizes(t, split_sizes, d); }, true);
+}
+
+std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
+  if (chunks < 1) throw ValueError("chunks must be a strictly positive integer, got " + std::to_string(chunks) + ".");
+  const BatchSize& bs = impl_->batch_size;
+  if (bs.empty()) throw RuntimeError("chunk: TensorDict with empty batch size is not splittable");
+  const int64_t d = norm_dim("chunk", dim, bs);
+  const int64_t n = bs[static_cast<size_t>(d)];
+  return split(std::max<int64_t>(1, (n + chunks - 1) / chunks), d);
+}
+
+TensorDict TensorDict::contiguous() const {
+  return map_keep_lock("contiguous", *this, impl_->batch_size, [](const at::Tensor& t) { return t.contiguous(); });
+}
+
+}  // namespace tensordict

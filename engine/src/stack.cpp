@@ -1,0 +1,360 @@
+// Free functions: dense stack and cat of TensorDicts (with out= written in place), zeros_like / ones_like /
+// empty_like. Inputs are fully validated before anything is allocated or written, so a failed call leaves
+// `out` untouched.
+#include <algorithm>
+#include <string>
+
+#include <c10/core/ScalarType.h>
+
+#include "tensor_dict_internal.hpp"
+
+namespace tensordict {
+
+using detail::shape_list;
+using detail::shape_str;
+
+namespace {
+
+std::string first_line(const char* what) {
+  std::string s(what);
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+std::string key_list(const TensorDictImpl& impl) {
+  std::string s = "[";
+  for (size_t i = 0; i < impl.entries.size(); ++i) s += (i ? ", '" : "'") + impl.entries[i].first + "'";
+  return s + "]";
+}
+
+enum class Cat { Tensor, TensorDict, NonTensor };
+Cat category(const Entry& e) {
+  if (e.is_tensor()) return Cat::Tensor;
+  if (e.is_tensordict()) return Cat::TensorDict;
+  return Cat::NonTensor;
+}
+
+//! shared logic of stack (insert a new dim) and cat (concatenate along an existing dim)
+struct Combiner {
+  bool is_stack;
+  int64_t dim;  //!< normalised
+  size_t n;     //!< number of inputs
+  const char* name() const { return is_stack ? "stack" : "cat"; }
+
+  //! shape of the combination of shapes that passed check_shapes
+  BatchSize result_shape(const std::vector<BatchSize>& shapes) const {
+    BatchSize r = shapes.front();
+    if (is_stack) {
+      r.insert(r.begin() + dim, static_cast<int64_t>(n));
+    } else {
+      int64_t total = 0;
+      for (const auto& s : shapes) total += s[static_cast<size_t>(dim)];
+      r[static_cast<size_t>(dim)] = total;
+    }
+    return r;
+  }
+
+  //! stack: identical shapes; cat: same rank, equal except along dim. Returns the index of the first
+  //! offending shape (0 when all fit)
+  size_t mismatch(const std::vector<BatchSize>& shapes) const {
+    for (size_t i = 1; i < shapes.size(); ++i) {
+      if (is_stack) {
+        if (shapes[i] != shapes[0]) return i;
+      } else {
+        if (shapes[i].size() != shapes[0].size()) return i;
+        for (size_t j = 0; j < shapes[0].size(); ++j)
+          if (static_cast<int64_t>(j) != dim && shapes[i][j] != shapes[0][j]) return i;
+      }
+    }
+    return 0;
+  }
+
+  // ------------------------------------------------------------------ validation (nothing written)
+  void check_batch(const std::vector<TensorDict>& tds, const NestedKey& at) const {
+    std::vector<BatchSize> shapes;
+    shapes.reserve(tds.size());
+    for (const auto& td : tds) shapes.push_back(td.batch_size());
+    size_t bad = mismatch(shapes);
+    if (bad == 0) return;
+    std::string where = at.empty() ? "" : " (sub-TensorDict " + at.repr() + ")";
+    if (is_stack) {
+      throw BatchSizeError("stacking tensordicts requires them to have congruent batch sizes, got td1.batch_size=" +
+                           shape_str(shapes[bad]) + " and td2.batch_size=" + shape_str(shapes[0]) + where);
+    }
+    throw BatchSizeError("cat along batch dim " + std::to_string(dim) +
+                         " requires the other batch dims to match, got td1.batch_size=" + shape_str(shapes[bad]) +
+                         " and td2.batch_size=" + shape_str(shapes[0]) + where);
+  }
+
+  void check_keys(const std::vector<TensorDict>& tds, const NestedKey& at) const {
+    const TensorDictImpl& first = *tds[0].impl();
+    for (size_t i = 1; i < tds.size(); ++i) {
+      const TensorDictImpl& other = *tds[i].impl();
+      bool same = other.entries.size() == first.entries.size();
+      for (size_t j = 0; same && j < first.entries.size(); ++j) same = other.find(first.entries[j].first) != nullptr;
+      if (same) continue;
+      std::string where = at.empty() ? "" : " in sub-TensorDict " + at.repr();
+      if (is_stack) {
+        throw RuntimeError("The sets of keys in the tensordicts to stack are exclusive: tensordict 0 has keys " +
+                           key_list(first) + " and tensordict " + std::to_string(i) + " has keys " + key_list(other) +
+                           where + ". Dense stacking needs identical key sets.");
+      }
+      throw KeyError("cat: got keys " + key_list(first) + " and " + key_list(other) + where +
+                     " which are incompatible (cat needs identical key sets)");
+    }
+  }
+
+  //! the entries of every input at `key`, checked for kind and shape
+  std::vector<Entry> gather(const std::vector<TensorDict>& tds, const std::string& key, const NestedKey& full) const {
+    std::vector<Entry> es;
+    es.reserve(tds.size());
+    for (const auto& td : tds) es.push_back(*td.impl()->find(key));
+    Cat c = category(es[0]);
+    for (size_t i = 1; i < es.size(); ++i) {
+      if (category(es[i]) != c) {
+        throw TypeError(std::string(name()) + ": key " + full.repr() + " holds a " + Entry::kind_name(es[0].kind()) +
+                        " in tensordict 0 but a " + Entry::kind_name(es[i].kind()) + " in tensordict " +
+                        std::to_string(i));
+      }
+    }
+    if (c == Cat::TensorDict) return es;  // checked recursively
+    std::vector<BatchSize> shapes;
+    shapes.reserve(es.size());
+    for (const auto& e : es) shapes.push_back(e.shape());
+    size_t bad = mismatch(shapes);
+    if (bad != 0) {
+      if (is_stack) {
+        throw RuntimeError("The shapes of the tensors to stack is incompatible: " + shape_str(shapes[0]) + " vs " +
+                           shape_str(shapes[bad]) + " for key " + full.repr() + ".");
+      }
+      throw RuntimeError("cat along dim " + std::to_string(dim) + ": the shapes at key " + full.repr() +
+                         " are incompatible: " + shape_str(shapes[0]) + " vs " + shape_str(shapes[bad]) +
+                         " (all dims but " + std::to_string(dim) + " must match)");
+    }
+    return es;
+  }
+
+  void validate(const std::vector<TensorDict>& tds, const NestedKey& at) const {
+    check_batch(tds, at);
+    check_keys(tds, at);
+    for (const auto& kv : tds[0].impl()->entries) {
+      NestedKey full = at + NestedKey(kv.first);
+      std::vector<Entry> es = gather(tds, kv.first, full);
+      if (es[0].is_tensordict()) validate(children(es), full);
+    }
+  }
+
+  static std::vector<TensorDict> children(const std::vector<Entry>& es) {
+    std::vector<TensorDict> out;
+    out.reserve(es.size());
+    for (const auto& e : es) out.push_back(e.tensordict());
+    return out;
+  }
+
+  //! checks that `out` can receive the result: same batch, every key present with the right kind and shape
+  void validate_out(const std::vector<TensorDict>& tds, const TensorDict& out, const NestedKey& at) const {
+    std::vector<BatchSize> bss;
+    for (const auto& td : tds) bss.push_back(td.batch_size());
+    BatchSize want = result_shape(bss);
+    if (out.batch_size() != want) {
+      std::string where = at.empty() ? "" : " (sub-TensorDict " + at.repr() + ")";
+      throw BatchSizeError(std::string("out.batch_size and ") + (is_stack ? "stacked" : "cat") +
+                           " batch size must match, got out.batch_size=" + shape_str(out.batch_size()) +
+                           " and batch_size=" + shape_str(want) + where);
+    }
+    const TensorDictImpl& o = *out.impl();
+    for (const auto& kv : tds[0].impl()->entries) {
+      NestedKey full = at + NestedKey(kv.first);
+      const Entry* dest = o.find(kv.first);
+      if (!dest) {
+        throw KeyError(std::string(name()) + "(out=...): key " + full.repr() +
+                       " of the inputs is missing in out (out has keys " + key_list(o) + ")");
+      }
+      std::vector<Entry> es;
+      for (const auto& td : tds) es.push_back(*td.impl()->find(kv.first));
+      if (category(*dest) != category(es[0])) {
+        throw TypeError(std::string(name()) + "(out=...): key " + full.repr() + " is a " +
+                        Entry::kind_name(es[0].kind()) + " in the inputs but a " + Entry::kind_name(dest->kind()) +
+                        " in out");
+      }
+      if (es[0].is_tensordict()) {
+        validate_out(children(es), dest->tensordict(), full);
+      } else if (es[0].is_tensor()) {
+        std::vector<BatchSize> shapes;
+        c10::ScalarType promoted = es[0].tensor().scalar_type();
+        for (const auto& e : es) {
+          shapes.push_back(e.shape());
+          promoted = c10::promoteTypes(promoted, e.tensor().scalar_type());
+        }
+        BatchSize ws = result_shape(shapes);
+        const at::Tensor& d = dest->tensor();
+        if (!d.sizes().equals(ws)) {
+          throw BatchSizeError(std::string(name()) + "(out=...): out[" + full.repr() + "] has shape " +
+                               shape_str(d.sizes()) + " but the result has shape " + shape_str(ws));
+        }
+        if (!c10::canCast(promoted, d.scalar_type())) {
+          throw TypeError(std::string(name()) + "(out=...): cannot write values of dtype " + c10::toString(promoted) +
+                          " into out[" + full.repr() + "] of dtype " + c10::toString(d.scalar_type()));
+        }
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ building
+  NonTensorStack combine_non_tensor(const std::vector<Entry>& es) const {
+    std::vector<at::Tensor> pos;
+    std::vector<JsonValue> all;
+    int64_t offset = 0;
+    for (const auto& e : es) {
+      NonTensorStack s = e.is_non_tensor_data()
+                             ? NonTensorStack::filled(e.non_tensor_data().value(), e.non_tensor_data().batch_size())
+                             : e.non_tensor_stack();
+      pos.push_back(s.positions() + offset);
+      all.insert(all.end(), s.values().begin(), s.values().end());
+      offset += s.numel();
+    }
+    at::Tensor p = (is_stack ? at::stack(pos, dim) : at::cat(pos, dim)).contiguous();
+    std::vector<JsonValue> vals;
+    vals.reserve(static_cast<size_t>(p.numel()));
+    const int64_t* pp = p.data_ptr<int64_t>();
+    for (int64_t i = 0; i < p.numel(); ++i) vals.push_back(all[static_cast<size_t>(pp[i])]);
+    return NonTensorStack(std::move(vals), BatchSize(p.sizes().begin(), p.sizes().end()));
+  }
+
+  at::Tensor combine_tensors(const std::vector<Entry>& es, const NestedKey& full, at::Tensor* out) const {
+    std::vector<at::Tensor> ts;
+    ts.reserve(es.size());
+    for (const auto& e : es) ts.push_back(e.tensor());
+    try {
+      if (out) {
+        if (is_stack) return at::stack_out(*out, ts, dim);
+        return at::cat_out(*out, ts, dim);
+      }
+      return is_stack ? at::stack(ts, dim) : at::cat(ts, dim);
+    } catch (const c10::Error& err) {
+      throw RuntimeError(std::string(name()) + ": failed at key " + full.repr() + ": " +
+                         first_line(err.what_without_backtrace()));
+    }
+  }
+
+  TensorDict build(const std::vector<TensorDict>& tds, const NestedKey& at) const {
+    std::vector<BatchSize> bss;
+    for (const auto& td : tds) bss.push_back(td.batch_size());
+    TensorDict result = detail::make_empty(*tds[0].impl(), result_shape(bss));
+    TensorDictImpl& r = *result.impl();
+    r.entries.reserve(tds[0].impl()->entries.size());
+    for (const auto& kv : tds[0].impl()->entries) {
+      NestedKey full = at + NestedKey(kv.first);
+      std::vector<Entry> es;
+      es.reserve(tds.size());
+      for (const auto& td : tds) es.push_back(*td.impl()->find(kv.first));
+      switch (category(es[0])) {
+        case Cat::Tensor:
+          r.entries.emplace_back(kv.first, Entry(combine_tensors(es, full, nullptr)));
+          break;
+        case Cat::TensorDict:
+          r.entries.emplace_back(kv.first, Entry(build(children(es), full)));
+          break;
+        case Cat::NonTensor:
+          r.entries.emplace_back(kv.first, Entry(combine_non_tensor(es)));
+          break;
+      }
+    }
+    return result;
+  }
+
+  void write(const std::vector<TensorDict>& tds, const TensorDict& out, const NestedKey& at) const {
+    TensorDictImpl& o = *out.impl();
+    for (const auto& kv : tds[0].impl()->entries) {
+      NestedKey full = at + NestedKey(kv.first);
+      std::vector<Entry> es;
+      es.reserve(tds.size());
+      for (const auto& td : tds) es.push_back(*td.impl()->find(kv.first));
+      Entry* dest = o.find(kv.first);
+      switch (category(es[0])) {
+        case Cat::Tensor: {
+          at::Tensor d = dest->tensor();
+          combine_tensors(es, full, &d);
+          break;
+        }
+        case Cat::TensorDict:
+          write(children(es), dest->tensordict(), full);
+          break;
+        case Cat::NonTensor:
+          // non-tensors have no storage to write into: the entry is replaced (like an indexed write of a
+          // non-tensor, this is allowed on a locked out)
+          *dest = Entry(combine_non_tensor(es));
+          break;
+      }
+    }
+  }
+};
+
+void check_inputs(const char* op, const std::vector<TensorDict>& tds) {
+  if (tds.empty()) {
+    throw ValueError(std::string(op) + ": expected a non-empty list of TensorDicts, got an empty list");
+  }
+  for (size_t i = 0; i < tds.size(); ++i) {
+    if (!tds[i].defined()) {
+      throw ValueError(std::string(op) + ": the TensorDict at position " + std::to_string(i) + " is undefined");
+    }
+  }
+}
+
+//! dim in [-n, n) -> [0, n) (n = batch dims, + 1 for stack); IndexError otherwise
+int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, int64_t n) {
+  if (dim < -n || dim >= n) {
+    throw IndexError(std::string(op) + ": dimension out of range (expected to be in range of [" + std::to_string(-n) +
+                     ", " + std::to_string(n - 1) + "] for TensorDicts with batch_size " + shape_str(bs) +
+                     ", but got " + std::to_string(dim) + ")");
+  }
+  return dim < 0 ? dim + n : dim;
+}
+
+TensorDict run(const Combiner& c, const std::vector<TensorDict>& tds, const std::optional<TensorDict>& out) {
+  c.validate(tds, NestedKey());
+  if (!out) return c.build(tds, NestedKey());
+  if (!out->defined()) throw ValueError(std::string(c.name()) + ": out is an undefined TensorDict");
+  c.validate_out(tds, *out, NestedKey());
+  c.write(tds, *out, NestedKey());
+  return *out;
+}
+
+TensorDict like(const TensorDict& td, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  if (!td.defined()) throw ValueError("expected a defined TensorDict");
+  TensorDict out = detail::map_batch(td, td.batch_size(), fn, /*keep_flags=*/false);
+  if (td.is_locked()) out.lock_();
+  return out;
+}
+
+}  // namespace
+
+TensorDict stack(const std::vector<TensorDict>& tds, int64_t dim, std::optional<TensorDict> out) {
+  check_inputs("stack", tds);
+  const BatchSize& bs = tds[0].batch_size();
+  const int64_t d = norm_dim("stack", dim, bs, static_cast<int64_t>(bs.size()) + 1);
+  return run(Combiner{true, d, tds.size()}, tds, out);
+}
+
+TensorDict cat(const std::vector<TensorDict>& tds, int64_t dim, std::optional<TensorDict> out) {
+  check_inputs("cat", tds);
+  const BatchSize& bs = tds[0].batch_size();
+  if (bs.empty()) {
+    throw IndexError("cat: TensorDicts with batch_size " + shape_str(bs) +
+                     " have no batch dimension to concatenate along (got dim=" + std::to_string(dim) + ")");
+  }
+  const int64_t d = norm_dim("cat", dim, bs, static_cast<int64_t>(bs.size()));
+  return run(Combiner{false, d, tds.size()}, tds, out);
+}
+
+TensorDict zeros_like(const TensorDict& td) {
+  return like(td, [](const at::Tensor& t) { return at::zeros_like(t); });
+}
+TensorDict ones_like(const TensorDict& td) {
+  return like(td, [](const at::Tensor& t) { return at::ones_like(t); });
+}
+TensorDict empty_like(const TensorDict& td) {
+  return like(td, [](const at::Tensor& t) { return at::empty_like(t); });
+}
+
+}  // namespace tensordict
