@@ -6,3 +6,6 @@
 #include "tensordict/non_tensor.hpp"
 #include "tensordict/options.hpp"
 #include "tensordict/tensor_dict.hpp"
+#include "tensordict/config.hpp"
+#include "tensordict/engine.hpp"
+#include "tensordict/map.hpp"

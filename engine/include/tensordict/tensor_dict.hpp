@@ -315,6 +315,9 @@ class TensorDict {
   //! upstream map: splits along options.dim(), runs fn on worker actors, restacks in order (or writes into
   //! options.out()); an undefined TensorDict when out is memmap/shared or every fn result is undefined
   TensorDict map(const MapFn& fn, const MapOptions& options) const;
+  //! map with a function registered by name (register_map_fn): the form worker processes can run
+  //! (MapOptions().worker_processes(n)); KeyError when no function has that name
+  TensorDict map(const std::string& fn_name, const MapOptions& options) const;
   //! upstream map_iter: the results one by one (in chunk order, or as completed with shuffle)
   MapIter map_iter(const MapFn& fn, const MapOptions& options) const;
 

@@ -1,0 +1,91 @@
+#pragma once
+//! Message types of the actors. Rule: what may cross a process boundary (CAF middleman) has an `inspect`
+//! and is added with add_message_type (see register_message_types); what is in-process only (TensorDict
+//! handles, shared reply boxes) is whitelisted with CAF_ALLOW_UNSAFE_MESSAGE_TYPE and never sent remotely.
+//!
+//! map protocol (coordinator C, worker W):
+//!   C -> W  (map_chunk_atom, int64 chunk)                       inspectable: a remote worker can take it
+//!   W -> C  (map_done_atom, int64 worker, int64 chunk, TensorDict result)   local only (result handle);
+//!           a remote worker writing into memmap/shared `out` would reply with an undefined result's
+//!           inspectable twin (map_done_atom, int64 worker, int64 chunk) — not implemented yet
+//!   W -> C  (map_failed_atom, int64 worker, map_error)          inspectable
+//! The job itself (source TensorDict, fn, plan) is given to local workers at spawn time.
+//!
+//! worker processes (P, another process, connected through the middleman; everything inspectable):
+//!   P -> C  (map_hello_atom, string token, int64 worker, int64 pid)   once connected; C monitors P
+//!   C -> P  (map_job_atom, map_job_desc)                               the job: storage handles + fn name
+//!   C -> P  (map_chunk_atom, int64 chunk)                              as for local workers
+//!   P -> C  (map_done_atom, int64 worker, int64 chunk)                 the chunk is written into `out`
+//!   P -> C  (map_failed_atom, int64 worker, map_error)
+//!   C -> P  (map_stop_atom)                                            done or failed: P exits
+//! P exits as well when C goes down (P monitors C: a dropped connection is a down message).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "tensordict/actors/inbox.hpp"
+#include "tensordict/tensor_dict.hpp"
+
+namespace tensordict {
+namespace actors {
+
+using map_chunk_atom = caf::atom_constant<caf::atom("tdmchunk")>;
+using map_done_atom = caf::atom_constant<caf::atom("tdmdone")>;
+using map_failed_atom = caf::atom_constant<caf::atom("tdmfail")>;
+using ping_atom = caf::atom_constant<caf::atom("tdping")>;
+using map_hello_atom = caf::atom_constant<caf::atom("tdmhello")>;
+using map_job_atom = caf::atom_constant<caf::atom("tdmjob")>;
+using map_stop_atom = caf::atom_constant<caf::atom("tdmstop")>;
+using map_poll_atom = caf::atom_constant<caf::atom("tdmpoll")>;          // coordinator -> itself
+using map_connect_timeout_atom = caf::atom_constant<caf::atom("tdmcto")>; // coordinator -> itself
+
+//! an exception thrown by fn in a worker (tensordict type name + message without the "Type: " prefix)
+struct map_error {
+  std::string type;
+  std::string message;
+  int64_t chunk = -1;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, map_error& x) {
+  return f(caf::meta::type_name("tensordict::map_error"), x.type, x.message, x.chunk);
+}
+
+//! what a worker process needs to run its chunks: where the source and `out` live (memmap directory or
+//! share_handle() bytes), the registered fn name and the plan's chunk table (start, length per chunk,
+//! along `dim`; drop_dim for chunksize 0)
+struct map_job_desc {
+  std::string fn_name;
+  std::string src_kind;
+  std::string src_handle;
+  std::string out_kind;
+  std::string out_handle;
+  int64_t dim = 0;
+  int64_t seed = 0;
+  int64_t worker_threads = 1;
+  bool drop_dim = false;
+  std::vector<int64_t> starts;
+  std::vector<int64_t> lengths;
+  std::string log_level;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, map_job_desc& x) {
+  return f(caf::meta::type_name("tensordict::map_job_desc"), x.fn_name, x.src_kind, x.src_handle, x.out_kind,
+           x.out_handle, x.dim, x.seed, x.worker_threads, x.drop_dim, x.starts, x.lengths, x.log_level);
+}
+
+//! the reply box of a facade request (in-process only)
+using int_inbox_ptr = std::shared_ptr<Inbox<int64_t>>;
+
+//! adds the inspectable types to a config (both sides of a middleman connection must do it)
+void register_message_types(caf::actor_system_config& cfg);
+
+}  // namespace actors
+}  // namespace tensordict
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::TensorDict)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::actors::int_inbox_ptr)

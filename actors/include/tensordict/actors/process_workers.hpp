@@ -1,0 +1,59 @@
+#pragma once
+//! Worker processes of td.map: starting them (fork + exec of a worker executable, before it creates
+//! anything), the table of their pids shared by the caller (who reaps them) and the coordinator (who
+//! polls them), and the worker side (run_map_worker_process: what tensordict::run_worker_if_requested
+//! runs in the child).
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tensordict {
+namespace actors {
+
+//! the environment variable that makes a process a map worker:
+//! "<host>:<port>:<token>:<worker index>:<connect timeout ms>"
+constexpr const char* kMapWorkerEnv = "TENSORDICT_MAP_WORKER";
+
+//! pids of one map call's worker processes, by process slot (slot p = worker index first_index + p).
+//! Thread-safe; a pid is never signalled after it was reaped (no pid-reuse accidents).
+class ProcessTable {
+ public:
+  explicit ProcessTable(int64_t first_index = 0) : first_index_(first_index) {}
+  int64_t first_index() const { return first_index_; }
+  //! records a started child; returns its slot
+  size_t add(pid_t pid);
+  size_t size() const;
+  pid_t pid(size_t slot) const;
+  //! SIGKILL the child of `slot` unless it was reaped
+  void kill(size_t slot);
+  //! non-blocking: reaps children that have exited; returns (slot, "exited with status 3" / "was killed
+  //! by signal 9 (Killed)") for each
+  std::vector<std::pair<size_t, std::string>> poll();
+  //! waits up to `grace` for every child to exit, SIGKILLs the rest and reaps them (blocking); idempotent
+  void reap_all(std::chrono::milliseconds grace);
+  //! true when every child was reaped
+  bool all_reaped() const;
+
+ private:
+  std::string reap_locked(size_t slot, int status);
+  mutable std::mutex mu_;
+  int64_t first_index_;
+  std::vector<pid_t> pids_;
+  std::vector<bool> reaped_;
+};
+
+//! fork + exec `executable` with `env_value` in kMapWorkerEnv (the rest of the environment inherited,
+//! file descriptors above 2 closed, SIGKILL when the parent thread dies). BackendError when fork fails.
+pid_t spawn_worker_process(const std::string& executable, const std::string& env_value);
+
+//! the worker side: returns false at once when kMapWorkerEnv is not set; otherwise connects to the
+//! coordinator, serves chunks until stopped or disconnected and exits the process (never returns)
+bool run_map_worker_process(int argc, char** argv);
+
+}  // namespace actors
+}  // namespace tensordict

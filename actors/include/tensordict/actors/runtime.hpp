@@ -1,0 +1,48 @@
+#pragma once
+//! Runtime: one caf::actor_system configured from a tensordict::Config, plus the actors every Engine has
+//! (an echo actor for facade health checks) and the map backend (coordinator + worker actors per call).
+//! api/'s Engine owns one; holders of a MapIter share it, so the system outlives every actor handle
+//! (CAF pitfall: a handle that outlives its actor_system makes the system's destructor hang).
+#include <chrono>
+#include <memory>
+
+#include <caf/all.hpp>
+
+#include "tensordict/config.hpp"
+#include "tensordict/map.hpp"
+
+namespace tensordict {
+namespace actors {
+
+class Runtime : public MapBackend, public std::enable_shared_from_this<Runtime> {
+ public:
+  //! starts the scheduler (config scheduler.threads / scheduler.policy) and sets the log level
+  static std::shared_ptr<Runtime> start(const Config& config);
+  ~Runtime() override;
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  caf::actor_system& system() { return *system_; }
+  const Config& config() const { return config_; }
+  std::chrono::microseconds spin() const { return std::chrono::microseconds(config_.facade_spin_us); }
+  std::chrono::milliseconds request_timeout() const {
+    return std::chrono::milliseconds(config_.request_timeout_ms);
+  }
+  //! the echo actor: (ping_atom, int_inbox_ptr box, int64 x) pushes x into box; (ping_atom, int64 x) replies x
+  const caf::actor& echo() const { return echo_; }
+  //! a facade round trip to the echo actor (spin-then-block reply box); BackendError on timeout
+  int64_t ping(int64_t x = 0);
+
+  TensorDict map(const TensorDict& src, const MapFn& fn, const MapOptions& options) override;
+  MapIter map_iter(const TensorDict& src, const MapFn& fn, const MapOptions& options) override;
+
+ private:
+  explicit Runtime(const Config& config);
+  Config config_;
+  std::unique_ptr<caf::actor_system_config> cfg_;
+  std::unique_ptr<caf::actor_system> system_;
+  caf::actor echo_;  // after system_: released first
+};
+
+}  // namespace actors
+}  // namespace tensordict

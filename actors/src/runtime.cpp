@@ -1,0 +1,191 @@
+#include "tensordict/actors/runtime.hpp"
+
+#include <map>
+
+#include "tensordict/actors/map_actors.hpp"
+#include "tensordict/actors/messages.hpp"
+#include "tensordict/logging.hpp"
+
+namespace tensordict {
+namespace actors {
+
+void register_message_types(caf::actor_system_config& cfg) {
+  cfg.add_message_type<map_error>("tensordict::map_error");
+}
+
+namespace {
+
+caf::behavior echo_actor(caf::event_based_actor*) {
+  return {
+      [](ping_atom, const int_inbox_ptr& box, int64_t x) { box->push(x); },
+      [](ping_atom, int64_t x) { return x; },
+  };
+}
+
+//! one running map job as seen by the caller: the events inbox and the coordinator handle
+class ActorMapIter final : public MapIterSource {
+ public:
+  ActorMapIter(std::shared_ptr<Runtime> rt, std::shared_ptr<LocalMapJob> job)
+      : rt_(std::move(rt)), job_(std::move(job)) {
+    coordinator_ = spawn_map_coordinator(rt_->system(), job_);
+  }
+  ~ActorMapIter() override { stop(); }
+
+  //! the next event (results in arrival order), after which End/Error are final
+  MapEvent next_event() {
+    if (finished_) return MapEvent{};
+    auto ev = job_->events->pop();
+    if (!ev || ev->kind != MapEvent::Kind::Result) {
+      finished_ = true;
+      stop();
+      if (!ev) return MapEvent{};
+    }
+    return std::move(*ev);
+  }
+
+  std::optional<TensorDict> next() override {
+    const bool ordered = !job_->plan.shuffle;
+    for (;;) {
+      if (ordered) {
+        auto it = pending_.find(next_chunk_);
+        if (it != pending_.end()) {
+          TensorDict r = std::move(it->second);
+          pending_.erase(it);
+          ++next_chunk_;
+          return r;
+        }
+      }
+      if (finished_) {
+        if (!pending_.empty()) {  // cannot happen (End comes after every result); keep the order anyway
+          auto it = pending_.begin();
+          TensorDict r = std::move(it->second);
+          pending_.erase(it);
+          return r;
+        }
+        return std::nullopt;
+      }
+      MapEvent ev = next_event();
+      switch (ev.kind) {
+        case MapEvent::Kind::Result:
+          if (!ordered) return std::move(ev.result);
+          pending_.emplace(ev.chunk, std::move(ev.result));
+          break;
+        case MapEvent::Kind::Error:
+          pending_.clear();
+          map_detail::rethrow(ev.error);
+        case MapEvent::Kind::End:
+          break;
+      }
+    }
+  }
+
+  void stop() override {
+    job_->cancelled = true;
+    if (coordinator_) {
+      caf::anon_send_exit(coordinator_, caf::exit_reason::user_shutdown);
+      coordinator_ = nullptr;
+    }
+  }
+
+  const LocalMapJob& job() const { return *job_; }
+
+ private:
+  std::shared_ptr<Runtime> rt_;  // first: outlives the coordinator handle
+  std::shared_ptr<LocalMapJob> job_;
+  caf::actor coordinator_;
+  bool finished_ = false;
+  int64_t next_chunk_ = 0;
+  std::map<int64_t, TensorDict> pending_;
+};
+
+}  // namespace
+
+std::shared_ptr<Runtime> Runtime::start(const Config& config) {
+  return std::shared_ptr<Runtime>(new Runtime(config));
+}
+
+Runtime::Runtime(const Config& config) : config_(config) {
+  config_.validate();
+  set_log_level(config_.log_level);
+  cfg_ = std::make_unique<caf::actor_system_config>();
+  // DEPENDENCIES §5.1: CAF's defaults (work stealing, one thread per core and more) cost ~4x per request
+  cfg_->set("scheduler.policy", config_.scheduler_policy == "stealing" ? caf::atom("stealing") : caf::atom("sharing"));
+  cfg_->set("scheduler.max-threads", static_cast<size_t>(config_.scheduler_threads));
+  register_message_types(*cfg_);
+  system_ = std::make_unique<caf::actor_system>(*cfg_);
+  echo_ = system_->spawn(echo_actor);
+  logger()->debug("engine started: {} scheduler threads, policy {}", config_.scheduler_threads,
+                  config_.scheduler_policy);
+}
+
+Runtime::~Runtime() {
+  if (echo_) {
+    caf::anon_send_exit(echo_, caf::exit_reason::user_shutdown);
+    echo_ = nullptr;
+  }
+  // ~actor_system waits for every actor: running map workers finish their current fn call first
+  system_.reset();
+  cfg_.reset();
+  logger()->debug("engine stopped");
+}
+
+int64_t Runtime::ping(int64_t x) {
+  auto box = std::make_shared<Inbox<int64_t>>(spin());
+  caf::anon_send(echo_, ping_atom::value, box, x);
+  auto r = box->pop(std::chrono::steady_clock::now() + request_timeout());
+  if (!r) {
+    throw BackendError("engine: no reply from the echo actor within " + std::to_string(config_.request_timeout_ms) +
+                       " ms (request_timeout_ms)");
+  }
+  return *r;
+}
+
+namespace {
+std::shared_ptr<LocalMapJob> make_job(const Runtime& rt, const TensorDict& src, const MapFn& fn,
+                                      const MapOptions& options, bool for_iter) {
+  const Config& c = rt.config();
+  auto job = std::make_shared<LocalMapJob>();
+  job->plan = map_detail::plan(src, options, for_iter, c.map_num_workers, c.map_torch_threads_per_worker,
+                               c.map_progress);  // validation: throws before any actor exists
+  job->src = src;
+  job->fn = fn;
+  job->progress_interval = std::chrono::milliseconds(c.map_progress_interval_ms);
+  job->events = std::make_shared<Inbox<MapEvent>>(rt.spin());
+  return job;
+}
+}  // namespace
+
+TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions& options) {
+  auto job = make_job(*this, src, fn, options, false);
+  const MapPlan& plan = job->plan;
+  ActorMapIter it(shared_from_this(), job);
+  std::vector<TensorDict> results(plan.chunks.size(), TensorDict(std::shared_ptr<TensorDictImpl>()));
+  const bool plain_out = plan.out && !plan.in_place_out;
+  for (;;) {
+    MapEvent ev = it.next_event();
+    if (ev.kind == MapEvent::Kind::End) break;
+    if (ev.kind == MapEvent::Kind::Error) map_detail::rethrow(ev.error);
+    const auto i = static_cast<size_t>(ev.chunk);
+    if (plain_out) {
+      try {
+        map_detail::write_chunk(*plan.out, plan, i, ev.result);
+      } catch (...) {
+        it.stop();
+        throw;
+      }
+    } else if (!plan.in_place_out) {
+      results[i] = std::move(ev.result);
+    }
+  }
+  if (plan.in_place_out) return TensorDict(std::shared_ptr<TensorDictImpl>());
+  if (plain_out) return *plan.out;
+  return map_detail::gather(results, plan);
+}
+
+MapIter Runtime::map_iter(const TensorDict& src, const MapFn& fn, const MapOptions& options) {
+  auto job = make_job(*this, src, fn, options, true);
+  return MapIter(std::make_unique<ActorMapIter>(shared_from_this(), std::move(job)));
+}
+
+}  // namespace actors
+}  // namespace tensordict

@@ -1,0 +1,61 @@
+#pragma once
+//! Engine: the actor system tensordict-cpp runs its actors on (map workers, store actors), with its
+//! configuration. A default Engine starts lazily on first use (td.map without an explicit Engine) and
+//! stops at exit; users who want control construct one: `tensordict::Engine engine(config);` — while it
+//! lives, td.map runs on it. No CAF in this header.
+#include <cstdint>
+#include <memory>
+
+#include "tensordict/config.hpp"
+#include "tensordict/map.hpp"
+
+namespace tensordict {
+
+namespace actors {
+class Runtime;
+}
+
+class Engine {
+ public:
+  //! configured by Config::load() (embedded default < $TENSORDICT_CONFIG)
+  Engine();
+  //! explicit configuration (e.g. Config::load(R"({"map": {"num_workers": 4}})"))
+  explicit Engine(const Config& config);
+  //! unregisters as td.map's backend and stops the actor system; a MapIter still alive keeps the system
+  //! until it is destroyed. Blocks only while a worker finishes the fn call it is in.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Config& config() const;
+  //! a blocking round trip to an actor through the facade (health check; benchmarks the facade cost)
+  int64_t ping(int64_t x = 0) const;
+  //! td.map / td.map_iter on this engine (whatever backend is registered)
+  TensorDict map(const TensorDict& td, const MapFn& fn, const MapOptions& options = {}) const;
+  MapIter map_iter(const TensorDict& td, const MapFn& fn, const MapOptions& options = {}) const;
+
+  //! the default engine, started on first call; stopped at exit (or by shutdown_default)
+  static std::shared_ptr<Engine> default_engine();
+  //! true while the default engine runs
+  static bool default_running();
+  //! stops the default engine now (the next use starts a new one)
+  static void shutdown_default();
+
+  //! internal: the actors-layer runtime (api/ and actors/ code only)
+  const std::shared_ptr<actors::Runtime>& runtime() const { return rt_; }
+
+ private:
+  struct DefaultTag {};
+  Engine(const Config& config, DefaultTag);
+  std::shared_ptr<actors::Runtime> rt_;
+  bool registered_ = false;
+};
+
+namespace detail {
+//! registers the lazy default engine with engine/'s td.map; referenced from every TU that includes this
+//! header, so that the static library's engine object is linked in
+bool link_default_engine();
+[[maybe_unused]] static const bool td_default_engine_linked = link_default_engine();
+}  // namespace detail
+
+}  // namespace tensordict

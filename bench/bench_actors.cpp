@@ -1,0 +1,183 @@
+// Actor-layer costs, as one JSON object on stdout:
+//  - facade round trip (Engine::ping: anon_send + spin-then-block reply box) vs a raw caf::scoped_actor
+//    request/receive vs actor-to-actor request/response ping-pong (all to the same echo actor);
+//  - per-chunk overhead of map with tiny chunks (identity fn, chunksize 1);
+//  - map throughput of a cheap fn (x+1) over 10,000 rows with 2 workers and chunks of 1,000, vs a
+//    single-thread loop over the same chunks.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tensordict/actors/messages.hpp"
+#include "tensordict/actors/runtime.hpp"
+#include "tensordict/tensordict.hpp"
+
+using namespace tensordict;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+struct Stats {
+  double median_us, p99_us, mean_us;
+};
+
+Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)], sum / static_cast<double>(v.size())};
+}
+
+double us_since(clk::time_point t0) { return std::chrono::duration<double, std::micro>(clk::now() - t0).count(); }
+
+template <class F>
+Stats time_each(int n, F&& f) {
+  for (int i = 0; i < n / 10; ++i) f();  // warm-up
+  std::vector<double> v;
+  v.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    auto t0 = clk::now();
+    f();
+    v.push_back(us_since(t0));
+  }
+  return stats(std::move(v));
+}
+
+std::string json(const Stats& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "{\"median_us\": %.2f, \"p99_us\": %.2f, \"mean_us\": %.2f}", s.median_us, s.p99_us,
+                s.mean_us);
+  return buf;
+}
+
+// actor-to-actor: a pinger does `n` sequential request/response round trips with the echo actor
+caf::behavior pinger(caf::event_based_actor* self, caf::actor echo, int64_t n,
+                     std::shared_ptr<actors::Inbox<int64_t>> done) {
+  auto step = std::make_shared<std::function<void(int64_t)>>();
+  *step = [=](int64_t i) {
+    if (i == n) {
+      done->push(i);
+      self->quit();
+      return;
+    }
+    self->request(echo, caf::infinite, actors::ping_atom::value, i).then([=](int64_t) { (*step)(i + 1); });
+  };
+  (*step)(0);
+  return {[](int64_t) {}};
+}
+
+}  // namespace
+
+int main() {
+  const int kRounds = 20000;
+  std::string out = "{\n";
+
+  // ---- request costs, with the tuned default config (sharing, 2 threads)
+  Config cfg = Config::load();
+  Engine engine(cfg);
+  auto rt = engine.runtime();
+  // interleaved blocks (the machine is shared and noisy): facade with spin 0 / 20 / 50 us vs raw scoped_actor
+  auto facade_with_spin = [&](int64_t spin_us) {
+    auto box = std::make_shared<actors::Inbox<int64_t>>(std::chrono::microseconds(spin_us));
+    caf::anon_send(rt->echo(), actors::ping_atom::value, box, int64_t{1});
+    if (!box->pop()) std::abort();
+  };
+  std::vector<double> v_spin0, v_spin20, v_spin50, v_raw, v_ping;
+  {
+    caf::scoped_actor self{rt->system()};
+    auto block = [&](std::vector<double>& v, auto&& f) {
+      for (int i = 0; i < kRounds / 10; ++i) {
+        auto t0 = clk::now();
+        f();
+        v.push_back(us_since(t0));
+      }
+    };
+    for (int b = 0; b < 10; ++b) {
+      block(v_spin0, [&] { facade_with_spin(0); });
+      block(v_spin20, [&] { facade_with_spin(20); });
+      block(v_spin50, [&] { facade_with_spin(50); });
+      block(v_ping, [&] { engine.ping(1); });
+      block(v_raw, [&] {
+        self->request(rt->echo(), std::chrono::seconds(5), actors::ping_atom::value, int64_t{1})
+            .receive([](int64_t) {}, [](caf::error&) { std::abort(); });
+      });
+    }
+  }
+  out += "  \"facade_round_trip_engine_ping\": " + json(stats(v_ping)) + ",\n";
+  out += "  \"facade_round_trip_spin_0us\": " + json(stats(v_spin0)) + ",\n";
+  out += "  \"facade_round_trip_spin_20us\": " + json(stats(v_spin20)) + ",\n";
+  out += "  \"facade_round_trip_spin_50us\": " + json(stats(v_spin50)) + ",\n";
+  out += "  \"raw_scoped_actor_request\": " + json(stats(v_raw)) + ",\n";
+  double a2a_us;
+  {
+    auto done = std::make_shared<actors::Inbox<int64_t>>(std::chrono::microseconds(0));
+    auto t0 = clk::now();
+    rt->system().spawn(pinger, rt->echo(), int64_t{kRounds}, done);
+    done->pop();
+    a2a_us = us_since(t0) / kRounds;
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "  \"actor_to_actor_round_trip_us\": %.2f,\n", a2a_us);
+  out += buf;
+
+  // ---- per-chunk overhead: 10,000 one-row chunks, identity fn
+  {
+    TensorDict td({{"x", at::randn({10000, 8})}}, {10000});
+    MapFn id = [](const TensorDict& c) { return c; };
+    auto t0 = clk::now();
+    TensorDict r = td.map(id, MapOptions().chunksize(1).num_workers(2));
+    const double total_us = us_since(t0);
+    // the same work without actors: take each chunk, call fn, cat
+    t0 = clk::now();
+    std::vector<TensorDict> parts;
+    parts.reserve(10000);
+    for (const TensorDict& c : td.split(1, 0)) parts.push_back(id(c));
+    TensorDict r2 = cat(parts, 0);
+    const double local_us = us_since(t0);
+    std::snprintf(buf, sizeof buf,
+                  "  \"tiny_chunks\": {\"chunks\": 10000, \"workers\": 2, \"map_total_ms\": %.1f, "
+                  "\"per_chunk_us\": %.2f, \"single_thread_split_fn_cat_ms\": %.1f, \"overhead_per_chunk_us\": %.2f},\n",
+                  total_us / 1000, total_us / 10000, local_us / 1000, (total_us - local_us) / 10000);
+    out += buf;
+  }
+
+  // ---- throughput: x + 1 over 10,000 rows x 64 f32, chunks of 1,000, 2 workers vs one thread
+  {
+    const int64_t rows = 10000;
+    TensorDict td({{"x", at::randn({rows, 64})}, {"y", at::randn({rows, 16})}}, {rows});
+    MapFn fn = [](const TensorDict& c) { return c.apply([](const at::Tensor& t) { return t + 1; }); };
+    td.map(fn, MapOptions().chunksize(1000).num_workers(2));  // warm-up
+    const int reps = 20;
+    auto t0 = clk::now();
+    for (int i = 0; i < reps; ++i) td.map(fn, MapOptions().chunksize(1000).num_workers(2));
+    const double map_s = us_since(t0) / 1e6 / reps;
+    t0 = clk::now();
+    for (int i = 0; i < reps; ++i) {
+      std::vector<TensorDict> parts;
+      for (const TensorDict& c : td.split(1000, 0)) parts.push_back(fn(c));
+      cat(parts, 0);
+    }
+    const double loop_s = us_since(t0) / 1e6 / reps;
+    // fixed cost of one map call (spawn coordinator + 2 workers, 10 chunks, identity fn, cat)
+    MapFn id = [](const TensorDict& c) { return c; };
+    Stats call = time_each(200, [&] { td.map(id, MapOptions().chunksize(1000).num_workers(2)); });
+    Stats iter_call = time_each(200, [&] {
+      auto it = td.map_iter(id, MapOptions().chunksize(1000).num_workers(2));
+      while (it.next()) {
+      }
+    });
+    out += "  \"map_call_identity_10_chunks\": " + json(call) + ",\n";
+    out += "  \"map_iter_call_identity_10_chunks\": " + json(iter_call) + ",\n";
+    std::snprintf(buf, sizeof buf,
+                  "  \"throughput_x_plus_1\": {\"rows\": %lld, \"chunk_rows\": 1000, \"workers\": 2, "
+                  "\"map_rows_per_s\": %.0f, \"map_ms\": %.2f, \"single_thread_rows_per_s\": %.0f, "
+                  "\"single_thread_ms\": %.2f}\n",
+                  static_cast<long long>(rows), rows / map_s, map_s * 1e3, rows / loop_s, loop_s * 1e3);
+    out += buf;
+  }
+  out += "}\n";
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}

@@ -1,0 +1,50 @@
+#pragma once
+//! The engine configuration. Lookup order, key by key: explicit values > the JSON file named by the
+//! environment variable TENSORDICT_CONFIG > the default embedded at build time (config/default_config.json).
+//! Unknown keys are a ValueError and ill-typed values a TypeError, both naming the key ("map.num_workers").
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace tensordict {
+
+struct Config {
+  // scheduler.*: the CAF scheduler of an Engine
+  int64_t scheduler_threads = 2;
+  std::string scheduler_policy = "sharing";
+  // map.*
+  int64_t map_num_workers = 2;
+  int64_t map_torch_threads_per_worker = 1;
+  bool map_progress = false;
+  int64_t map_progress_interval_ms = 1000;
+  //! worker processes: how long map waits for them to exit after the stop message before SIGKILL
+  int64_t map_process_exit_grace_ms = 2000;
+  // shm.*
+  std::string shm_prefix = "tensordict";
+  // redis.*
+  std::string redis_host = "127.0.0.1";
+  int64_t redis_port = 6379;
+  int64_t redis_db = 0;
+  std::string redis_prefix = "tensordict";
+  // log.*
+  std::string log_level = "warn";
+  int64_t request_timeout_ms = 30000;
+  int64_t facade_spin_us = 0;  // measured: spinning lost on the loaded 2-core VM (bench_actors)
+
+  //! the embedded default only
+  static Config defaults();
+  //! default, then $TENSORDICT_CONFIG (if set), then `explicit_json` (if given)
+  static Config load(const std::optional<std::string>& explicit_json = std::nullopt);
+  //! this config with the keys present in `json` replaced; `origin` names the source in error messages
+  Config overlay(const std::string& json, const std::string& origin = "explicit config") const;
+  //! this config with the keys of the JSON file at `path` replaced
+  Config overlay_file(const std::string& path) const;
+  //! checks the values (ranges, enumerations); ValueError naming the key
+  void validate() const;
+  //! every key, as JSON (loadable by overlay)
+  std::string to_json() const;
+  //! the embedded default JSON text
+  static const char* default_json();
+};
+
+}  // namespace tensordict

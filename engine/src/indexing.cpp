@@ -1,0 +1,629 @@
+// TensorDict indexing on batch dims: td.index(idx) (upstream td[idx]) and td.index_put_(idx, value)
+// (upstream td[idx] = value) with lazy preallocation of missing keys. Upstream: _td.py
+// TensorDict._index_tensordict, base.py __getitem__ / __setitem__, _SubTensorDict._set_str.
+//
+// Every index is first "prepared" once per call (Ellipsis expanded over the batch dims, index tensors
+// checked and converted, the result batch size computed), then applied to every leaf. Hot shapes get
+// their own kinds: a single int (select), a single slice (slice), a 1-D long index or a 1-D bool mask
+// (index_select with a bounds-checked, non-negative index computed once instead of once per leaf). Row
+// writes of contiguous CPU leaves of the value's dtype are plain memcpy's (no dispatcher round trip), and
+// large preallocated leaves are zero-filled huge-page mappings (first touches dominate a fill loop here).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include <ATen/EmptyTensor.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "tensor_dict_internal.hpp"
+#include "tensordict/index_math.hpp"
+
+namespace tensordict {
+namespace {
+
+using at::indexing::INDEX_MAX;
+using at::indexing::TensorIndex;
+using detail::shape_str;
+
+const char* const kSharedInplaceError =
+    "You're attempting to update a leaf in-place with a shared tensordict, but the new value does not match "
+    "the previous. If you're using NonTensorData, see the class documentation to see how to properly "
+    "pre-allocate memory in shared contexts.";
+
+[[noreturn]] void translate(const c10::Error& e, const std::string& ctx) {
+  std::string msg = e.what_without_backtrace();
+  if (!ctx.empty()) msg = ctx + ": " + msg;
+  if (dynamic_cast<const c10::IndexError*>(&e)) throw IndexError(msg);
+  if (dynamic_cast<const c10::ValueError*>(&e)) throw ValueError(msg);
+  if (dynamic_cast<const c10::TypeError*>(&e)) throw TypeError(msg);
+  throw RuntimeError(msg);
+}
+
+bool is_full_slice(const TensorIndex& e) {
+  return e.is_slice() && e.slice().start() == 0 && e.slice().stop() == INDEX_MAX && e.slice().step() == 1;
+}
+
+//! an index resolved against one batch size, ready to be applied to every leaf
+struct Prepared {
+  enum class Kind { Identity, Int, Slice, Take, General };
+  Kind kind = Kind::General;
+  int64_t i = 0;       //!< Int: the row, in [0, size)
+  SliceRange sl;       //!< Slice
+  at::Tensor take;     //!< Take: 1-D int64 rows, bounds-checked, non-negative
+  Index index;         //!< General: no Ellipsis, tensors converted
+  BatchSize batch;     //!< the result batch size at the top level
+  size_t src_dims = 0; //!< batch dims of the indexed TensorDict (sub-TensorDicts add theirs after)
+  bool preserve = true;  //!< upstream _index_preserve_data_ptr
+
+  at::Tensor get(const at::Tensor& t) const {
+    switch (kind) {
+      case Kind::Identity: return t;
+      case Kind::Int: return t.select(0, i);
+      case Kind::Slice: return t.slice(0, sl.start, sl.stop, sl.step);
+      case Kind::Take: return at::index_select(t, 0, take);
+      case Kind::General: break;
+    }
+    return t.index(index);
+  }
+
+  //! t[idx] = v with torch's broadcasting (leading 1s of v dropped, then expanded)
+  void put(const at::Tensor& t, at::Tensor v) const {
+    if (v.device() != t.device()) v = v.to(t.device());
+    switch (kind) {
+      case Kind::Identity: at::indexing::copy_to(t, v); return;
+      case Kind::Int: at::indexing::copy_to(t.select(0, i), v); return;
+      case Kind::Slice: at::indexing::copy_to(t.slice(0, sl.start, sl.stop, sl.step), v); return;
+      case Kind::Take:
+      case Kind::General: break;
+    }
+    // advanced indexing wants the destination's dtype (copy_ converts by itself)
+    if (v.scalar_type() != t.scalar_type()) v = v.to(t.scalar_type());
+    if (kind == Kind::Take) {
+      at::Tensor target = t;  // index_put_ is non-const on the handle only
+      target.index_put_({TensorIndex(take)}, v);
+    } else {
+      at::Tensor target = t;
+      target.index_put_(index, v);
+    }
+  }
+
+  void fill(const at::Tensor& t, const at::Scalar& s) const {
+    at::Tensor target = t;
+    switch (kind) {
+      case Kind::Identity: target.fill_(s); return;
+      case Kind::Int: target.select(0, i).fill_(s); return;
+      case Kind::Slice: target.slice(0, sl.start, sl.stop, sl.step).fill_(s); return;
+      case Kind::Take: target.index_fill_(0, take, s); return;
+      case Kind::General: target.index_put_(index, s); return;
+    }
+  }
+};
+
+//! upstream _check_for_invalid_index: a TensorDict without batch dims takes only None / True / 0-d bool
+//! tensors (and tuples of None)
+void check_zero_dim(const Index& index) {
+  bool ok = !index.empty();
+  for (const auto& e : index)
+    if (!e.is_none()) ok = false;
+  if (index.size() == 1) {
+    const auto& e = index[0];
+    if ((e.is_boolean() && e.boolean()) ||
+        (e.is_tensor() && e.tensor().defined() && e.tensor().dim() == 0 && e.tensor().scalar_type() == at::kBool)) {
+      ok = true;
+    }
+  }
+  if (!ok) {
+    throw RuntimeError("indexing a tensordict with td.batch_dims==0 is not permitted. Got index " + index_repr(index) +
+                       ".");
+  }
+}
+
+//! a 1-D long index over a dim of `size`: bounds checked (torch's text), negatives wrapped
+at::Tensor checked_rows(const at::Tensor& t, int64_t size) {
+  at::Tensor c = t.contiguous();
+  const int64_t* d = c.data_ptr<int64_t>();
+  const int64_t n = c.numel();
+  bool negative = false;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t v = d[j];
+    if (v < -size || v >= size) {
+      throw IndexError("index " + std::to_string(v) + " is out of bounds for dimension 0 with size " +
+                       std::to_string(size));
+    }
+    negative |= v < 0;
+  }
+  if (negative) c = at::where(c < 0, c + size, c);
+  return c;
+}
+
+Prepared prepare(const BatchSize& batch, const Index& index) {
+  const int64_t nd = static_cast<int64_t>(batch.size());
+  Prepared p;
+  p.src_dims = batch.size();
+  // hot paths: a single int or slice
+  if (index.size() == 1 && nd > 0) {
+    const auto& e = index[0];
+    if (e.is_integer()) {
+      p.kind = Prepared::Kind::Int;
+      p.i = wrap_index(e.integer(), batch[0], 0);
+      p.batch.assign(batch.begin() + 1, batch.end());
+      return p;
+    }
+    if (e.is_slice()) {
+      p.batch = batch;
+      if (is_full_slice(e)) {
+        p.kind = Prepared::Kind::Identity;
+        return p;
+      }
+      p.kind = Prepared::Kind::Slice;
+      p.sl = slice_range(e.slice(), batch[0]);
+      p.batch[0] = p.sl.length;
+      p.preserve = e.slice().start() == 0;
+      return p;
+    }
+  }
+  if (index.empty() || (index.size() == 1 && index[0].is_ellipsis())) {
+    p.kind = Prepared::Kind::Identity;
+    p.batch = batch;
+    return p;
+  }
+  if (nd == 0) check_zero_dim(index);
+  p.preserve = index_preserves_data_ptr(index);
+
+  // index tensors: dtype checked, 0-d integer tensors are ints (torch selects with them), int32 -> int64,
+  // uint8 masks -> bool
+  Index idx;
+  idx.reserve(index.size());
+  for (const auto& e : index) {
+    if (!e.is_tensor()) {
+      idx.push_back(e);
+      continue;
+    }
+    const at::Tensor& t = e.tensor();
+    if (!t.defined()) throw TypeError("an undefined tensor cannot be used as an index");
+    const auto st = t.scalar_type();
+    if (st != at::kLong && st != at::kInt && st != at::kBool && st != at::kByte) {
+      throw TypeError(std::string("tensors used as indices must be long, int, byte or bool tensors, got a ") +
+                      c10::toString(st) + " tensor in index " + index_repr(index));
+    }
+    if (t.dim() == 0 && (st == at::kLong || st == at::kInt)) {
+      idx.emplace_back(t.item<int64_t>());
+    } else if (st == at::kInt) {
+      idx.emplace_back(t.to(at::kLong));
+    } else if (st == at::kByte) {
+      idx.emplace_back(t.to(at::kBool));
+    } else {
+      idx.push_back(e);
+    }
+  }
+  idx = convert_ellipsis(idx, nd);
+  if (is_full_slice_index(idx, nd)) {
+    p.kind = Prepared::Kind::Identity;
+    p.batch = batch;
+    return p;
+  }
+
+  // one leading element followed by full slices: the fast kinds
+  bool rest_full = !idx.empty() && nd > 0;
+  for (size_t k = 1; k < idx.size() && rest_full; ++k) rest_full = is_full_slice(idx[k]);
+  if (rest_full) {
+    const auto& e = idx[0];
+    if (e.is_integer()) {
+      p.kind = Prepared::Kind::Int;
+      p.i = wrap_index(e.integer(), batch[0], 0);
+      p.batch.assign(batch.begin() + 1, batch.end());
+      return p;
+    }
+    if (e.is_slice()) {
+      p.kind = Prepared::Kind::Slice;
+      p.sl = slice_range(e.slice(), batch[0]);
+      p.batch = batch;
+      p.batch[0] = p.sl.length;
+      return p;
+    }
+    if (e.is_tensor() && e.tensor().device().is_cpu()) {
+      const at::Tensor& t = e.tensor();
+      if (t.scalar_type() == at::kLong && t.dim() == 1) {
+        p.kind = Prepared::Kind::Take;
+        p.take = checked_rows(t, batch[0]);
+        p.batch = batch;
+        p.batch[0] = p.take.numel();
+        return p;
+      }
+      const int64_t k = t.dim();
+      if (t.scalar_type() == at::kBool && k >= 1 && k <= nd &&
+          t.sizes().equals(at::IntArrayRef(batch.data(), static_cast<size_t>(k)))) {
+        // the mask becomes row indices once, instead of once per leaf
+        at::Tensor nz = at::nonzero(t);  // [nnz, k]
+        p.batch.assign(batch.begin() + k, batch.end());
+        p.batch.insert(p.batch.begin(), nz.size(0));
+        if (k == 1) {
+          p.kind = Prepared::Kind::Take;
+          p.take = nz.view({-1});
+        } else {
+          p.kind = Prepared::Kind::General;
+          p.index.reserve(static_cast<size_t>(k));
+          for (int64_t j = 0; j < k; ++j) p.index.emplace_back(nz.select(1, j));
+        }
+        return p;
+      }
+    }
+  }
+  p.kind = Prepared::Kind::General;
+  p.batch = getitem_batch_size(batch, idx);
+  p.index = std::move(idx);
+  return p;
+}
+
+// ----------------------------------------------------------------------------------- reading
+//! `indexed` followed by the dims of `own` past its first `skip` (the extra batch dims of a sub-TensorDict,
+//! or the feature dims of a leaf)
+BatchSize sub_batch(const BatchSize& indexed, const BatchSize& own, size_t skip) {
+  BatchSize b = indexed;
+  if (own.size() > skip) b.insert(b.end(), own.begin() + static_cast<long>(skip), own.end());
+  return b;
+}
+
+TensorDict index_impl(const TensorDictImpl& src, const Prepared& p, BatchSize new_batch) {
+  auto out = std::make_shared<TensorDictImpl>();
+  out->batch_size = std::move(new_batch);
+  out->device = src.device;
+  out->entries.reserve(src.entries.size());
+  for (const auto& kv : src.entries) {
+    const Entry& e = kv.second;
+    switch (e.kind()) {
+      case Entry::Kind::Tensor:
+        out->entries.emplace_back(kv.first, Entry(p.get(e.tensor())));
+        break;
+      case Entry::Kind::TensorDict: {
+        const TensorDictImpl& child = *e.tensordict().impl();
+        out->entries.emplace_back(kv.first, Entry(index_impl(child, p, sub_batch(p.batch, child.batch_size, p.src_dims))));
+        break;
+      }
+      case Entry::Kind::NonTensorData: {
+        const auto& d = e.non_tensor_data();
+        out->entries.emplace_back(kv.first,
+                                  Entry(NonTensorData(d.value(), sub_batch(p.batch, d.batch_size(), p.src_dims))));
+        break;
+      }
+      case Entry::Kind::NonTensorStack:
+        out->entries.emplace_back(kv.first,
+                                  Entry(e.non_tensor_stack().remap([&p](const at::Tensor& pos) { return p.get(pos); })));
+        break;
+      default:
+        break;
+    }
+  }
+  TensorDict result(out);
+  if (p.preserve && (src.is_memmap || src.is_shared)) {
+    // upstream: a view-preserving index of a memmap / shared TensorDict is memmap / shared, and locked
+    out->is_memmap = src.is_memmap;
+    out->is_shared = !src.is_memmap && src.is_shared;
+    result.lock_();
+  }
+  return result;
+}
+
+// ----------------------------------------------------------------------------------- writing
+#if defined(__linux__)
+//! CPU allocator for large preallocated buffers: anonymous mappings come zero-filled from the kernel (no
+//! memset pass over fresh memory) and are advised for transparent huge pages. On these VMs the first touch of
+//! a 4 KiB page costs ~10-20 us (DESIGN.md), which dominates a preallocate-and-fill loop; 2 MiB pages cut
+//! that several times. Pages are still faulted in lazily, by the row writes themselves.
+class ZeroPagesAllocator final : public c10::Allocator {
+  struct Mapping {
+    void* base;
+    size_t len;
+  };
+  static void release(void* ctx) {
+    auto* m = static_cast<Mapping*>(ctx);
+    munmap(m->base, m->len);
+    delete m;
+  }
+
+ public:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+
+  at::DataPtr allocate(size_t n) const override {
+    if (n == 0) return at::DataPtr(nullptr, at::Device(at::kCPU));
+    // whole huge pages: a 4 KiB-paged tail would cost more first touches than the rest of the buffer
+    const size_t len = (n + kHugePage - 1) / kHugePage * kHugePage;
+    const size_t span = len + kHugePage;  // room to align the start on a huge page
+    void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw RuntimeError("preallocation: cannot map " + std::to_string(n) + " bytes");
+    const auto start = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t aligned = (start + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
+    const size_t head = aligned - start;
+    const size_t tail = span - head - len;
+    if (head) munmap(p, head);
+    if (tail) munmap(reinterpret_cast<void*>(aligned + len), tail);
+    void* base = reinterpret_cast<void*>(aligned);
+    madvise(base, len, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+    return {base, new Mapping{base, len}, &release, at::Device(at::kCPU)};
+  }
+  at::DeleterFnPtr raw_deleter() const override { return nullptr; }
+};
+#endif
+
+//! zeros of `shape` for a preallocated leaf: large CPU buffers come from ZeroPagesAllocator
+at::Tensor prealloc_zeros(const BatchSize& shape, const at::TensorOptions& options) {
+#if defined(__linux__)
+  const auto st = c10::typeMetaToScalarType(options.dtype());
+  const size_t nbytes = static_cast<size_t>(detail::prod(shape)) * c10::elementSize(st);
+  if (options.device().is_cpu() && options.layout() == at::kStrided && !c10::isQIntType(st) &&
+      nbytes >= ZeroPagesAllocator::kHugePage) {
+    static ZeroPagesAllocator allocator;
+    return at::Tensor(at::detail::empty_generic(shape, &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU), st,
+                                                c10::nullopt));
+  }
+#endif
+  return at::zeros(shape, options);
+}
+
+//! dst[row(s)] = v as memcpy when both are contiguous CPU tensors of one dtype and v has exactly the
+//! indexed shape; false when the general path must do it
+bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
+  if (p.kind != Prepared::Kind::Int && p.kind != Prepared::Kind::Slice) return false;
+  if (dst.layout() != at::kStrided || v.layout() != at::kStrided) return false;
+  if (!dst.is_cpu() || !v.is_cpu() || dst.scalar_type() != v.scalar_type()) return false;
+  if (c10::isQIntType(dst.scalar_type())) return false;
+  if (dst.dim() == 0 || !dst.is_contiguous() || !v.is_contiguous()) return false;
+  if (dst.requires_grad() || v.requires_grad()) return false;
+  if (dst.is_conj() || v.is_conj() || dst.is_neg() || v.is_neg()) return false;
+  const auto ds = dst.sizes();
+  const auto vs = v.sizes();
+  const auto row_shape = ds.slice(1);
+  int64_t rows = 1;
+  int64_t start = p.i;
+  int64_t step = 1;
+  if (p.kind == Prepared::Kind::Int) {
+    if (!vs.equals(row_shape)) return false;
+  } else {
+    if (vs.size() != ds.size() || vs[0] != p.sl.length || !vs.slice(1).equals(row_shape)) return false;
+    rows = p.sl.length;
+    start = p.sl.start;
+    step = p.sl.step;
+  }
+  if (v.is_alias_of(dst)) return false;  // possible overlap: let torch sort it out
+  const size_t esize = dst.element_size();
+  int64_t row_numel = 1;
+  for (auto s : row_shape) row_numel *= s;
+  const size_t row_bytes = static_cast<size_t>(row_numel) * esize;
+  if (rows > 0 && row_bytes > 0) {
+    const size_t stride_bytes = static_cast<size_t>(dst.stride(0)) * esize;
+    char* base = static_cast<char*>(dst.data_ptr()) + static_cast<size_t>(start) * stride_bytes;
+    const char* src = static_cast<const char*>(v.data_ptr());
+    if (step == 1 && (rows == 1 || stride_bytes == row_bytes)) {
+      std::memcpy(base, src, row_bytes * static_cast<size_t>(rows));
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(base + static_cast<size_t>(r * step) * stride_bytes, src + static_cast<size_t>(r) * row_bytes,
+                    row_bytes);
+      }
+    }
+  }
+  dst.unsafeGetTensorImpl()->bump_version();
+  return true;
+}
+
+void put_leaf(const at::Tensor& dst, const at::Tensor& v, const Prepared& p, const std::string& key) {
+  if (memcpy_rows(dst, v, p)) return;
+  try {
+    p.put(dst, v);
+  } catch (const c10::Error& e) {
+    translate(e, "td[idx] = value: cannot write a value of shape " + shape_str(v.sizes()) + " into key '" + key +
+                     "' of shape " + shape_str(dst.sizes()));
+  }
+}
+
+//! upstream __setitem__: a value whose batch differs from the indexed batch is expanded on the left when
+//! its dims are the trailing ones, else re-batched on a shallow copy (its leaves already carry the indexed
+//! dims), else BatchSizeError. A value without batch dims whose leaves do not fit the re-batching is
+//! broadcast like a tensor would be (td[:2] = row); upstream's `indexed_bs[-0:]` refuses that by accident.
+TensorDict broadcast_value(const TensorDictImpl& dst, const BatchSize& ibs, const TensorDict& value,
+                           const Index& orig) {
+  const BatchSize& vb = value.batch_size();
+  if (vb == ibs) return value;
+  const bool trailing = vb.size() <= ibs.size() && std::equal(vb.begin(), vb.end(), ibs.end() - static_cast<long>(vb.size()));
+  auto expand = [&]() {
+    const size_t nv = vb.size();
+    return detail::map_batch(
+        value, ibs,
+        [&](const at::Tensor& t) {
+          BatchSize shape = ibs;
+          shape.insert(shape.end(), t.sizes().begin() + static_cast<long>(nv), t.sizes().end());
+          return t.expand(shape);
+        },
+        false);
+  };
+  if (trailing && !vb.empty()) return expand();
+  try {
+    TensorDict c = value.copy();
+    c.set_batch_size(ibs);
+    return c;
+  } catch (const Error&) {
+    if (vb.empty()) return expand();
+    throw BatchSizeError("indexed destination TensorDict batch size is " + shape_str(ibs) + " (batch_size = " +
+                         shape_str(dst.batch_size) + ", index=" + index_repr(orig) +
+                         "), which differs from the source batch size " + shape_str(vb));
+  }
+}
+
+void assign_stack(NonTensorStack& s, const Prepared& p, const Entry& value) {
+  auto select = [&p](const at::Tensor& pos) { return p.get(pos); };
+  if (value.is_non_tensor_data()) {
+    s.assign(select, {value.non_tensor_data().value()});
+  } else {
+    s.assign(select, value.non_tensor_stack().values());
+  }
+}
+
+void put_non_tensor(const TensorDictImpl& dst, Entry& de, const std::string& key, const Entry& ve, const Prepared& p,
+                    const BatchSize& ibs) {
+  if (!ve.is_non_tensor()) {
+    throw TypeError(std::string("td[idx] = value: key '") + key + "' holds a " + Entry::kind_name(de.kind()) +
+                    " but the value holds a " + Entry::kind_name(ve.kind()));
+  }
+  if (detail::prod(ibs) == 0) return;  // nothing selected
+  if (de.is_non_tensor_data()) {
+    const JsonValue& cur = de.non_tensor_data().value();
+    bool differs = false;
+    if (ve.is_non_tensor_data()) {
+      differs = ve.non_tensor_data().value() != cur;
+    } else {
+      for (const auto& x : ve.non_tensor_stack().values()) differs = differs || x != cur;
+    }
+    if (!differs) return;
+    if (dst.is_shared || dst.is_memmap) throw RuntimeError(kSharedInplaceError);
+    // a NonTensorData that receives another value somewhere becomes a stack (even when locked, as upstream)
+    NonTensorStack s = NonTensorStack::filled(cur, de.non_tensor_data().batch_size());
+    assign_stack(s, p, ve);
+    de = Entry(std::move(s));
+  } else {
+    NonTensorStack s = de.non_tensor_stack();
+    assign_stack(s, p, ve);
+    de = Entry(std::move(s));
+  }
+}
+
+void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const TensorDict& value_in,
+            const Index& orig);
+
+//! a key of the value that dst lacks: zeros of the full size (upstream _SubTensorDict._set_str), then written
+void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, const Prepared& p, const BatchSize& ibs,
+                 const Index& orig) {
+  detail::check_unlocked(dst, "td[idx] = value would add the key '" + key + "'");
+  const size_t ni = ibs.size();
+  switch (ve.kind()) {
+    case Entry::Kind::Tensor: {
+      const at::Tensor& v = ve.tensor();
+      BatchSize shape = sub_batch(dst.batch_size, BatchSize(v.sizes().begin(), v.sizes().end()), ni);
+      at::Tensor t = prealloc_zeros(shape, v.options().device(dst.device ? *dst.device : v.device()));
+      dst.entries.emplace_back(key, Entry(t));
+      put_leaf(t, v, p, key);
+      return;
+    }
+    case Entry::Kind::TensorDict: {
+      TensorDict vs = ve.tensordict();
+      TensorDict sub = detail::make_empty(dst, sub_batch(dst.batch_size, vs.batch_size(), ni));
+      dst.entries.emplace_back(key, Entry(sub));
+      put_td(*sub.impl(), p, sub_batch(ibs, vs.batch_size(), ni), vs, orig);
+      return;
+    }
+    case Entry::Kind::NonTensorData: {
+      // expanded: every slot gets the value
+      const auto& d = ve.non_tensor_data();
+      dst.entries.emplace_back(key, Entry(NonTensorData(d.value(), sub_batch(dst.batch_size, d.batch_size(), ni))));
+      return;
+    }
+    case Entry::Kind::NonTensorStack: {
+      // unwritten slots hold null (upstream's None)
+      NonTensorStack s =
+          NonTensorStack::filled(JsonValue(), sub_batch(dst.batch_size, ve.non_tensor_stack().batch_size(), ni));
+      assign_stack(s, p, ve);
+      dst.entries.emplace_back(key, Entry(std::move(s)));
+      return;
+    }
+    default:
+      throw TypeError(std::string("td[idx] = value: cannot preallocate key '") + key + "' from a " +
+                      Entry::kind_name(ve.kind()));
+  }
+}
+
+void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const TensorDict& value_in,
+            const Index& orig) {
+  TensorDict value = broadcast_value(dst, ibs, value_in, orig);
+  const TensorDictImpl& vimpl = *value.impl();
+  const size_t n = vimpl.entries.size();
+  for (size_t j = 0; j < n; ++j) {
+    const std::string& key = vimpl.entries[j].first;
+    const Entry& ve = vimpl.entries[j].second;
+    // same key order is the common case: try the same position first
+    Entry* de = (j < dst.entries.size() && dst.entries[j].first == key) ? &dst.entries[j].second : dst.find(key);
+    if (!de) {
+      preallocate(dst, key, ve, p, ibs, orig);
+      continue;
+    }
+    switch (de->kind()) {
+      case Entry::Kind::Tensor:
+        if (!ve.is_tensor()) {
+          throw TypeError("td[idx] = value: key '" + key + "' holds a Tensor but the value holds a " +
+                          Entry::kind_name(ve.kind()));
+        }
+        put_leaf(de->tensor(), ve.tensor(), p, key);
+        break;
+      case Entry::Kind::TensorDict: {
+        if (!ve.is_tensordict()) {
+          throw TypeError("td[idx] = value: key '" + key + "' holds a TensorDict but the value holds a " +
+                          Entry::kind_name(ve.kind()));
+        }
+        TensorDict sub = de->tensordict();
+        put_td(*sub.impl(), p, sub_batch(p.batch, sub.batch_size(), p.src_dims), ve.tensordict(), orig);
+        break;
+      }
+      case Entry::Kind::NonTensorData:
+      case Entry::Kind::NonTensorStack:
+        put_non_tensor(dst, *de, key, ve, p, ibs);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+template <class F>
+void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn) {
+  for (const auto& kv : impl.entries) {
+    if (kv.second.is_tensor()) {
+      fn(kv.first, kv.second.tensor());
+    } else if (kv.second.is_tensordict()) {
+      for_each_tensor_leaf(*kv.second.tensordict().impl(), fn);
+    }
+  }
+}
+
+}  // namespace
+
+// ============================================================================ public API
+TensorDict TensorDict::index(const Index& index) const {
+  Prepared p = prepare(impl_->batch_size, index);
+  if (p.kind == Prepared::Kind::Identity) return *this;
+  try {
+    BatchSize b = p.batch;
+    return index_impl(*impl_, p, std::move(b));
+  } catch (const c10::Error& e) {
+    translate(e, "td.index(" + index_repr(index) + ") on batch size " + shape_str(impl_->batch_size));
+  }
+}
+
+TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) {
+  if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined TensorDict");
+  Prepared p = prepare(impl_->batch_size, index);
+  TensorDict v = value;
+  if (impl_->device && v.device() != impl_->device) v = v.to(*impl_->device);
+  put_td(*impl_, p, p.batch, v, index);
+  return *this;
+}
+
+TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) {
+  if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined tensor");
+  Prepared p = prepare(impl_->batch_size, index);
+  for_each_tensor_leaf(*impl_, [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); });
+  return *this;
+}
+
+TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) {
+  Prepared p = prepare(impl_->batch_size, index);
+  for_each_tensor_leaf(*impl_, [&](const std::string& key, const at::Tensor& t) {
+    try {
+      p.fill(t, value);
+    } catch (const c10::Error& e) {
+      translate(e, "td[idx] = scalar: cannot fill key '" + key + "'");
+    }
+  });
+  return *this;
+}
+
+}  // namespace tensordict

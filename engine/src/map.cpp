@@ -1,0 +1,458 @@
+// td.map / td.map_iter: the engine-side semantics (validation, chunks, restacking) and the backend registry.
+#include "tensordict/map.hpp"
+
+#include <map>
+#include <mutex>
+#include <random>
+
+#include <ATen/Parallel.h>
+
+#include "tensor_dict_internal.hpp"
+
+namespace tensordict {
+
+namespace {
+
+std::mutex g_backend_mutex;
+std::shared_ptr<MapBackend> g_backend;                 // guarded by g_backend_mutex
+std::shared_ptr<MapBackend> (*g_factory)() = nullptr;  // guarded by g_backend_mutex
+
+thread_local const MapWorkerContext* t_worker = nullptr;
+
+struct WorkerScope {
+  explicit WorkerScope(const MapWorkerContext* ctx) : prev_(t_worker) { t_worker = ctx; }
+  ~WorkerScope() { t_worker = prev_; }
+  const MapWorkerContext* prev_;
+};
+
+std::string chunk_name(const MapPlan& plan, size_t i) {
+  const MapChunk& c = plan.chunks[i];
+  std::string s = "chunk " + std::to_string(i);
+  if (!c.indices.empty()) return s + " (" + std::to_string(c.indices.size()) + " shuffled elements)";
+  if (c.drop_dim) return s + " (element " + std::to_string(c.start) + " of dim " + std::to_string(plan.dim) + ")";
+  return s + " (elements [" + std::to_string(c.start) + ", " + std::to_string(c.start + c.length) + ") of dim " +
+         std::to_string(plan.dim) + ")";
+}
+
+template <class E>
+[[noreturn]] void throw_as(const std::string& msg) {
+  throw E(msg);
+}
+
+//! the same error type as `e` with `prefix` + e's message (without its "Type: " prefix)
+[[noreturn]] void rethrow_with_prefix(const std::string& prefix, int64_t chunk) {
+  map_detail::CarriedError ce = map_detail::carry_current_exception(chunk);
+  ce.message = prefix + ce.message;
+  map_detail::rethrow(ce);
+}
+
+}  // namespace
+
+const MapWorkerContext* current_map_worker() { return t_worker; }
+
+// ============================================================================ named map functions
+namespace {
+struct FnRegistry {
+  std::mutex mu;
+  std::map<std::string, MapFn> fns;
+};
+FnRegistry& fn_registry() {  // function-local: usable from static initialisers (TD_REGISTER_MAP_FN)
+  static FnRegistry r;
+  return r;
+}
+}  // namespace
+
+void register_map_fn(const std::string& name, MapFn fn) {
+  if (name.empty()) throw ValueError("register_map_fn: the name is empty");
+  if (!fn) throw ValueError("register_map_fn: fn '" + name + "' is empty");
+  FnRegistry& r = fn_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.fns[name] = std::move(fn);
+}
+
+MapFn find_map_fn(const std::string& name) {
+  FnRegistry& r = fn_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.fns.find(name);
+  return it == r.fns.end() ? MapFn() : it->second;
+}
+
+std::vector<std::string> registered_map_fns() {
+  FnRegistry& r = fn_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& kv : r.fns) names.push_back(kv.first);
+  return names;
+}
+
+// ============================================================================ registry
+void set_map_backend(std::shared_ptr<MapBackend> backend) {
+  std::lock_guard<std::mutex> lock(g_backend_mutex);
+  g_backend = std::move(backend);
+}
+
+std::shared_ptr<MapBackend> get_map_backend() {
+  std::shared_ptr<MapBackend> (*factory)() = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_backend_mutex);
+    if (g_backend) return g_backend;
+    factory = g_factory;
+  }
+  return factory ? factory() : nullptr;
+}
+
+void set_default_map_backend_factory(std::shared_ptr<MapBackend> (*factory)()) {
+  std::lock_guard<std::mutex> lock(g_backend_mutex);
+  g_factory = factory;
+}
+
+namespace {
+std::shared_ptr<MapBackend> require_backend(const char* what) {
+  auto b = get_map_backend();
+  if (!b) {
+    throw RuntimeError(std::string(what) +
+                       ": no map backend is registered. Link tensordict::tensordict and include "
+                       "<tensordict/tensordict.hpp> (a default Engine then starts on first use), or construct a "
+                       "tensordict::Engine before calling it");
+  }
+  return b;
+}
+}  // namespace
+
+TensorDict TensorDict::map(const MapFn& fn, const MapOptions& options) const {
+  if (!fn) throw ValueError("map: fn is empty");
+  return require_backend("TensorDict::map")->map(*this, fn, options);
+}
+
+TensorDict TensorDict::map(const std::string& fn_name, const MapOptions& options) const {
+  MapFn fn = find_map_fn(fn_name);
+  if (!fn) {
+    std::string known;
+    for (const auto& n : registered_map_fns()) known += (known.empty() ? "" : ", ") + n;
+    throw KeyError("map: no map function named '" + fn_name + "' is registered (tensordict::register_map_fn); " +
+                   (known.empty() ? std::string("none is registered") : "registered: " + known));
+  }
+  return require_backend("TensorDict::map")->map_named(*this, fn_name, fn, options);
+}
+
+MapIter TensorDict::map_iter(const MapFn& fn, const MapOptions& options) const {
+  if (!fn) throw ValueError("map_iter: fn is empty");
+  return require_backend("TensorDict::map_iter")->map_iter(*this, fn, options);
+}
+
+// ============================================================================ MapIter
+std::optional<TensorDict> MapIter::next() {
+  if (!source_) return std::nullopt;
+  std::optional<TensorDict> r;
+  try {
+    r = source_->next();
+  } catch (...) {
+    stop();
+    throw;
+  }
+  if (!r) stop();
+  return r;
+}
+
+void MapIter::stop() noexcept {
+  if (!source_) return;
+  try {
+    source_->stop();
+  } catch (...) {
+  }
+  source_.reset();
+}
+
+// ============================================================================ semantics
+namespace map_detail {
+
+MapPlan plan(const TensorDict& src, const MapOptions& o, bool for_iter, int64_t default_workers,
+             int64_t default_worker_threads, bool default_progress) {
+  const char* what = for_iter ? "map_iter" : "map";
+  if (!src.defined()) throw ValueError(std::string(what) + ": the TensorDict is undefined");
+  MapPlan p;
+  if (o.worker_processes() < 0) {
+    throw ValueError(std::string(what) + ": worker_processes must be >= 0, got " +
+                     std::to_string(o.worker_processes()));
+  }
+  if (for_iter && o.worker_processes() > 0) {
+    throw ValueError("map_iter runs in-process workers only (worker_processes " +
+                     std::to_string(o.worker_processes()) + "): worker processes write into a memmap/shared out, "
+                     "use map(\"fn name\", MapOptions().out(...).worker_processes(n))");
+  }
+  const int64_t workers =
+      o.num_workers().value_or(o.worker_processes() > 0 ? o.worker_processes() : default_workers);
+  if (workers <= 0) {
+    throw ValueError(std::string(what) + ": num_workers must be a positive integer, got " + std::to_string(workers));
+  }
+  if (o.worker_processes() > workers) {
+    throw ValueError(std::string(what) + ": worker_processes (" + std::to_string(o.worker_processes()) +
+                     ") exceeds num_workers (" + std::to_string(workers) +
+                     "); num_workers counts every worker, in-process and process");
+  }
+  if (o.worker_processes() > 0) {
+    if (!o.out()) {
+      throw ValueError(std::string(what) + ": worker processes write their results into out: give a memmap or "
+                       "shared out (MapOptions().out(td.memmap_like(dir)) or a share_memory_()'d one)");
+    }
+    if (o.out()->defined() && !(o.out()->is_memmap() || o.out()->is_shared())) {
+      throw ValueError(std::string(what) + ": worker processes need a memmap or shared out (they write into it "
+                       "in place); out is an in-memory TensorDict");
+    }
+  }
+  if (o.chunksize() && o.num_chunks()) {
+    throw ValueError("Either chunksize or num_chunks must be provided, but not both.");
+  }
+  if (o.chunksize() && *o.chunksize() < 0) {
+    throw ValueError(std::string(what) + ": chunksize must be >= 0 (0 = one element per chunk), got " +
+                     std::to_string(*o.chunksize()));
+  }
+  if (o.num_chunks() && *o.num_chunks() <= 0) {
+    throw ValueError(std::string(what) + ": num_chunks must be a positive integer, got " +
+                     std::to_string(*o.num_chunks()));
+  }
+  const int64_t wthreads = o.worker_threads().value_or(default_worker_threads);
+  if (wthreads <= 0) {
+    throw ValueError(std::string(what) + ": worker_threads must be a positive integer, got " +
+                     std::to_string(wthreads));
+  }
+  const BatchSize& bs = src.batch_size();
+  const auto nd = static_cast<int64_t>(bs.size());
+  if (nd == 0) {
+    throw IndexError(std::string(what) + ": cannot split a TensorDict with batch_size " + detail::shape_str(bs) +
+                     " along dim " + std::to_string(o.dim()) + " (it has no batch dimension)");
+  }
+  if (o.dim() < -nd || o.dim() >= nd) {
+    throw IndexError(std::string(what) + ": dim " + std::to_string(o.dim()) + " is out of range for batch_size " +
+                     detail::shape_str(bs) + " (expected a dim in [" + std::to_string(-nd) + ", " +
+                     std::to_string(nd - 1) + "])");
+  }
+  p.dim = o.dim() < 0 ? o.dim() + nd : o.dim();
+  if (for_iter && o.out()) {
+    throw ValueError("map_iter does not accept out (use map(fn, MapOptions().out(...)))");
+  }
+  if (!for_iter && o.shuffle()) {
+    throw ValueError("map: shuffle is a map_iter option (map keeps the order of the chunks)");
+  }
+  if (o.out()) {
+    const TensorDict& out = *o.out();
+    if (!out.defined()) throw ValueError("map: out is an undefined TensorDict");
+    if (out.batch_size() != bs) {
+      throw BatchSizeError("map: out has batch_size " + detail::shape_str(out.batch_size()) +
+                           " but the TensorDict mapped has batch_size " + detail::shape_str(bs) +
+                           " (out must have the batch size of the source)");
+    }
+    p.out = out;
+    p.in_place_out = out.is_memmap() || out.is_shared();
+  }
+  p.shuffle = o.shuffle();
+  p.worker_threads = wthreads;
+  p.progress = o.progress().value_or(default_progress);
+  if (o.seed()) {
+    p.seed = *o.seed();
+  } else {
+    std::random_device rd;
+    p.seed = static_cast<int64_t>(((static_cast<uint64_t>(rd()) << 31) ^ rd()) & ((uint64_t{1} << 62) - 1));
+  }
+
+  const int64_t n = bs[static_cast<size_t>(p.dim)];
+  std::vector<int64_t> perm;
+  if (p.shuffle && n > 0) {
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(p.seed));
+    at::Tensor rp = at::randperm(n, gen, at::kLong);
+    perm.assign(rp.data_ptr<int64_t>(), rp.data_ptr<int64_t>() + n);
+  }
+  auto add_slice = [&](int64_t start, int64_t len) {
+    MapChunk c;
+    c.start = start;
+    c.length = len;
+    if (p.shuffle) c.indices.assign(perm.begin() + start, perm.begin() + start + len);
+    p.chunks.push_back(std::move(c));
+  };
+  if (o.chunksize() && *o.chunksize() == 0) {
+    p.stack = true;
+    for (int64_t i = 0; i < n; ++i) {
+      MapChunk c;
+      c.start = p.shuffle ? perm[static_cast<size_t>(i)] : i;
+      c.length = 1;
+      c.drop_dim = true;
+      p.chunks.push_back(std::move(c));
+    }
+  } else {
+    int64_t size;
+    if (o.chunksize()) {
+      size = std::min(*o.chunksize(), n);
+    } else {
+      const int64_t k = std::min(o.num_chunks().value_or(workers), std::max<int64_t>(n, 1));
+      size = (n + k - 1) / k;  // upstream td.chunk(k): slices of ceil(n / k)
+    }
+    if (n == 0) {
+      add_slice(0, 0);
+    } else {
+      for (int64_t s = 0; s < n; s += size) add_slice(s, std::min(size, n - s));
+    }
+  }
+  p.num_workers = std::max<int64_t>(1, std::min<int64_t>(workers, static_cast<int64_t>(p.chunks.size())));
+  p.num_processes = std::min<int64_t>(o.worker_processes(), p.num_workers);
+  return p;
+}
+
+TensorDict take_chunk(const TensorDict& td, const MapPlan& plan, const MapChunk& c) {
+  const int64_t d = plan.dim;
+  BatchSize nb = td.batch_size();
+  if (!c.indices.empty()) {
+    at::Tensor idx = at::tensor(c.indices, at::kLong);
+    nb[static_cast<size_t>(d)] = static_cast<int64_t>(c.indices.size());
+    return detail::map_batch(td, nb, [&](const at::Tensor& t) { return t.index_select(d, idx); }, false);
+  }
+  if (c.drop_dim) {
+    nb.erase(nb.begin() + d);
+    return detail::map_batch(td, nb, [&](const at::Tensor& t) { return t.select(d, c.start); }, true);
+  }
+  nb[static_cast<size_t>(d)] = c.length;
+  return detail::map_batch(td, nb, [&](const at::Tensor& t) { return t.narrow(d, c.start, c.length); }, true);
+}
+
+void write_chunk(const TensorDict& out, const MapPlan& plan, size_t i, const TensorDict& result) {
+  if (!result.defined()) return;  // fn returned None: nothing to write (it may have worked in place)
+  try {
+    TensorDict view = take_chunk(out, plan, plan.chunks[i]);
+    if (view.batch_size() != result.batch_size()) {
+      throw BatchSizeError("the result has batch_size " + detail::shape_str(result.batch_size()) +
+                           " but out's slice has batch_size " + detail::shape_str(view.batch_size()));
+    }
+    view.update_(result);
+  } catch (...) {
+    rethrow_with_prefix("map: cannot write the result of " + chunk_name(plan, i) + " into out: ",
+                        static_cast<int64_t>(i));
+  }
+}
+
+TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan) {
+  std::vector<TensorDict> defined;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].defined()) {
+      defined.push_back(results[i]);
+      which.push_back(i);
+    }
+  }
+  if (defined.empty()) return TensorDict(std::shared_ptr<TensorDictImpl>());
+  auto combine = [&](const std::vector<TensorDict>& tds) {
+    return plan.stack ? stack(tds, plan.dim) : cat(tds, plan.dim);
+  };
+  try {
+    return combine(defined);
+  } catch (...) {
+    // find the first chunk that does not combine with the first one, and name it
+    const char* op = plan.stack ? "stack" : "concatenate";
+    for (size_t j = 1; j < defined.size(); ++j) {
+      try {
+        combine({defined[0], defined[j]});
+      } catch (...) {
+        rethrow_with_prefix(std::string("map: cannot ") + op + " the results of fn: the result of " +
+                                chunk_name(plan, which[j]) + " does not match that of " +
+                                chunk_name(plan, which[0]) + ": ",
+                            static_cast<int64_t>(which[j]));
+      }
+    }
+    rethrow_with_prefix(std::string("map: cannot ") + op + " the results of fn: ", -1);
+  }
+}
+
+TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan, size_t i, MapWorkerContext& ctx) {
+  ctx.chunk = static_cast<int64_t>(i);
+  // at::set_num_threads is process-global with libtorch's native backend and per calling thread with
+  // OpenMP (Debian's build): set it only when it differs, right before fn runs on this scheduler thread.
+  if (at::get_num_threads() != plan.worker_threads) at::set_num_threads(static_cast<int>(plan.worker_threads));
+  WorkerScope scope(&ctx);
+  TensorDict chunk = take_chunk(src, plan, plan.chunks[i]);
+  TensorDict result = fn(chunk);
+  if (plan.in_place_out) {
+    write_chunk(*plan.out, plan, i, result);
+    return TensorDict(std::shared_ptr<TensorDictImpl>());
+  }
+  return result;
+}
+
+StorageHandle storage_handle(const TensorDict& td, const std::string& what) {
+  if (!td.defined()) throw ValueError("map: " + what + " is an undefined TensorDict");
+  if (td.is_memmap()) {
+    std::string prefix = td.memmap_prefix();
+    if (prefix.empty()) {
+      throw ValueError("map: worker processes cannot reach " + what +
+                       ": it is a memmap TensorDict without a directory (memmap_() with a prefix, or load_memmap)");
+    }
+    return {"memmap", prefix};
+  }
+  if (td.is_shared()) return {"shared", td.share_handle()};
+  throw ValueError("map: worker processes cannot reach " + what +
+                   ": it must be a memmap TensorDict saved to a directory or a shared one (share_memory_()); "
+                   "it is an in-memory TensorDict");
+}
+
+TensorDict open_storage(const StorageHandle& h, bool writable) {
+  if (h.kind == "memmap") return TensorDict::load_memmap(h.handle, LoadOptions().writable(writable));
+  if (h.kind == "shared") return TensorDict::from_share_handle(h.handle);
+  throw ValueError("map: unknown storage kind '" + h.kind + "' (expected memmap or shared)");
+}
+
+CarriedError carry_current_exception(int64_t chunk) {
+  CarriedError ce;
+  ce.chunk = chunk;
+  auto strip = [](const std::string& type, const char* what) {
+    std::string w(what);
+    const std::string pre = type + ": ";
+    return w.compare(0, pre.size(), pre) == 0 ? w.substr(pre.size()) : w;
+  };
+#define TD_CARRY(T)                 \
+  catch (const T& e) {              \
+    ce.type = #T;                   \
+    ce.message = strip(#T, e.what()); \
+  }
+  try {
+    throw;
+  }
+  TD_CARRY(KeyError)
+  TD_CARRY(IndexError)
+  TD_CARRY(LockedError)
+  TD_CARRY(BatchSizeError)
+  TD_CARRY(ValueError)
+  TD_CARRY(TypeError)
+  TD_CARRY(FormatError)
+  TD_CARRY(BackendError)
+  TD_CARRY(RuntimeError)
+  catch (const Error& e) {
+    ce.type = "Error";
+    ce.message = e.what();
+  }
+  catch (const std::exception& e) {
+    ce.type = "RuntimeError";
+    ce.message = e.what();
+  }
+  catch (...) {
+    ce.type = "RuntimeError";
+    ce.message = "a map worker threw an exception that is not a std::exception" +
+                 (chunk >= 0 ? " (chunk " + std::to_string(chunk) + ")" : std::string());
+  }
+#undef TD_CARRY
+  return ce;
+}
+
+void rethrow(const CarriedError& e) {
+  const std::string& t = e.type;
+  const std::string& m = e.message;
+  if (t == "KeyError") throw_as<KeyError>(m);
+  if (t == "IndexError") throw_as<IndexError>(m);
+  if (t == "LockedError") throw_as<LockedError>(m);
+  if (t == "BatchSizeError") throw_as<BatchSizeError>(m);
+  if (t == "ValueError") throw_as<ValueError>(m);
+  if (t == "TypeError") throw_as<TypeError>(m);
+  if (t == "FormatError") throw_as<FormatError>(m);
+  if (t == "BackendError") throw_as<BackendError>(m);
+  if (t == "Error") throw Error(m);
+  throw_as<RuntimeError>(m);
+}
+
+}  // namespace map_detail
+}  // namespace tensordict

@@ -1,0 +1,951 @@
+// TensorDict leaf-wise operations: the apply family, zero_ / masked_fill / where, arithmetic with
+// TensorDicts, tensors and scalars, comparisons, all/any, sum/mean and equal().
+//
+// Non-tensor leaves (NonTensorData / NonTensorStack) never go through a tensor function:
+//  * apply / arithmetic / where / masked_fill carry them over unchanged (re-batched when the batch
+//    size changes, as upstream's NonTensorData._apply_nest does);
+//  * comparisons with a scalar, and ordering comparisons between TensorDicts, leave them out of the
+//    result (upstream returns an empty NonTensorData there, which is neutral for all()/any());
+//    eq / ne between two TensorDicts compare their values and give a bool tensor of their batch shape;
+//  * batch reductions (all(dim), any(dim), sum, mean) keep a non-tensor leaf that holds one value for
+//    the whole batch (NonTensorData, or a NonTensorStack whose elements are all equal) with the
+//    reduced batch size, and drop a NonTensorStack holding different values (it has no single value);
+//  * all() / any() without dim ignore them.
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include <ATen/MemoryOverlap.h>
+
+#include "tensor_dict_internal.hpp"
+
+namespace tensordict {
+namespace {
+
+using detail::dtype_str;
+using detail::shape_str;
+
+// ---------------------------------------------------------------------------------------------- helpers
+//! torch's message without the C++ backtrace
+std::string torch_msg(const c10::Error& e) {
+  std::string m = e.what_without_backtrace();
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  return m;
+}
+
+//! inside a catch (...) block: rethrows the library's own errors and anything foreign; returns the message
+//! of a torch error (c10::Error, or the std::runtime_error some ATen paths throw, e.g. view's shape check)
+std::string torch_error() {
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    return torch_msg(e);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+}
+
+//! "KeyError: text" -> "text"
+std::string strip_kind(const std::exception& e) {
+  std::string s = e.what();
+  auto p = s.find(": ");
+  return p == std::string::npos ? s : s.substr(p + 2);
+}
+
+BatchSize sizes_of(const at::Tensor& t) { return BatchSize(t.sizes().begin(), t.sizes().end()); }
+
+BatchSize concat(BatchSize a, at::IntArrayRef b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string keys_str(const std::vector<NestedKey>& keys) {
+  std::string s = "[";
+  for (size_t i = 0; i < keys.size(); ++i) s += (i ? ", " : "") + keys[i].repr();
+  return s + "]";
+}
+
+//! inserts `value` into `level` at `name` after the usual checks (batch prefix, device); the error
+//! names the key
+void put(TensorDict& level, const std::string& name, const NestedKey& full, const Entry& value, const char* op) {
+  try {
+    level.impl()->entries.emplace_back(name, detail::prepare_value(*level.impl(), name, value));
+  } catch (const BatchSizeError& e) {
+    throw BatchSizeError(std::string(op) + ": the result for key " + full.repr() + " does not fit the batch size: " +
+                         strip_kind(e));
+  } catch (...) {  // e.g. moving the result to the TensorDict's device failed
+    throw RuntimeError(std::string(op) + ": cannot store the result for key " + full.repr() + ": " + torch_error());
+  }
+}
+
+//! a non-tensor entry of a level whose batch size goes from `old_nd` dims to `new_bs`; nullopt when it
+//! cannot follow (a NonTensorStack holding different values)
+std::optional<Entry> rebatch_non_tensor(const Entry& e, size_t old_nd, const BatchSize& new_bs) {
+  BatchSize own = e.shape();
+  BatchSize target = new_bs;
+  if (own.size() > old_nd) target.insert(target.end(), own.begin() + static_cast<long>(old_nd), own.end());
+  if (target == own) return e;
+  if (e.is_non_tensor_data()) return Entry(NonTensorData(e.non_tensor_data().value(), target));
+  const NonTensorStack& s = e.non_tensor_stack();
+  if (s.all_equal()) return Entry(NonTensorData(s.at(0), target));
+  return std::nullopt;
+}
+
+//! every tensor leaf with its full key
+void for_each_leaf(const TensorDictImpl& impl, const NestedKey& prefix,
+                   const std::function<void(const NestedKey&, const at::Tensor&)>& f) {
+  for (const auto& kv : impl.entries) {
+    NestedKey full = prefix + NestedKey(kv.first);
+    if (kv.second.is_tensor()) {
+      f(full, kv.second.tensor());
+    } else if (kv.second.is_tensordict()) {
+      for_each_leaf(*kv.second.tensordict().impl(), full, f);
+    }
+  }
+}
+
+//! in-place writes need distinct memory per element (an expanded leaf is read-only in torch)
+void check_writable(const at::Tensor& t, const NestedKey& key, const char* op) {
+  if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
+    throw RuntimeError(std::string(op) + ": cannot write in place into key " + key.repr() + " of shape " +
+                       shape_str(t.sizes()) +
+                       ": more than one element of the tensor refers to a single memory location (an expanded "
+                       "leaf); clone() the TensorDict first");
+  }
+}
+
+//! the result dtype of an in-place op must be castable to the leaf's dtype (torch's rule)
+void check_castable(at::ScalarType result, const at::Tensor& t, const NestedKey& key, const char* op) {
+  if (!at::can_cast(result, t.scalar_type())) {
+    throw RuntimeError(std::string(op) + ": result type " + dtype_str(result) +
+                       " can't be cast to the desired output type " + dtype_str(t.scalar_type()) + " of key " +
+                       key.repr());
+  }
+}
+
+//! a mask / condition over the batch dims (upstream's expand_as_right rules: aligned on the left, each
+//! dim equal to the batch dim or 1, trailing batch dims may be omitted)
+void check_batch_mask(const TensorDict& td, const at::Tensor& m, const char* op, const char* what) {
+  if (!m.defined()) throw ValueError(std::string(op) + ": the " + what + " is an undefined tensor");
+  if (m.scalar_type() != at::kBool) {
+    throw TypeError(std::string(op) + ": expected a boolean " + what + " (torch.bool), got a tensor with dtype " +
+                    dtype_str(m.scalar_type()));
+  }
+  const BatchSize& bs = td.batch_size();
+  if (m.dim() > static_cast<int64_t>(bs.size())) {
+    throw BatchSizeError(std::string(op) + ": the " + what + " of shape " + shape_str(m.sizes()) +
+                         " has more dims than the batch size " + shape_str(bs) +
+                         " (expand_as_right requires the destination tensor to have less dimensions than the "
+                         "input tensor, got tensor.ndimension()=" +
+                         std::to_string(m.dim()) + " and dest.ndimension()=" + std::to_string(bs.size()) + ")");
+  }
+  for (int64_t i = 0; i < m.dim(); ++i) {
+    if (m.size(i) != bs[static_cast<size_t>(i)] && m.size(i) != 1) {
+      throw BatchSizeError(std::string(op) + ": the " + what + " of shape " + shape_str(m.sizes()) +
+                           " does not fit the batch size " + shape_str(bs) + " (dim " + std::to_string(i) +
+                           " is " + std::to_string(m.size(i)) + ", expected " +
+                           std::to_string(bs[static_cast<size_t>(i)]) +
+                           " or 1; tensor shape is incompatible with dest shape)");
+    }
+  }
+}
+
+//! the mask viewed with trailing singleton dims so that it broadcasts over `leaf`, on its device
+at::Tensor right_view(const at::Tensor& m, const at::Tensor& leaf) {
+  std::vector<int64_t> shape(m.sizes().begin(), m.sizes().end());
+  shape.resize(static_cast<size_t>(std::max<int64_t>(leaf.dim(), m.dim())), 1);
+  at::Tensor v = m.reshape(shape);
+  if (v.device() != leaf.device()) v = v.to(leaf.device());
+  return v;
+}
+
+//! numpy/torch broadcasting of two shapes (aligned on the right); nullopt when incompatible
+std::optional<BatchSize> broadcast_shapes(const BatchSize& a, const BatchSize& b) {
+  size_t n = std::max(a.size(), b.size());
+  BatchSize out(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (x != y && x != 1 && y != 1) return std::nullopt;
+    out[i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+//! td expanded to batch size `bs` (stride-0 views; bs is a broadcast of td's batch size)
+TensorDict expand_to(const TensorDict& td, const BatchSize& bs) {
+  if (td.batch_size() == bs) return td;
+  const size_t nd = td.batch_size().size();
+  return detail::map_batch(
+      td, bs, [&](const at::Tensor& t) { return t.expand(concat(bs, t.sizes().slice(nd))); }, false);
+}
+
+// ---------------------------------------------------------------------------------------------- transform
+using LeafMap = std::function<at::Tensor(const NestedKey& full, const at::Tensor& leaf)>;
+using BatchMap = std::function<BatchSize(const BatchSize&)>;
+enum class NonTensorPolicy { Carry, CarryOrDrop, Drop };
+
+//! a new TensorDict with td's structure: tensor leaves replaced by fn (an undefined result drops the
+//! key), every level's batch size mapped by batch_map, non-tensor leaves handled by `policy`
+TensorDict transform(const TensorDict& td, const NestedKey& prefix, const BatchMap& batch_map, const LeafMap& fn,
+                     NonTensorPolicy policy, const char* op) {
+  const TensorDictImpl& s = *td.impl();
+  BatchSize nb = batch_map(s.batch_size);
+  TensorDict out = detail::make_empty(s, nb);
+  for (const auto& kv : s.entries) {
+    NestedKey full = prefix + NestedKey(kv.first);
+    const Entry& e = kv.second;
+    if (e.is_tensor()) {
+      at::Tensor r;
+      try {
+        r = fn(full, e.tensor());
+      } catch (...) {
+        throw RuntimeError(std::string(op) + ": key " + full.repr() + ": " + torch_error());
+      }
+      if (r.defined()) put(out, kv.first, full, Entry(r), op);
+    } else if (e.is_tensordict()) {
+      put(out, kv.first, full, Entry(transform(e.tensordict(), full, batch_map, fn, policy, op)), op);
+    } else if (e.is_non_tensor()) {
+      if (policy == NonTensorPolicy::Drop) continue;
+      auto c = rebatch_non_tensor(e, s.batch_size.size(), nb);
+      if (c) {
+        put(out, kv.first, full, *c, op);
+      } else if (policy == NonTensorPolicy::Carry) {
+        throw BatchSizeError(std::string(op) + ": the NonTensorStack at key " + full.repr() + " of batch size " +
+                             shape_str(e.shape()) + " holds different values and cannot follow the new batch size " +
+                             shape_str(nb));
+      }
+    }
+  }
+  return out;
+}
+
+BatchSize same_batch(const BatchSize& bs) { return bs; }
+
+TensorDict maybe_lock(TensorDict out, const TensorDict& like) {
+  if (like.is_locked()) out.lock_();
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------- apply
+struct ApplyCall {
+  const LeafFn* unary = nullptr;
+  const MultiLeafFn* multi = nullptr;
+  const NamedLeafFn* named = nullptr;
+  ApplyOptions opts;
+  bool inplace = false;
+  const char* op = "apply";
+  //! in-place: (full key, destination leaf, value) collected first, written once all are valid
+  std::vector<std::tuple<NestedKey, at::Tensor, at::Tensor>> writes;
+};
+
+[[noreturn]] void missing_in_other(const NestedKey& full, size_t i, const TensorDictImpl& where, const char* op) {
+  std::string existing;
+  for (size_t j = 0; j < where.entries.size(); ++j) existing += (j ? ", " : "") + where.entries[j].first;
+  throw KeyError(std::string(op) + ": key " + full.repr() + " not found in TensorDict with keys [" + existing +
+                 "] (others[" + std::to_string(i) +
+                 "]); every key of self must be in the others unless ApplyOptions().default_value(...) is given");
+}
+
+std::optional<TensorDict> apply_level(const TensorDict& self, const std::vector<std::optional<TensorDict>>& others,
+                                      const NestedKey& prefix, ApplyCall& c, bool top) {
+  const TensorDictImpl& s = *self.impl();
+  const ApplyOptions& o = c.opts;
+  TensorDict result;
+  if (!c.inplace) result = detail::make_empty(s, o.batch_size() ? *o.batch_size() : s.batch_size);
+  if (!c.inplace && o.batch_size()) {
+    for (auto d : *o.batch_size())
+      if (d < 0) throw BatchSizeError(std::string(c.op) + ": batch size " + shape_str(*o.batch_size()) + " has a negative dimension");
+  }
+  bool any_set = false;
+  for (const auto& kv : s.entries) {
+    const std::string& name = kv.first;
+    const Entry& e = kv.second;
+    NestedKey full = prefix + NestedKey(name);
+    std::vector<const Entry*> oe(others.size(), nullptr);
+    for (size_t i = 0; i < others.size(); ++i) {
+      if (others[i]) oe[i] = others[i]->impl()->find(name);
+      if (!oe[i] && !o.default_value()) missing_in_other(full, i, *others[i]->impl(), c.op);
+    }
+    if (e.is_tensordict()) {
+      std::vector<std::optional<TensorDict>> sub(others.size());
+      for (size_t i = 0; i < others.size(); ++i) {
+        if (!oe[i]) continue;
+        if (!oe[i]->is_tensordict()) {
+          throw TypeError(std::string(c.op) + ": key " + full.repr() + " is a TensorDict in self but a " +
+                          Entry::kind_name(oe[i]->kind()) + " in others[" + std::to_string(i) + "]");
+        }
+        sub[i] = oe[i]->tensordict();
+      }
+      auto r = apply_level(e.tensordict(), sub, full, c, false);
+      if (r) {
+        put(result, name, full, Entry(*r), c.op);
+        any_set = true;
+      }
+    } else if (e.is_tensor()) {
+      at::Tensor out;
+      try {
+        if (c.named) {
+          out = (*c.named)(o.nested_keys() ? full : NestedKey(name), e.tensor());
+        } else if (c.multi) {
+          std::vector<at::Tensor> args;
+          args.reserve(others.size() + 1);
+          args.push_back(e.tensor());
+          for (size_t i = 0; i < others.size(); ++i) {
+            if (!oe[i]) {
+              args.push_back(*o.default_value());
+            } else if (oe[i]->is_tensor()) {
+              args.push_back(oe[i]->tensor());
+            } else {
+              throw TypeError(std::string(c.op) + ": key " + full.repr() + " is a Tensor in self but a " +
+                              Entry::kind_name(oe[i]->kind()) + " in others[" + std::to_string(i) + "]");
+            }
+          }
+          out = (*c.multi)(args);
+        } else {
+          out = (*c.unary)(e.tensor());
+        }
+      } catch (...) {
+        throw RuntimeError(std::string(c.op) + ": fn failed on key " + full.repr() + ": " + torch_error());
+      }
+      if (!out.defined()) continue;  // upstream: returning None drops the key (apply_: leaves it alone)
+      if (c.inplace) {
+        c.writes.emplace_back(full, e.tensor(), out);
+      } else {
+        put(result, name, full, Entry(out), c.op);
+      }
+      any_set = true;
+    } else if (e.is_non_tensor()) {
+      if (c.inplace) continue;
+      auto carried = rebatch_non_tensor(e, s.batch_size.size(), result.batch_size());
+      if (!carried) {
+        throw BatchSizeError(std::string(c.op) + ": the NonTensorStack at key " + full.repr() + " of batch size " +
+                             shape_str(e.shape()) + " holds different values and cannot take the batch size " +
+                             shape_str(result.batch_size()));
+      }
+      put(result, name, full, *carried, c.op);
+      any_set = true;
+    }
+  }
+  if (c.inplace) return std::nullopt;
+  if (!top && !o.keep_empty() && !any_set) return std::nullopt;
+  return result;
+}
+
+TensorDict run_apply(const TensorDict& self, const std::vector<TensorDict>& others, ApplyCall& c) {
+  for (size_t i = 0; i < others.size(); ++i)
+    if (!others[i].defined()) throw ValueError(std::string(c.op) + ": others[" + std::to_string(i) + "] is undefined");
+  if (c.opts.default_value() && !c.opts.default_value()->defined()) {
+    throw ValueError(std::string(c.op) + ": the default value is an undefined tensor");
+  }
+  std::vector<std::optional<TensorDict>> os(others.begin(), others.end());
+  auto r = apply_level(self, os, NestedKey(), c, true);
+  if (c.inplace) return self;
+  if (c.opts.propagate_lock() && self.is_locked()) r->lock_();
+  return *r;
+}
+
+void commit_writes(ApplyCall& c) {
+  for (const auto& w : c.writes) {
+    const NestedKey& key = std::get<0>(w);
+    const at::Tensor& dest = std::get<1>(w);
+    const at::Tensor& value = std::get<2>(w);
+    if (dest.is_same(value)) continue;
+    check_writable(dest, key, c.op);
+    std::optional<BatchSize> b = broadcast_shapes(sizes_of(dest), sizes_of(value));
+    if (!b || *b != sizes_of(dest)) {
+      throw BatchSizeError(std::string(c.op) + ": the result for key " + key.repr() + " has shape " +
+                           shape_str(value.sizes()) + ", which cannot be copied into the leaf of shape " +
+                           shape_str(dest.sizes()));
+    }
+  }
+  for (const auto& w : c.writes) {
+    const at::Tensor& dest = std::get<1>(w);
+    const at::Tensor& value = std::get<2>(w);
+    if (dest.is_same(value)) continue;
+    try {
+      at::Tensor(dest).copy_(value);
+    } catch (...) {
+      throw RuntimeError(std::string(c.op) + ": copy into key " + std::get<0>(w).repr() + " failed: " + torch_error());
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- arithmetic
+enum class Bin { Add, Sub, Mul, Div };
+
+const char* bin_name(Bin op) {
+  switch (op) {
+    case Bin::Add: return "add";
+    case Bin::Sub: return "sub";
+    case Bin::Mul: return "mul";
+    case Bin::Div: return "div";
+  }
+  return "?";
+}
+
+template <typename Other>
+at::Tensor bin(Bin op, const at::Tensor& a, const Other& b) {
+  switch (op) {
+    case Bin::Add: return at::add(a, b);
+    case Bin::Sub: return at::sub(a, b);
+    case Bin::Mul: return at::mul(a, b);
+    case Bin::Div: return at::div(a, b);
+  }
+  return at::Tensor();
+}
+
+//! tensor leaf keys (nested) of td
+std::set<NestedKey> leaf_keys(const TensorDict& td) {
+  std::set<NestedKey> out;
+  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor&) { out.insert(k); });
+  return out;
+}
+
+//! TD-TD pointwise ops need the same tensor leaves on both sides
+void check_same_leaves(const TensorDict& a, const TensorDict& b, const char* op) {
+  if (!b.defined()) throw ValueError(std::string(op) + ": the other TensorDict is undefined");
+  std::set<NestedKey> ka = leaf_keys(a), kb = leaf_keys(b);
+  if (ka == kb) return;
+  std::vector<NestedKey> only_a, only_b;
+  std::set_difference(ka.begin(), ka.end(), kb.begin(), kb.end(), std::back_inserter(only_a));
+  std::set_difference(kb.begin(), kb.end(), ka.begin(), ka.end(), std::back_inserter(only_b));
+  throw KeyError(std::string(op) + ": the two TensorDicts must have the same keys; keys only in self: " +
+                 keys_str(only_a) + ", keys only in other: " + keys_str(only_b));
+}
+
+BatchSize broadcast_batch(const BatchSize& a, const BatchSize& b, const char* op, const char* what) {
+  auto r = broadcast_shapes(a, b);
+  if (!r) {
+    throw BatchSizeError(std::string(op) + ": cannot broadcast " + what + " of shape " + shape_str(b) +
+                         " with the batch size " + shape_str(a) +
+                         " (shapes are aligned on the right, as torch.broadcast_shapes)");
+  }
+  return *r;
+}
+
+TensorDict binary_td(const TensorDict& self, const TensorDict& other, Bin op) {
+  const char* name = bin_name(op);
+  check_same_leaves(self, other, name);
+  BatchSize bs = broadcast_batch(self.batch_size(), other.batch_size(), name, "the other TensorDict's batch size");
+  TensorDict a = expand_to(self, bs);
+  TensorDict b = expand_to(other, bs);
+  TensorDict out = transform(
+      a, NestedKey(), same_batch,
+      [&](const NestedKey& k, const at::Tensor& x) { return bin(op, x, b.get(k)); }, NonTensorPolicy::Carry, name);
+  return maybe_lock(out, self);
+}
+
+TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op) {
+  const char* name = bin_name(op);
+  if (!other.defined()) throw ValueError(std::string(name) + ": the other tensor is undefined");
+  if (other.dim() == 0) {
+    TensorDict out = transform(
+        self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return bin(op, x, other); },
+        NonTensorPolicy::Carry, name);
+    return maybe_lock(out, self);
+  }
+  // broadcast left to the batch dims (numpy rules against the batch size), then right to each leaf
+  BatchSize bs = broadcast_batch(self.batch_size(), sizes_of(other), name, "a tensor");
+  TensorDict a = expand_to(self, bs);
+  const size_t nd = bs.size();
+  TensorDict out = transform(
+      a, NestedKey(), same_batch,
+      [&](const NestedKey&, const at::Tensor& x) {
+        BatchSize shape = sizes_of(other);
+        shape.resize(shape.size() + static_cast<size_t>(x.dim()) - nd, 1);
+        at::Tensor o = other.reshape(shape);
+        if (o.device() != x.device()) o = o.to(x.device());
+        return bin(op, x, o);
+      },
+      NonTensorPolicy::Carry, name);
+  return maybe_lock(out, self);
+}
+
+TensorDict binary_scalar(const TensorDict& self, const at::Scalar& other, Bin op) {
+  TensorDict out = transform(
+      self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return bin(op, x, other); },
+      NonTensorPolicy::Carry, bin_name(op));
+  return maybe_lock(out, self);
+}
+
+// ---------------------------------------------------------------------------------------------- comparisons
+enum class Cmp { Eq, Ne, Lt, Le, Gt, Ge };
+
+const char* cmp_name(Cmp op) {
+  switch (op) {
+    case Cmp::Eq: return "eq";
+    case Cmp::Ne: return "ne";
+    case Cmp::Lt: return "lt";
+    case Cmp::Le: return "le";
+    case Cmp::Gt: return "gt";
+    case Cmp::Ge: return "ge";
+  }
+  return "?";
+}
+
+template <typename Other>
+at::Tensor cmp(Cmp op, const at::Tensor& a, const Other& b) {
+  switch (op) {
+    case Cmp::Eq: return at::eq(a, b);
+    case Cmp::Ne: return at::ne(a, b);
+    case Cmp::Lt: return at::lt(a, b);
+    case Cmp::Le: return at::le(a, b);
+    case Cmp::Gt: return at::gt(a, b);
+    case Cmp::Ge: return at::ge(a, b);
+  }
+  return at::Tensor();
+}
+
+//! the per-element values of a non-tensor leaf, flat in C order over `bs`
+std::vector<JsonValue> non_tensor_values(const Entry& e, const BatchSize& bs) {
+  if (e.is_non_tensor_data()) return std::vector<JsonValue>(static_cast<size_t>(detail::prod(bs)), e.non_tensor_data().value());
+  return e.non_tensor_stack().values();
+}
+
+//! eq / ne of two non-tensor leaves: a bool tensor of their batch shape
+at::Tensor compare_non_tensor(Cmp op, const Entry& a, const Entry& b, const NestedKey& key,
+                              const std::optional<at::Device>& device) {
+  BatchSize bs = a.shape();
+  if (b.shape() != bs) {
+    throw BatchSizeError(std::string(cmp_name(op)) + ": the non-tensor leaves at key " + key.repr() +
+                         " have different batch sizes: " + shape_str(bs) + " and " + shape_str(b.shape()));
+  }
+  auto opts = at::TensorOptions().dtype(at::kBool).device(device ? *device : at::Device(at::kCPU));
+  if (a.is_non_tensor_data() && b.is_non_tensor_data()) {
+    bool eq = a.non_tensor_data().value() == b.non_tensor_data().value();
+    return at::full(bs, op == Cmp::Eq ? eq : !eq, opts);
+  }
+  std::vector<JsonValue> va = non_tensor_values(a, bs), vb = non_tensor_values(b, bs);
+  at::Tensor out = at::empty(bs, at::TensorOptions().dtype(at::kBool));
+  bool* p = out.data_ptr<bool>();
+  for (size_t i = 0; i < va.size(); ++i) p[i] = (va[i] == vb[i]) == (op == Cmp::Eq);
+  return device ? out.to(*device) : out;
+}
+
+std::string key_set_str(const TensorDictImpl& impl) {
+  std::vector<std::string> ks;
+  for (const auto& kv : impl.entries) ks.push_back("'" + kv.first + "'");
+  std::sort(ks.begin(), ks.end());
+  std::string s = "{";
+  for (size_t i = 0; i < ks.size(); ++i) s += (i ? ", " : "") + ks[i];
+  return ks.empty() ? "set()" : s + "}";
+}
+
+TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op, const NestedKey& prefix) {
+  const TensorDictImpl& a = *self.impl();
+  const TensorDictImpl& b = *other.impl();
+  bool same = a.entries.size() == b.entries.size();
+  for (const auto& kv : a.entries)
+    if (!b.find(kv.first)) same = false;
+  if (!same) {
+    throw KeyError(std::string(cmp_name(op)) + ": keys in tensordicts mismatch" +
+                   (prefix.empty() ? std::string() : " at " + prefix.repr()) + ", got " + key_set_str(a) + " and " +
+                   key_set_str(b));
+  }
+  TensorDict out = detail::make_empty(a, a.batch_size);
+  for (const auto& kv : a.entries) {
+    NestedKey full = prefix + NestedKey(kv.first);
+    const Entry& x = kv.second;
+    const Entry& y = *b.find(kv.first);
+    if (x.is_non_tensor() && y.is_non_tensor()) {
+      if (op == Cmp::Eq || op == Cmp::Ne) put(out, kv.first, full, Entry(compare_non_tensor(op, x, y, full, a.device)), cmp_name(op));
+      continue;  // ordering of non-tensor values: left out, as upstream's empty result
+    }
+    if (x.kind() != y.kind()) {
+      throw TypeError(std::string(cmp_name(op)) + ": cannot compare a " + Entry::kind_name(x.kind()) + " with a " +
+                      Entry::kind_name(y.kind()) + " at key " + full.repr());
+    }
+    if (x.is_tensordict()) {
+      put(out, kv.first, full, Entry(compare_td(x.tensordict(), y.tensordict(), op, full)), cmp_name(op));
+    } else {
+      at::Tensor r;
+      try {
+        r = cmp(op, x.tensor(), y.tensor());
+      } catch (...) {
+        throw RuntimeError(std::string(cmp_name(op)) + ": key " + full.repr() + ": " + torch_error());
+      }
+      put(out, kv.first, full, Entry(r), cmp_name(op));
+    }
+  }
+  return out;
+}
+
+TensorDict compare_td_top(const TensorDict& self, const TensorDict& other, Cmp op) {
+  if (!other.defined()) throw ValueError(std::string(cmp_name(op)) + ": the other TensorDict is undefined");
+  return compare_td(self, other, op, NestedKey());
+}
+
+TensorDict compare_scalar(const TensorDict& self, const at::Scalar& other, Cmp op) {
+  return transform(
+      self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return cmp(op, x, other); },
+      NonTensorPolicy::Drop, cmp_name(op));
+}
+
+// ---------------------------------------------------------------------------------------------- reductions
+//! the batch dims a reduction acts on, sorted
+std::vector<int64_t> reduce_dims(const TensorDict& td, std::optional<int64_t> dim, const char* op) {
+  const int64_t nd = td.batch_dims();
+  if (!dim) {
+    std::vector<int64_t> all(static_cast<size_t>(nd));
+    for (int64_t i = 0; i < nd; ++i) all[static_cast<size_t>(i)] = i;
+    return all;
+  }
+  if (*dim >= nd || *dim < -nd) {
+    throw IndexError(std::string(op) + ": dim must be greater than or equal to -tensordict.batch_dims and smaller "
+                     "than tensordict.batch_dims, got dim=" + std::to_string(*dim) + " for batch_size " +
+                     shape_str(td.batch_size()));
+  }
+  return {*dim < 0 ? *dim + nd : *dim};
+}
+
+BatchMap reduce_batch(const std::vector<int64_t>& dims, bool keepdim) {
+  return [dims, keepdim](const BatchSize& bs) {
+    BatchSize out = bs;
+    for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+      if (keepdim) {
+        out[static_cast<size_t>(*it)] = 1;
+      } else {
+        out.erase(out.begin() + *it);
+      }
+    }
+    return out;
+  };
+}
+
+bool is_integral_like(const at::Tensor& t) { return at::isIntegralType(t.scalar_type(), /*includeBool=*/true); }
+
+at::ScalarType default_float() { return at::typeMetaToScalarType(at::get_default_dtype()); }
+
+TensorDict all_any_dim(const TensorDict& self, int64_t dim, bool is_all) {
+  const char* op = is_all ? "all" : "any";
+  std::vector<int64_t> dims = reduce_dims(self, dim, op);
+  const int64_t d = dims[0];
+  return transform(
+      self, NestedKey(), reduce_batch(dims, false),
+      [&](const NestedKey&, const at::Tensor& x) { return is_all ? x.all(d) : x.any(d); },
+      NonTensorPolicy::CarryOrDrop, op);
+}
+
+bool all_any(const TensorDict& self, bool is_all) {
+  bool result = is_all;
+  for_each_leaf(*self.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
+    if (result != is_all) return;
+    bool v = is_all;
+    try {
+      v = is_all ? t.all().item().toBool() : t.any().item().toBool();
+    } catch (...) {
+      throw RuntimeError(std::string(is_all ? "all" : "any") + ": key " + k.repr() + ": " + torch_error());
+    }
+    if (v != is_all) result = v;
+  });
+  return result;
+}
+
+bool equal_entries(const Entry& a, const Entry& b);
+
+bool equal_impl(const TensorDictImpl& a, const TensorDictImpl& b) {
+  if (a.batch_size != b.batch_size || a.entries.size() != b.entries.size()) return false;
+  for (const auto& kv : a.entries) {
+    const Entry* e = b.find(kv.first);
+    if (!e || !equal_entries(kv.second, *e)) return false;
+  }
+  return true;
+}
+
+bool equal_entries(const Entry& a, const Entry& b) {
+  if (a.is_non_tensor() && b.is_non_tensor()) {
+    if (a.shape() != b.shape()) return false;
+    return non_tensor_values(a, a.shape()) == non_tensor_values(b, b.shape());
+  }
+  if (a.kind() != b.kind()) return false;
+  if (a.is_tensordict()) return equal_impl(*a.tensordict().impl(), *b.tensordict().impl());
+  const at::Tensor& x = a.tensor();
+  const at::Tensor& y = b.tensor();
+  if (x.scalar_type() != y.scalar_type() || x.device() != y.device() || !x.sizes().equals(y.sizes())) return false;
+  return at::equal(x, y);
+}
+
+}  // namespace
+
+// ================================================================================================ apply family
+TensorDict TensorDict::apply(const LeafFn& fn, const ApplyOptions& options) const {
+  if (!fn) throw ValueError("apply: fn is empty");
+  ApplyCall c;
+  c.unary = &fn;
+  c.opts = options;
+  return run_apply(*this, {}, c);
+}
+
+TensorDict TensorDict::apply(const MultiLeafFn& fn, const std::vector<TensorDict>& others,
+                             const ApplyOptions& options) const {
+  if (!fn) throw ValueError("apply: fn is empty");
+  ApplyCall c;
+  c.multi = &fn;
+  c.opts = options;
+  return run_apply(*this, others, c);
+}
+
+TensorDict& TensorDict::apply_(const LeafFn& fn) {
+  if (!fn) throw ValueError("apply_: fn is empty");
+  ApplyCall c;
+  c.unary = &fn;
+  c.inplace = true;
+  c.op = "apply_";
+  run_apply(*this, {}, c);
+  commit_writes(c);
+  return *this;
+}
+
+TensorDict& TensorDict::apply_(const MultiLeafFn& fn, const std::vector<TensorDict>& others) {
+  if (!fn) throw ValueError("apply_: fn is empty");
+  ApplyCall c;
+  c.multi = &fn;
+  c.inplace = true;
+  c.op = "apply_";
+  run_apply(*this, others, c);
+  commit_writes(c);
+  return *this;
+}
+
+TensorDict TensorDict::named_apply(const NamedLeafFn& fn, const ApplyOptions& options) const {
+  if (!fn) throw ValueError("named_apply: fn is empty");
+  ApplyCall c;
+  c.named = &fn;
+  c.opts = options;
+  c.op = "named_apply";
+  return run_apply(*this, {}, c);
+}
+
+// ================================================================================================ fills
+TensorDict& TensorDict::zero_() {
+  for_each_leaf(*impl_, NestedKey(), [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
+  for_each_leaf(*impl_, NestedKey(), [](const NestedKey& k, const at::Tensor& t) {
+    try {
+      at::Tensor(t).zero_();
+    } catch (...) {
+      throw RuntimeError("zero_: key " + k.repr() + ": " + torch_error());
+    }
+  });
+  return *this;
+}
+
+TensorDict TensorDict::masked_fill(const at::Tensor& mask, const at::Scalar& value) const {
+  check_batch_mask(*this, mask, "masked_fill", "mask");
+  TensorDict out = clone();
+  out.masked_fill_(mask, value);
+  return out;
+}
+
+TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& value) {
+  check_batch_mask(*this, mask, "masked_fill_", "mask");
+  for_each_leaf(*impl_, NestedKey(),
+                [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "masked_fill_"); });
+  for_each_leaf(*impl_, NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
+    try {
+      at::Tensor(t).masked_fill_(right_view(mask, t), value);
+    } catch (...) {
+      throw RuntimeError("masked_fill_: key " + k.repr() + ": " + torch_error());
+    }
+  });
+  return *this;
+}
+
+namespace {
+TensorDict where_level(const TensorDict& self, const TensorDict& other, const at::Tensor& cond,
+                       const NestedKey& prefix) {
+  const TensorDictImpl& s = *self.impl();
+  const TensorDictImpl& o = *other.impl();
+  for (const auto& kv : o.entries) {
+    if (!s.find(kv.first)) {
+      throw KeyError("where: Key " + (prefix + NestedKey(kv.first)).repr() +
+                     " of other not found in self and no pad value provided.");
+    }
+  }
+  TensorDict out = detail::make_empty(s, s.batch_size);
+  for (const auto& kv : s.entries) {
+    NestedKey full = prefix + NestedKey(kv.first);
+    const Entry& x = kv.second;
+    const Entry* y = o.find(kv.first);
+    if (!y) throw KeyError("where: Key " + full.repr() + " not found in other and no pad value provided.");
+    if (x.is_non_tensor()) {
+      put(out, kv.first, full, x, "where");
+      continue;
+    }
+    if (x.kind() != y->kind()) {
+      throw TypeError("where: key " + full.repr() + " is a " + Entry::kind_name(x.kind()) + " in self but a " +
+                      Entry::kind_name(y->kind()) + " in other");
+    }
+    if (x.is_tensordict()) {
+      put(out, kv.first, full, Entry(where_level(x.tensordict(), y->tensordict(), cond, full)), "where");
+    } else {
+      at::Tensor r;
+      try {
+        r = at::where(right_view(cond, x.tensor()), x.tensor(), y->tensor());
+      } catch (...) {
+        throw RuntimeError("where: key " + full.repr() + ": " + torch_error());
+      }
+      put(out, kv.first, full, Entry(r), "where");
+    }
+  }
+  return out;
+}
+}  // namespace
+
+TensorDict TensorDict::where(const at::Tensor& condition, const TensorDict& other) const {
+  check_batch_mask(*this, condition, "where", "condition");
+  if (!other.defined()) throw ValueError("where: the other TensorDict is undefined");
+  return where_level(*this, other, condition, NestedKey());
+}
+
+TensorDict TensorDict::where(const at::Tensor& condition, const at::Scalar& other) const {
+  check_batch_mask(*this, condition, "where", "condition");
+  TensorDict out = transform(
+      *this, NestedKey(), same_batch,
+      [&](const NestedKey&, const at::Tensor& x) { return at::where(right_view(condition, x), x, other); },
+      NonTensorPolicy::Carry, "where");
+  return maybe_lock(out, *this);
+}
+
+// ================================================================================================ arithmetic
+TensorDict TensorDict::add(const TensorDict& other) const { return binary_td(*this, other, Bin::Add); }
+TensorDict TensorDict::add(const at::Tensor& other) const { return binary_tensor(*this, other, Bin::Add); }
+TensorDict TensorDict::add(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::Add); }
+TensorDict TensorDict::sub(const TensorDict& other) const { return binary_td(*this, other, Bin::Sub); }
+TensorDict TensorDict::sub(const at::Tensor& other) const { return binary_tensor(*this, other, Bin::Sub); }
+TensorDict TensorDict::sub(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::Sub); }
+TensorDict TensorDict::mul(const TensorDict& other) const { return binary_td(*this, other, Bin::Mul); }
+TensorDict TensorDict::mul(const at::Tensor& other) const { return binary_tensor(*this, other, Bin::Mul); }
+TensorDict TensorDict::mul(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::Mul); }
+TensorDict TensorDict::div(const TensorDict& other) const { return binary_td(*this, other, Bin::Div); }
+TensorDict TensorDict::div(const at::Tensor& other) const { return binary_tensor(*this, other, Bin::Div); }
+TensorDict TensorDict::div(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::Div); }
+
+TensorDict& TensorDict::add_(const TensorDict& other) {
+  check_same_leaves(*this, other, "add_");
+  BatchSize bs = broadcast_batch(batch_size(), other.batch_size(), "add_", "the other TensorDict's batch size");
+  if (bs != batch_size()) {
+    throw BatchSizeError("add_: the other TensorDict's batch size " + shape_str(other.batch_size()) +
+                         " does not broadcast to this batch size " + shape_str(batch_size()) +
+                         " (an in-place result cannot change the batch size)");
+  }
+  TensorDict b = expand_to(other, bs);
+  for_each_leaf(*impl_, NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+    check_writable(x, k, "add_");
+    at::Tensor y = b.get(k);
+    auto s = broadcast_shapes(sizes_of(x), sizes_of(y));
+    if (!s || *s != sizes_of(x)) {
+      throw BatchSizeError("add_: the other leaf at key " + k.repr() + " of shape " + shape_str(y.sizes()) +
+                           " does not broadcast to the leaf of shape " + shape_str(x.sizes()));
+    }
+    check_castable(at::result_type(x, y), x, k, "add_");
+  });
+  for_each_leaf(*impl_, NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+    try {
+      at::Tensor(x).add_(b.get(k));
+    } catch (...) {
+      throw RuntimeError("add_: key " + k.repr() + ": " + torch_error());
+    }
+  });
+  return *this;
+}
+
+namespace {
+void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is_add) {
+  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+    check_writable(x, k, op);
+    check_castable(at::result_type(x, s), x, k, op);
+  });
+  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+    try {
+      if (is_add) {
+        at::Tensor(x).add_(s);
+      } else {
+        at::Tensor(x).mul_(s);
+      }
+    } catch (...) {
+      throw RuntimeError(std::string(op) + ": key " + k.repr() + ": " + torch_error());
+    }
+  });
+}
+}  // namespace
+
+TensorDict& TensorDict::add_(const at::Scalar& other) {
+  scalar_inplace(*this, other, "add_", true);
+  return *this;
+}
+
+TensorDict& TensorDict::mul_(const at::Scalar& other) {
+  scalar_inplace(*this, other, "mul_", false);
+  return *this;
+}
+
+// ================================================================================================ comparisons
+TensorDict TensorDict::eq(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Eq); }
+TensorDict TensorDict::eq(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Eq); }
+TensorDict TensorDict::ne(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Ne); }
+TensorDict TensorDict::ne(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Ne); }
+TensorDict TensorDict::lt(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Lt); }
+TensorDict TensorDict::lt(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Lt); }
+TensorDict TensorDict::le(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Le); }
+TensorDict TensorDict::le(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Le); }
+TensorDict TensorDict::gt(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Gt); }
+TensorDict TensorDict::gt(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Gt); }
+TensorDict TensorDict::ge(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Ge); }
+TensorDict TensorDict::ge(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Ge); }
+
+// ================================================================================================ reductions
+bool TensorDict::all() const { return all_any(*this, true); }
+bool TensorDict::any() const { return all_any(*this, false); }
+TensorDict TensorDict::all(int64_t dim) const { return all_any_dim(*this, dim, true); }
+TensorDict TensorDict::any(int64_t dim) const { return all_any_dim(*this, dim, false); }
+
+TensorDict TensorDict::sum(std::optional<int64_t> dim, bool keepdim) const {
+  std::vector<int64_t> dims = reduce_dims(*this, dim, "sum");
+  return transform(
+      *this, NestedKey(), reduce_batch(dims, keepdim),
+      [&](const NestedKey&, const at::Tensor& x) {
+        if (dims.empty()) return is_integral_like(x) ? x.to(at::kLong) : x.clone();  // no batch dim to reduce
+        return at::sum(x, dims, keepdim);
+      },
+      NonTensorPolicy::CarryOrDrop, "sum");
+}
+
+//! integer and bool leaves are averaged in torch's default float dtype (torch.mean itself refuses them)
+TensorDict TensorDict::mean(std::optional<int64_t> dim, bool keepdim) const {
+  std::vector<int64_t> dims = reduce_dims(*this, dim, "mean");
+  return transform(
+      *this, NestedKey(), reduce_batch(dims, keepdim),
+      [&](const NestedKey&, const at::Tensor& x) {
+        bool cast = is_integral_like(x);
+        if (dims.empty()) return cast ? x.to(default_float()) : x.clone();
+        if (cast) return at::mean(x, dims, keepdim, default_float());
+        return at::mean(x, dims, keepdim);
+      },
+      NonTensorPolicy::CarryOrDrop, "mean");
+}
+
+bool TensorDict::equal(const TensorDict& other) const {
+  if (!other.defined()) return false;
+  return equal_impl(*impl_, *other.impl());
+}
+
+// ================================================================================================ operators
+TensorDict operator+(const TensorDict& a, const TensorDict& b) { return a.add(b); }
+TensorDict operator-(const TensorDict& a, const TensorDict& b) { return a.sub(b); }
+TensorDict operator*(const TensorDict& a, const TensorDict& b) { return a.mul(b); }
+TensorDict operator/(const TensorDict& a, const TensorDict& b) { return a.div(b); }
+TensorDict operator+(const TensorDict& a, const at::Scalar& b) { return a.add(b); }
+TensorDict operator-(const TensorDict& a, const at::Scalar& b) { return a.sub(b); }
+TensorDict operator*(const TensorDict& a, const at::Scalar& b) { return a.mul(b); }
+TensorDict operator/(const TensorDict& a, const at::Scalar& b) { return a.div(b); }
+TensorDict operator+(const TensorDict& a, const at::Tensor& b) { return a.add(b); }
+TensorDict operator-(const TensorDict& a, const at::Tensor& b) { return a.sub(b); }
+TensorDict operator*(const TensorDict& a, const at::Tensor& b) { return a.mul(b); }
+TensorDict operator/(const TensorDict& a, const at::Tensor& b) { return a.div(b); }
+TensorDict operator==(const TensorDict& a, const TensorDict& b) { return a.eq(b); }
+TensorDict operator!=(const TensorDict& a, const TensorDict& b) { return a.ne(b); }
+
+}  // namespace tensordict

@@ -1,0 +1,302 @@
+// repr(td): upstream's layout, character for character (TensorDictBase.__repr__, utils._td_fields,
+// NonTensorDataBase.__repr__, NonTensorStack.__repr__), including Python's textwrap.indent rule that
+// whitespace-only lines are not indented and the alphabetical sort of the whole "key: value" strings.
+#include <ATen/MapAllocator.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+#include <sstream>
+
+#include "tensor_dict_internal.hpp"
+#include "tensordict/backends/memmap_file.hpp"
+
+namespace tensordict {
+namespace detail {
+
+std::string dtype_str(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kByte: return "torch.uint8";
+    case at::kChar: return "torch.int8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kHalf: return "torch.float16";
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    case at::kBool: return "torch.bool";
+    case at::kQInt8: return "torch.qint8";
+    case at::kQUInt8: return "torch.quint8";
+    case at::kQInt32: return "torch.qint32";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kQUInt4x2: return "torch.quint4x2";
+    case at::kQUInt2x4: return "torch.quint2x4";
+    default: {
+      std::string s = c10::toString(dtype);
+      std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      return "torch." + s;
+    }
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::shape_str;
+
+// ---------------------------------------------------------------------------------------------- UTF-8
+//! byte length of the UTF-8 sequence starting with `c` (1 for invalid lead bytes)
+size_t utf8_len(unsigned char c) {
+  if (c < 0x80) return 1;
+  if ((c >> 5) == 0x6) return 2;
+  if ((c >> 4) == 0xE) return 3;
+  if ((c >> 3) == 0x1E) return 4;
+  return 1;
+}
+
+//! the string split into code points (each as its UTF-8 bytes)
+std::vector<std::string> code_points(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    size_t n = std::min(utf8_len(static_cast<unsigned char>(s[i])), s.size() - i);
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+uint32_t decode(const std::string& cp) {
+  auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(cp[i])); };
+  switch (cp.size()) {
+    case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+    case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+    case 4: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+    default: return b(0);
+  }
+}
+
+std::string join_cps(const std::vector<std::string>& cps, size_t from, size_t to) {
+  std::string s;
+  for (size_t i = from; i < to; ++i) s += cps[i];
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------- Python text
+//! textwrap.indent(text, prefix): prefixes every line (str.splitlines(keepends=True)) that is not
+//! whitespace only
+std::string py_indent(const std::string& text, const std::string& prefix) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = i;
+    size_t end = text.size();
+    while (j < text.size()) {  // find the end of this line (after its line break)
+      unsigned char c = static_cast<unsigned char>(text[j]);
+      if (c == '\r') {
+        end = (j + 1 < text.size() && text[j + 1] == '\n') ? j + 2 : j + 1;
+        break;
+      }
+      if (c == '\n' || c == '\v' || c == '\f' || c == 0x1c || c == 0x1d || c == 0x1e) {
+        end = j + 1;
+        break;
+      }
+      if (c == 0xC2 && j + 1 < text.size() && static_cast<unsigned char>(text[j + 1]) == 0x85) {
+        end = j + 2;
+        break;
+      }
+      if (c == 0xE2 && j + 2 < text.size() && static_cast<unsigned char>(text[j + 1]) == 0x80 &&
+          (static_cast<unsigned char>(text[j + 2]) == 0xA8 || static_cast<unsigned char>(text[j + 2]) == 0xA9)) {
+        end = j + 3;
+        break;
+      }
+      ++j;
+    }
+    std::string line = text.substr(i, end - i);
+    bool blank = std::all_of(line.begin(), line.end(), [](char ch) {
+      unsigned char c = static_cast<unsigned char>(ch);
+      return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f' || (c >= 0x1c && c <= 0x1f);
+    });
+    out += blank ? line : prefix + line;
+    i = end;
+  }
+  return out;
+}
+
+std::string hex_escape(uint32_t v, int digits, char tag) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "\\%c%0*x", tag, digits, v);
+  return buf;
+}
+
+//! Python's repr() of a str. Non-ASCII code points are kept as they are, except the common
+//! non-printable ones (C1 controls, NBSP, soft hyphen, zero-width and line/paragraph separators, BOM)
+std::string py_repr_str(const std::string& s) {
+  bool has_single = s.find('\'') != std::string::npos;
+  bool has_double = s.find('"') != std::string::npos;
+  char q = (has_single && !has_double) ? '"' : '\'';
+  std::string out(1, q);
+  for (const auto& cp : code_points(s)) {
+    uint32_t c = decode(cp);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == static_cast<uint32_t>(q)) {
+      out += std::string("\\") + q;
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && c <= 0xa0) || c == 0xad) {
+      out += hex_escape(c, 2, 'x');
+    } else if ((c >= 0x200b && c <= 0x200f) || c == 0x2028 || c == 0x2029 || (c >= 0x2060 && c <= 0x2064) ||
+               c == 0xfeff) {
+      out += hex_escape(c, 4, 'u');
+    } else {
+      out += cp;
+    }
+  }
+  return out + q;
+}
+
+//! Python's repr() of bytes
+std::string py_repr_bytes(const std::string& s) {
+  bool has_single = s.find('\'') != std::string::npos;
+  bool has_double = s.find('"') != std::string::npos;
+  char q = (has_single && !has_double) ? '"' : '\'';
+  std::string out = "b";
+  out += q;
+  for (unsigned char c : s) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == static_cast<unsigned char>(q)) {
+      out += std::string("\\") + q;
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c >= 0x7f) {
+      out += hex_escape(c, 2, 'x');
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + q;
+}
+
+//! Python's repr() of a float
+std::string py_float(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  return JsonValue(d).dump();
+}
+
+//! Python's repr() of the value (lists and dicts as Python prints them; opaque pickled bytes as bytes)
+std::string py_repr(const JsonValue& v) {
+  switch (v.kind()) {
+    case JsonValue::Kind::Null: return "None";
+    case JsonValue::Kind::Bool: return v.as_bool() ? "True" : "False";
+    case JsonValue::Kind::Int: return std::to_string(v.as_int());
+    case JsonValue::Kind::Double: return py_float(v.as_double());
+    case JsonValue::Kind::String: return py_repr_str(v.as_string());
+    case JsonValue::Kind::Array: {
+      std::string s = "[";
+      const auto& a = v.as_array();
+      for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + py_repr(a[i]);
+      return s + "]";
+    }
+    case JsonValue::Kind::Object: {
+      std::string s = "{";
+      const auto& o = v.as_object();
+      for (size_t i = 0; i < o.size(); ++i) s += (i ? ", " : "") + py_repr_str(o[i].first) + ": " + py_repr(o[i].second);
+      return s + "}";
+    }
+    case JsonValue::Kind::Bytes: return py_repr_bytes(v.as_bytes().data);
+  }
+  return "?";
+}
+
+//! Python's str(): strings as they are, everything else as repr()
+std::string py_str(const JsonValue& v) { return v.is_string() ? v.as_string() : py_repr(v); }
+
+std::string device_str(const std::optional<at::Device>& d) { return d ? d->str() : "None"; }
+
+// ---------------------------------------------------------------------------------------------- entries
+std::string tensor_repr(const at::Tensor& t, const TensorDictImpl& owner) {
+  bool shared = t.is_cuda() || owner.is_shared || owner.is_memmap;
+  bool file_backed = false;
+  if (auto m = backends::mapping_of(t)) {
+    shared = true;  // torch: a MapAllocator storage is_shared()
+    file_backed = !m->filename.empty();
+  } else if (t.has_storage() && at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr) {
+    shared = true;
+  }
+  const char* cls = (owner.is_memmap || file_backed) ? "MemoryMappedTensor" : "Tensor";
+  return std::string(cls) + "(shape=" + shape_str(t.sizes()) + ", device=" + t.device().str() +
+         ", dtype=" + detail::dtype_str(t.scalar_type()) + ", is_shared=" + (shared ? "True" : "False") + ")";
+}
+
+std::string non_tensor_data_repr(const NonTensorData& d, const std::optional<at::Device>& device) {
+  std::string data = py_str(d.value());
+  auto cps = code_points(data);
+  if (cps.size() > 200) data = join_cps(cps, 0, 20) + "  ...  " + join_cps(cps, cps.size() - 20, cps.size());
+  return "NonTensorData(data=" + data + ", batch_size=" + shape_str(d.batch_size()) + ", device=" +
+         device_str(device) + ")";
+}
+
+std::string non_tensor_stack_repr(const NonTensorStack& s, const std::optional<at::Device>& device) {
+  std::string body = py_str(s.tolist());
+  auto cps = code_points(body);
+  if (cps.size() > 50) body = join_cps(cps, 0, 50) + "...";
+  const std::string ind(4, ' ');
+  return "NonTensorStack(\n" + py_indent(body, ind) + ",\n" + py_indent("batch_size=" + shape_str(s.batch_size()), ind) +
+         ",\n" + py_indent("device=" + device_str(device), ind) + ")";
+}
+
+std::string td_repr(const TensorDict& td) {
+  const TensorDictImpl& impl = *td.impl();
+  std::vector<std::string> strs;
+  strs.reserve(impl.entries.size());
+  for (const auto& kv : impl.entries) {
+    const Entry& e = kv.second;
+    std::string v;
+    switch (e.kind()) {
+      case Entry::Kind::Tensor: v = tensor_repr(e.tensor(), impl); break;
+      case Entry::Kind::TensorDict: v = td_repr(e.tensordict()); break;
+      case Entry::Kind::NonTensorData: v = non_tensor_data_repr(e.non_tensor_data(), impl.device); break;
+      case Entry::Kind::NonTensorStack: v = non_tensor_stack_repr(e.non_tensor_stack(), impl.device); break;
+      default: v = Entry::kind_name(e.kind()); break;
+    }
+    strs.push_back(kv.first + ": " + v);
+  }
+  std::sort(strs.begin(), strs.end());  // upstream sorts the "key: value" strings (code point order)
+  std::string joined;
+  for (size_t i = 0; i < strs.size(); ++i) joined += (i ? ",\n" : "") + strs[i];
+  const std::string ind(4, ' ');
+  std::string fields = py_indent("\n" + joined, ind);
+  bool shared = impl.is_shared || (impl.device && impl.device->is_cuda());
+  return "TensorDict(\n" + py_indent("fields={" + fields + "}", ind) + ",\n" +
+         py_indent("batch_size=" + shape_str(impl.batch_size), ind) + ",\n" +
+         py_indent("device=" + device_str(impl.device), ind) + ",\n" +
+         py_indent(std::string("is_shared=") + (shared ? "True" : "False"), ind) + ")";
+}
+
+}  // namespace
+
+std::string repr(const TensorDict& td) {
+  if (!td.defined()) return "TensorDict(undefined)";
+  return td_repr(td);
+}
+
+std::string repr_batch_size(const BatchSize& bs) { return shape_str(bs); }
+
+std::ostream& operator<<(std::ostream& os, const TensorDict& td) { return os << repr(td); }
+
+}  // namespace tensordict

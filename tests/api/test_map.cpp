@@ -1,0 +1,312 @@
+// td.map / td.map_iter: upstream §2 semantics (acceptance items 50-57 where they apply in one process).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <boost/test/unit_test.hpp>
+
+#include "tensordict/tensordict.hpp"
+
+using namespace tensordict;
+using namespace at::indexing;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+namespace {
+
+//! batch [10, 3]: "a" [10,3,4] f32, "idx" [10,3] i64 = row index, "nested" {"b": [10,3,2] f32}
+TensorDict sample() {
+  auto gen = at::detail::createCPUGenerator(3);
+  TensorDict nested({{"b", at::randn({10, 3, 2}, gen)}}, {10, 3});
+  return TensorDict({{"a", at::randn({10, 3, 4}, gen)},
+                     {"idx", at::arange(10).unsqueeze(1).expand({10, 3}).contiguous()},
+                     {"nested", nested}},
+                    {10, 3});
+}
+
+at::Tensor plus_one(const at::Tensor& t) { return t + 1; }
+
+MapFn plus_one_fn(std::atomic<int>* calls = nullptr) {
+  return [calls](const TensorDict& c) {
+    if (calls) ++*calls;
+    return c.apply(plus_one);
+  };
+}
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    BOOST_FAIL(std::string("unexpected exception type: ") + e.what());
+  }
+  BOOST_FAIL("expected an exception");
+  return "";
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(map)
+
+BOOST_AUTO_TEST_CASE(map_equals_apply_over_dims_and_chunkings) {
+  Engine engine;
+  TensorDict td = sample();
+  TensorDict expected = td.apply(plus_one);
+  for (int64_t dim = -2; dim <= 1; ++dim) {
+    std::vector<MapOptions> variants = {MapOptions().dim(dim), MapOptions().dim(dim).chunksize(0),
+                                        MapOptions().dim(dim).chunksize(5), MapOptions().dim(dim).chunksize(1),
+                                        MapOptions().dim(dim).num_chunks(3), MapOptions().dim(dim).num_workers(3)};
+    for (size_t v = 0; v < variants.size(); ++v) {
+      BOOST_TEST_CONTEXT("dim " << dim << " variant " << v) {
+        TensorDict r = td.map(plus_one_fn(), variants[v]);
+        BOOST_TEST(r.batch_size() == td.batch_size());
+        BOOST_TEST(r.equal(expected));
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(chunk_counts) {
+  Engine engine;
+  TensorDict td = sample();
+  auto count = [&](const MapOptions& o) {
+    std::atomic<int> calls{0};
+    td.map(plus_one_fn(&calls), o);
+    return calls.load();
+  };
+  BOOST_TEST(count(MapOptions().chunksize(3)) == 4);   // ceil(10/3)
+  BOOST_TEST(count(MapOptions().chunksize(0)) == 10);  // one per element
+  BOOST_TEST(count(MapOptions().num_chunks(3)) == 3);  // chunks of ceil(10/3) = 4: 4,4,2
+  BOOST_TEST(count(MapOptions().num_chunks(20)) == 10);
+  BOOST_TEST(count(MapOptions().num_workers(2)) == 2);  // neither: num_workers chunks
+  BOOST_TEST(count(MapOptions().chunksize(100)) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(chunksize_zero_removes_the_dim) {
+  Engine engine;
+  TensorDict td = sample();
+  std::mutex mu;
+  std::vector<BatchSize> seen;
+  TensorDict r = td.map(
+      [&](const TensorDict& c) {
+        std::lock_guard<std::mutex> lock(mu);
+        seen.push_back(c.batch_size());
+        return c;
+      },
+      MapOptions().dim(1).chunksize(0));
+  BOOST_TEST(seen.size() == 3u);
+  for (auto& b : seen) BOOST_TEST(b == BatchSize{10});
+  BOOST_TEST(r.equal(td));
+}
+
+BOOST_AUTO_TEST_CASE(results_in_order_despite_uneven_work) {
+  Engine engine(Config::load(R"({"map": {"num_workers": 3}})"));
+  TensorDict td({{"i", at::arange(30)}}, {30});
+  TensorDict r = td.map(
+      [](const TensorDict& c) {
+        // early chunks are the slow ones: they complete last
+        std::this_thread::sleep_for(milliseconds(c.get("i")[0].item<int64_t>() < 6 ? 20 : 1));
+        return c;
+      },
+      MapOptions().chunksize(3));
+  BOOST_TEST(at::equal(r.get("i"), at::arange(30)));
+}
+
+BOOST_AUTO_TEST_CASE(out_in_memory) {
+  Engine engine;
+  TensorDict td = sample();
+  for (auto o : {MapOptions().chunksize(0), MapOptions().chunksize(5), MapOptions().dim(1).chunksize(2)}) {
+    TensorDict out = zeros_like(td);
+    TensorDict r = td.map(plus_one_fn(), o.out(out));
+    BOOST_TEST(r.is_same(out));
+    BOOST_TEST(out.equal(td.apply(plus_one)));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(out_shared_is_written_by_workers) {
+  Engine engine;
+  TensorDict td = sample();
+  TensorDict out = zeros_like(td);
+  out.share_memory_();
+  BOOST_REQUIRE(out.is_shared());
+  TensorDict r = td.map(plus_one_fn(), MapOptions().chunksize(5).out(out));
+  BOOST_TEST(!r.defined());  // upstream returns None
+  BOOST_TEST(out.equal(td.apply(plus_one)));
+}
+
+BOOST_AUTO_TEST_CASE(fn_returning_none) {
+  Engine engine;
+  TensorDict td = sample();
+  std::atomic<int> calls{0};
+  TensorDict r = td.map(
+      [&](const TensorDict&) {
+        ++calls;
+        return TensorDict(std::shared_ptr<TensorDictImpl>());
+      },
+      MapOptions().chunksize(2));
+  BOOST_TEST(!r.defined());
+  BOOST_TEST(calls.load() == 5);
+}
+
+BOOST_AUTO_TEST_CASE(worker_errors_propagate_with_type_and_message) {
+  Engine engine;
+  TensorDict td({{"i", at::arange(60)}}, {60});
+  std::atomic<int> calls{0};
+  auto failing = [&](auto make_error) {
+    calls = 0;
+    return [&calls, make_error](const TensorDict& c) {
+      ++calls;
+      if (c.get("i")[0].item<int64_t>() == 3) make_error();
+      std::this_thread::sleep_for(milliseconds(2));
+      return c;
+    };
+  };
+  auto t0 = steady_clock::now();
+  std::string m = message_of<TypeError>([&] {
+    td.map(failing([] { throw TypeError("unsupported operand"); }), MapOptions().chunksize(1));
+  });
+  BOOST_TEST(m == "TypeError: unsupported operand");
+  BOOST_TEST(calls.load() < 60);  // the others stopped
+  m = message_of<ValueError>([&] {
+    td.map(failing([] { throw ValueError("bad value in chunk"); }), MapOptions().chunksize(1));
+  });
+  BOOST_TEST(m == "ValueError: bad value in chunk");
+  BOOST_TEST(calls.load() < 60);
+  m = message_of<RuntimeError>([&] {
+    td.map(failing([] { throw std::runtime_error("plain std error"); }), MapOptions().chunksize(1));
+  });
+  BOOST_TEST(m == "RuntimeError: plain std error");
+  // map_iter too: the error comes out of next()
+  m = message_of<KeyError>([&] {
+    auto it = td.map_iter(failing([] { throw KeyError("missing"); }), MapOptions().chunksize(1));
+    while (it.next()) {
+    }
+  });
+  BOOST_TEST(m == "KeyError: missing");
+  BOOST_CHECK(steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
+BOOST_AUTO_TEST_CASE(validation_before_any_worker) {
+  Engine engine;
+  TensorDict td = sample();
+  std::atomic<int> calls{0};
+  auto fn = plus_one_fn(&calls);
+  BOOST_CHECK_THROW(td.map(fn, MapOptions().num_workers(0)), ValueError);
+  BOOST_CHECK_THROW(td.map(fn, MapOptions().num_workers(-1)), ValueError);
+  BOOST_CHECK_THROW(td.map(fn, MapOptions().chunksize(-1)), ValueError);
+  BOOST_CHECK_THROW(td.map(fn, MapOptions().num_chunks(0)), ValueError);
+  std::string m = message_of<ValueError>([&] { td.map(fn, MapOptions().chunksize(2).num_chunks(2)); });
+  BOOST_TEST(m.find("but not both") != std::string::npos, m);
+  BOOST_CHECK_THROW(td.map(fn, MapOptions().dim(2)), IndexError);
+  BOOST_CHECK_THROW(td.map(fn, MapOptions().dim(-3)), IndexError);
+  BOOST_CHECK_THROW(TensorDict({{"x", at::ones({2})}}, {}).map(fn, MapOptions()), IndexError);
+  m = message_of<BatchSizeError>([&] { td.map(fn, MapOptions().out(td.index({Slice(0, 5)}).clone())); });
+  BOOST_TEST(m.find("[5, 3]") != std::string::npos, m);
+  BOOST_CHECK_THROW(td.map_iter(fn, MapOptions().out(td.clone())), ValueError);
+  BOOST_CHECK_THROW(td.map(fn, MapOptions().shuffle(true)), ValueError);
+  BOOST_CHECK_THROW(td.map_iter(fn, MapOptions().chunksize(1).num_chunks(1)), ValueError);
+  BOOST_TEST(calls.load() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(unstackable_results_name_the_chunk) {
+  Engine engine;
+  TensorDict td({{"i", at::arange(10)}}, {10});
+  std::string m = message_of<Error>([&] {
+    td.map(
+        [](const TensorDict& c) {
+          TensorDict r = c.clone();
+          if (c.get("i")[0].item<int64_t>() == 4) r.set("extra", at::zeros(c.batch_size()));
+          return r;
+        },
+        MapOptions().chunksize(2));
+  });
+  BOOST_TEST(m.find("chunk 2") != std::string::npos, m);
+}
+
+BOOST_AUTO_TEST_CASE(map_iter_each_element_once) {
+  Engine engine;
+  TensorDict td({{"i", at::arange(23)}}, {23});
+  MapFn id = [](const TensorDict& c) { return c.clone(); };
+  for (bool shuffle : {false, true}) {
+    for (int64_t cs : {int64_t{0}, int64_t{1}, int64_t{4}}) {
+      BOOST_TEST_CONTEXT("shuffle " << shuffle << " chunksize " << cs) {
+        std::vector<int64_t> got;
+        for (const TensorDict& r : td.map_iter(id, MapOptions().chunksize(cs).shuffle(shuffle).seed(5))) {
+          if (cs == 0) BOOST_TEST(r.batch_size().empty());
+          auto t = r.get("i").reshape({-1});
+          for (int64_t k = 0; k < t.numel(); ++k) got.push_back(t[k].item<int64_t>());
+        }
+        BOOST_TEST(got.size() == 23u);
+        if (!shuffle) {
+          for (int64_t k = 0; k < 23; ++k) BOOST_TEST(got[static_cast<size_t>(k)] == k);  // ordered contiguity
+        }
+        std::sort(got.begin(), got.end());
+        for (int64_t k = 0; k < 23; ++k) BOOST_TEST(got[static_cast<size_t>(k)] == k);  // exactly once
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(map_iter_abandoned_early_stops_workers) {
+  Engine engine;
+  TensorDict td({{"i", at::arange(200)}}, {200});
+  std::atomic<int> calls{0};
+  MapFn slow = [&](const TensorDict& c) {
+    ++calls;
+    std::this_thread::sleep_for(milliseconds(10));
+    return c;
+  };
+  auto t0 = steady_clock::now();
+  {
+    MapIter it = td.map_iter(slow, MapOptions().chunksize(1));
+    BOOST_TEST(it.next().has_value());
+    BOOST_TEST(it.next().has_value());
+  }  // destroyed here
+  BOOST_CHECK(steady_clock::now() - t0 < milliseconds(500));
+  std::this_thread::sleep_for(milliseconds(100));
+  const int after = calls.load();
+  std::this_thread::sleep_for(milliseconds(100));
+  BOOST_TEST(calls.load() == after);  // nothing runs any more
+  BOOST_TEST(after < 20);
+}
+
+BOOST_AUTO_TEST_CASE(per_worker_seeds_and_context) {
+  Engine engine;
+  TensorDict td({{"i", at::arange(16)}}, {16});
+  std::mutex mu;
+  std::set<int64_t> seeds;
+  std::set<int64_t> workers;
+  TensorDict r = td.map(
+      [&](const TensorDict& c) {
+        const MapWorkerContext* w = current_map_worker();
+        BOOST_REQUIRE(w != nullptr);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          seeds.insert(w->seed);
+          workers.insert(w->worker_index);
+        }
+        at::Generator g = w->generator;
+        TensorDict out = c.clone();
+        out.set("r", at::rand(c.batch_size(), g));
+        return out;
+      },
+      MapOptions().chunksize(1).num_workers(2).seed(100));
+  BOOST_TEST(current_map_worker() == nullptr);
+  for (auto s : seeds) BOOST_TEST((s == 100 || s == 101));
+  for (auto w : workers) BOOST_TEST((w == 0 || w == 1));
+  BOOST_TEST(r.get("r").numel() == 16);
+}
+
+BOOST_AUTO_TEST_CASE(progress_smoke) {
+  Engine engine(Config::load(R"({"map": {"progress_interval_ms": 0}})"));
+  TensorDict td({{"i", at::arange(8)}}, {8});
+  TensorDict r = td.map([](const TensorDict& c) { return c; }, MapOptions().chunksize(2).progress(true));
+  BOOST_TEST(at::equal(r.get("i"), at::arange(8)));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
