@@ -7,16 +7,12 @@
 // their own kinds: a single int (select), a single slice (slice), a 1-D long index or a 1-D bool mask
 // (index_select with a bounds-checked, non-negative index computed once instead of once per leaf). Row
 // writes of contiguous CPU leaves of the value's dtype are plain memcpy's (no dispatcher round trip), and
-// large preallocated leaves are zero-filled huge-page mappings (first touches dominate a fill loop here).
+// large preallocated leaves and gather results live on huge pages (huge_page_allocator.hpp).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
-#include <ATen/EmptyTensor.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
+#include "huge_page_allocator.hpp"
 #include "tensor_dict_internal.hpp"
 #include "tensordict/index_math.hpp"
 
@@ -45,6 +41,24 @@ bool is_full_slice(const TensorIndex& e) {
   return e.is_slice() && e.slice().start() == 0 && e.slice().stop() == INDEX_MAX && e.slice().step() == 1;
 }
 
+//! zeros of `shape` for a preallocated leaf: 2 MiB and more on huge pages (see huge_page_allocator.hpp)
+at::Tensor prealloc_zeros(at::IntArrayRef shape, const at::TensorOptions& options) {
+  at::Tensor t = detail::huge_page_empty(shape, options, detail::kHugePageBytes, /*zeroed=*/true);
+  return t.defined() ? t : at::zeros(shape, options);
+}
+
+//! rows of a gather (td[long index] / td[mask]) from 1 MiB up go to huge pages too: a fresh 4 KiB-paged
+//! result costs more in first touches than the gather itself
+at::Tensor gather_rows(const at::Tensor& t, const at::Tensor& rows) {
+  if (t.is_cpu() && t.dim() > 0 && !t.requires_grad()) {  // out= variants do not record autograd
+    auto shape = t.sizes().vec();
+    shape[0] = rows.numel();
+    at::Tensor out = detail::huge_page_empty(shape, t.options(), size_t{1} << 20, /*zeroed=*/false);
+    if (out.defined()) return at::index_select_out(out, t, 0, rows);
+  }
+  return at::index_select(t, 0, rows);
+}
+
 //! an index resolved against one batch size, ready to be applied to every leaf
 struct Prepared {
   enum class Kind { Identity, Int, Slice, Take, General };
@@ -62,7 +76,7 @@ struct Prepared {
       case Kind::Identity: return t;
       case Kind::Int: return t.select(0, i);
       case Kind::Slice: return t.slice(0, sl.start, sl.stop, sl.step);
-      case Kind::Take: return at::index_select(t, 0, take);
+      case Kind::Take: return gather_rows(t, take);
       case Kind::General: break;
     }
     return t.index(index);
@@ -307,61 +321,6 @@ TensorDict index_impl(const TensorDictImpl& src, const Prepared& p, BatchSize ne
 }
 
 // ----------------------------------------------------------------------------------- writing
-#if defined(__linux__)
-//! CPU allocator for large preallocated buffers: anonymous mappings come zero-filled from the kernel (no
-//! memset pass over fresh memory) and are advised for transparent huge pages. On these VMs the first touch of
-//! a 4 KiB page costs ~10-20 us (DESIGN.md), which dominates a preallocate-and-fill loop; 2 MiB pages cut
-//! that several times. Pages are still faulted in lazily, by the row writes themselves.
-class ZeroPagesAllocator final : public c10::Allocator {
-  struct Mapping {
-    void* base;
-    size_t len;
-  };
-  static void release(void* ctx) {
-    auto* m = static_cast<Mapping*>(ctx);
-    munmap(m->base, m->len);
-    delete m;
-  }
-
- public:
-  static constexpr size_t kHugePage = size_t{2} << 20;
-
-  at::DataPtr allocate(size_t n) const override {
-    if (n == 0) return at::DataPtr(nullptr, at::Device(at::kCPU));
-    // whole huge pages: a 4 KiB-paged tail would cost more first touches than the rest of the buffer
-    const size_t len = (n + kHugePage - 1) / kHugePage * kHugePage;
-    const size_t span = len + kHugePage;  // room to align the start on a huge page
-    void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw RuntimeError("preallocation: cannot map " + std::to_string(n) + " bytes");
-    const auto start = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t aligned = (start + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
-    const size_t head = aligned - start;
-    const size_t tail = span - head - len;
-    if (head) munmap(p, head);
-    if (tail) munmap(reinterpret_cast<void*>(aligned + len), tail);
-    void* base = reinterpret_cast<void*>(aligned);
-    madvise(base, len, MADV_HUGEPAGE);  // advisory: ignored where THP is off
-    return {base, new Mapping{base, len}, &release, at::Device(at::kCPU)};
-  }
-  at::DeleterFnPtr raw_deleter() const override { return nullptr; }
-};
-#endif
-
-//! zeros of `shape` for a preallocated leaf: large CPU buffers come from ZeroPagesAllocator
-at::Tensor prealloc_zeros(const BatchSize& shape, const at::TensorOptions& options) {
-#if defined(__linux__)
-  const auto st = c10::typeMetaToScalarType(options.dtype());
-  const size_t nbytes = static_cast<size_t>(detail::prod(shape)) * c10::elementSize(st);
-  if (options.device().is_cpu() && options.layout() == at::kStrided && !c10::isQIntType(st) &&
-      nbytes >= ZeroPagesAllocator::kHugePage) {
-    static ZeroPagesAllocator allocator;
-    return at::Tensor(at::detail::empty_generic(shape, &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU), st,
-                                                c10::nullopt));
-  }
-#endif
-  return at::zeros(shape, options);
-}
-
 //! dst[row(s)] = v as memcpy when both are contiguous CPU tensors of one dtype and v has exactly the
 //! indexed shape; false when the general path must do it
 bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {

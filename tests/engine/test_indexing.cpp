@@ -541,6 +541,28 @@ BOOST_AUTO_TEST_CASE(non_tensor_in_shared_tensordict) {
   BOOST_TEST(td.get_non_tensor("val") == JsonValue("zero"));
 }
 
+BOOST_AUTO_TEST_CASE(large_gathers_match_torch) {
+  // gathers of 1 MiB and more get their own buffers: same values, independent of the source, reusable
+  auto gen = at::detail::createCPUGenerator(11);
+  for (int round = 0; round < 3; ++round) {
+    TensorDict td(Dict{{"x", at::randn({20000, 64}, gen)}, {"i", at::randint(0, 9, {20000, 16}, gen, at::kLong)}},
+                  {20000});
+    at::Tensor mask = at::rand({20000}, gen).gt(0.3);
+    at::Tensor rows = at::randint(-20000, 20000, {6000}, gen, at::kLong);
+    TensorDict m = td.index({mask});
+    TensorDict r = td.index({rows});
+    BOOST_TEST(at::equal(m.get("x"), td.get("x").index({mask})));
+    BOOST_TEST(at::equal(m.get("i"), td.get("i").index({mask})));
+    BOOST_TEST(at::equal(r.get("x"), td.get("x").index({rows})));
+    BOOST_TEST(r.get("x").is_contiguous());
+    at::Tensor keep = td.get("x").index({rows});
+    r.get("x").zero_();  // a copy, not a view of td
+    BOOST_TEST(at::equal(td.get("x").index({rows}), keep));
+    td = TensorDict();  // the results outlive their source
+    BOOST_TEST(at::equal(m.get("x").sum(), m.get("x").clone().sum()));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(fast_row_writes_match_torch) {
   // the memcpy path and its fallbacks: same results as leaf[idx] = v
   TensorDict td(Dict{{"f", at::zeros({6, 4})}, {"d", at::zeros({6, 2}, at::kDouble)}, {"i", at::zeros({6}, at::kInt)}},

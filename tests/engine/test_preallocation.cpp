@@ -97,6 +97,18 @@ BOOST_AUTO_TEST_CASE(large_buffers_are_zero_and_behave_like_any_tensor) {
   BOOST_TEST(rows.get("x").eq(s.get("x")).all().item<bool>());
 }
 
+BOOST_AUTO_TEST_CASE(reused_buffers_are_zero_again) {
+  // freed large buffers are recycled: a new preallocation must still read as zeros
+  for (int round = 0; round < 3; ++round) {
+    TensorDict buf(BatchSize{9000});
+    buf.index_put_({0}, TensorDict(Dict{{"x", at::ones({64})}, {"y", at::ones({64}, at::kDouble)}}, {}));
+    BOOST_TEST(buf.get("x").index({Slice(1, None)}).eq(0).all().item<bool>(), "round " << round);
+    BOOST_TEST(buf.get("y").index({Slice(1, None)}).eq(0).all().item<bool>(), "round " << round);
+    buf.index_put_({Slice()}, TensorDict(Dict{{"x", at::full({64}, 3.0)}, {"y", at::full({64}, 3.0)}}, {}));
+    BOOST_TEST(buf.get("x").eq(3).all().item<bool>());
+  }
+}
+
 BOOST_AUTO_TEST_CASE(other_indices_preallocate_too) {
   // slice, step, tensor, mask, ellipsis, tuple: full size, only the addressed rows written
   struct Case {
