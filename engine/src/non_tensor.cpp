@@ -61,22 +61,22 @@ NonTensorStack NonTensorStack::from_nested(const JsonValue& nested, int64_t dept
 
 const JsonValue& NonTensorStack::at(int64_t flat) const {
   if (flat < 0 || flat >= numel()) throw IndexError("NonTensorStack position " + std::to_string(flat) + " out of range");
-  return (*values_)[static_cast<size_t>(flat)];
+  return values()[static_cast<size_t>(flat)];
 }
 
 JsonValue NonTensorStack::tolist() const {
   int64_t pos = 0;
   if (prod(batch_size_) == 0 && !batch_size_.empty()) {
     // an empty leading dim gives [] regardless of deeper dims
-    return nest(*values_, BatchSize(batch_size_.begin(), batch_size_.begin() + 1), 0, pos);
+    return nest(values(), BatchSize(batch_size_.begin(), batch_size_.begin() + 1), 0, pos);
   }
-  return nest(*values_, batch_size_, 0, pos);
+  return nest(values(), batch_size_, 0, pos);
 }
 
 bool NonTensorStack::all_equal() const {
-  if (values_->empty()) return false;
-  for (const auto& v : *values_)
-    if (v != values_->front()) return false;
+  if (values().empty()) return false;
+  for (const auto& v : values())
+    if (v != values().front()) return false;
   return true;
 }
 
@@ -90,7 +90,7 @@ NonTensorStack NonTensorStack::remap(const std::function<at::Tensor(const at::Te
   std::vector<JsonValue> out;
   out.reserve(static_cast<size_t>(pos.numel()));
   const int64_t* p = pos.data_ptr<int64_t>();
-  for (int64_t i = 0; i < pos.numel(); ++i) out.push_back((*values_)[static_cast<size_t>(p[i])]);
+  for (int64_t i = 0; i < pos.numel(); ++i) out.push_back(values()[static_cast<size_t>(p[i])]);
   return NonTensorStack(std::move(out), std::move(bs));
 }
 
@@ -101,10 +101,12 @@ void NonTensorStack::assign(const std::function<at::Tensor(const at::Tensor&)>& 
     throw ValueError("NonTensorStack: cannot write " + std::to_string(values.size()) + " values into " +
                      std::to_string(pos.numel()) + " positions");
   }
-  auto copy = std::make_shared<std::vector<JsonValue>>(*values_);
+  // copy-on-write: only copy the values when another stack shares them
+  if (!values_ || values_.use_count() > 1) {
+    values_ = std::make_shared<std::vector<JsonValue>>(values_ ? *values_ : std::vector<JsonValue>{});
+  }
   const int64_t* p = pos.data_ptr<int64_t>();
-  for (int64_t i = 0; i < pos.numel(); ++i) (*copy)[static_cast<size_t>(p[i])] = values.size() == 1 ? values[0] : values[i];
-  values_ = std::move(copy);
+  for (int64_t i = 0; i < pos.numel(); ++i) (*values_)[static_cast<size_t>(p[i])] = values.size() == 1 ? values[0] : values[i];
 }
 
 }  // namespace tensordict

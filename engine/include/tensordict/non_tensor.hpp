@@ -40,8 +40,11 @@ class NonTensorStack {
   static NonTensorStack from_nested(const JsonValue& nested, int64_t depth);
 
   const BatchSize& batch_size() const { return batch_size_; }
-  const std::vector<JsonValue>& values() const { return *values_; }
-  int64_t numel() const { return static_cast<int64_t>(values_->size()); }
+  const std::vector<JsonValue>& values() const {
+    static const std::vector<JsonValue> kEmpty;
+    return values_ ? *values_ : kEmpty;
+  }
+  int64_t numel() const { return values_ ? static_cast<int64_t>(values_->size()) : 0; }
   //! the element at a flat C-order position
   const JsonValue& at(int64_t flat) const;
   //! the values as nested lists, one level per batch dim (what upstream's td["k"] returns)
@@ -57,11 +60,11 @@ class NonTensorStack {
   //! an int64 tensor of shape batch_size holding 0..numel-1
   at::Tensor positions() const;
   bool operator==(const NonTensorStack& o) const {
-    return batch_size_ == o.batch_size_ && *values_ == *o.values_;
+    return batch_size_ == o.batch_size_ && values() == o.values();
   }
 
  private:
-  std::shared_ptr<std::vector<JsonValue>> values_ = std::make_shared<std::vector<JsonValue>>();
+  std::shared_ptr<std::vector<JsonValue>> values_;  //!< null for a default-constructed (empty) stack
   BatchSize batch_size_;
 };
 
