@@ -56,24 +56,7 @@ JsonValue structure_of(const TensorDict& td, bool values, JsonValue* leaves_out)
 
 }  // namespace
 
-std::string dtype_repr(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBool: return "torch.bool";
-    case at::kByte: return "torch.uint8";
-    case at::kChar: return "torch.int8";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kComplexHalf: return "torch.complex32";
-    case at::kComplexFloat: return "torch.complex64";
-    case at::kComplexDouble: return "torch.complex128";
-    default: return std::string("torch.") + c10::toString(dtype);
-  }
-}
+std::string dtype_repr(at::ScalarType dtype) { return detail::dtype_str(dtype); }
 
 JsonValue tensor_values(const at::Tensor& t) {
   at::Tensor c = t.contiguous().cpu().reshape({-1});
