@@ -1,6 +1,12 @@
 #include "tensordict/actors/runtime.hpp"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
+#include <random>
+
+#include <caf/io/all.hpp>
 
 #include "tensordict/actors/map_actors.hpp"
 #include "tensordict/actors/messages.hpp"
@@ -11,6 +17,7 @@ namespace actors {
 
 void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<map_error>("tensordict::map_error");
+  cfg.add_message_type<map_job_desc>("tensordict::map_job_desc");
 }
 
 namespace {
@@ -88,6 +95,8 @@ class ActorMapIter final : public MapIterSource {
   }
 
   const LocalMapJob& job() const { return *job_; }
+  //! the coordinator (null after stop)
+  const caf::actor& coordinator() const { return coordinator_; }
 
  private:
   std::shared_ptr<Runtime> rt_;  // first: outlives the coordinator handle
@@ -111,6 +120,10 @@ Runtime::Runtime(const Config& config) : config_(config) {
   // DEPENDENCIES §5.1: CAF's defaults (work stealing, one thread per core and more) cost ~4x per request
   cfg_->set("scheduler.policy", config_.scheduler_policy == "stealing" ? caf::atom("stealing") : caf::atom("sharing"));
   cfg_->set("scheduler.max-threads", static_cast<size_t>(config_.scheduler_threads));
+  // the middleman: worker processes of td.map connect back on 127.0.0.1 (nothing listens until a map
+  // with worker_processes publishes its coordinator); its I/O runs on the multiplexer thread
+  cfg_->load<caf::io::middleman>();
+  cfg_->set("middleman.workers", size_t{0});
   register_message_types(*cfg_);
   system_ = std::make_unique<caf::actor_system>(*cfg_);
   echo_ = system_->spawn(echo_actor);
@@ -155,10 +168,9 @@ std::shared_ptr<LocalMapJob> make_job(const Runtime& rt, const TensorDict& src, 
 }
 }  // namespace
 
-TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions& options) {
-  auto job = make_job(*this, src, fn, options, false);
-  const MapPlan& plan = job->plan;
-  ActorMapIter it(shared_from_this(), job);
+namespace {
+//! the caller's side of map: results in, restacked or written into a plain out; rethrows the first error
+TensorDict collect(ActorMapIter& it, const MapPlan& plan) {
   std::vector<TensorDict> results(plan.chunks.size(), TensorDict(std::shared_ptr<TensorDictImpl>()));
   const bool plain_out = plan.out && !plan.in_place_out;
   for (;;) {
@@ -180,6 +192,97 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
   if (plan.in_place_out) return TensorDict(std::shared_ptr<TensorDictImpl>());
   if (plain_out) return *plan.out;
   return map_detail::gather(results, plan);
+}
+
+std::string random_token() {
+  std::random_device rd;
+  static const char* hex = "0123456789abcdef";
+  std::string t;
+  for (int i = 0; i < 32; ++i) t += hex[rd() & 15];
+  return t;
+}
+}  // namespace
+
+TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions& options) {
+  auto job = make_job(*this, src, fn, options, false);
+  if (job->plan.num_processes > 0) {
+    throw ValueError("map: worker processes run named functions only: register fn with "
+                     "tensordict::register_map_fn(\"name\", fn) and call td.map(\"name\", options)");
+  }
+  ActorMapIter it(shared_from_this(), job);
+  return collect(it, job->plan);
+}
+
+TensorDict Runtime::map_named(const TensorDict& src, const std::string& name, const MapFn& fn,
+                              const MapOptions& options) {
+  if (options.worker_processes() <= 0) return map(src, fn, options);
+  // ---- validation: everything that can be checked before a process starts
+  auto job = make_job(*this, src, fn, options, false);  // plan: also rejects a missing or in-memory out
+  const MapPlan& plan = job->plan;
+  if (const char* env = std::getenv(kMapWorkerEnv); env && *env) {
+    throw RuntimeError(std::string("map: this process was started as a map worker (") + kMapWorkerEnv +
+                       " is set) but did not call tensordict::run_worker_if_requested first; it cannot start "
+                       "worker processes itself");
+  }
+  const map_detail::StorageHandle src_h = map_detail::storage_handle(src, "the source");
+  const map_detail::StorageHandle out_h = map_detail::storage_handle(*plan.out, "out");
+  const std::string exe = options.worker_executable().empty() ? "/proc/self/exe" : options.worker_executable();
+  if (::access(exe.c_str(), X_OK) != 0) {
+    throw ValueError("map: worker_executable '" + exe + "' is not an executable file");
+  }
+  job->num_processes = plan.num_processes;
+  job->token = random_token();
+  job->processes = std::make_shared<ProcessTable>(plan.num_workers - plan.num_processes);
+  job->connect_timeout = request_timeout();
+  map_job_desc& d = job->remote;
+  d.fn_name = name;
+  d.src_kind = src_h.kind;
+  d.src_handle = src_h.handle;
+  d.out_kind = out_h.kind;
+  d.out_handle = out_h.handle;
+  d.dim = plan.dim;
+  d.seed = plan.seed;
+  d.worker_threads = plan.worker_threads;
+  d.drop_dim = plan.stack;
+  for (const MapChunk& c : plan.chunks) {
+    d.starts.push_back(c.start);
+    d.lengths.push_back(c.length);
+  }
+  d.log_level = config_.log_level;
+
+  // ---- run: the coordinator listens on 127.0.0.1, then the children start and connect back
+  ActorMapIter it(shared_from_this(), job);
+  caf::actor coordinator = it.coordinator();
+  uint16_t port = 0;
+  struct Cleanup {  // on every exit path: stop, unpublish, reap every child (none outlives map)
+    ActorMapIter& it;
+    caf::actor& coordinator;
+    uint16_t& port;
+    caf::actor_system& sys;
+    std::shared_ptr<ProcessTable> table;
+    std::chrono::milliseconds grace;
+    ~Cleanup() {
+      it.stop();
+      if (port != 0) sys.middleman().unpublish(coordinator, port);
+      coordinator = nullptr;
+      table->reap_all(grace);
+    }
+  } cleanup{it, coordinator, port, system(), job->processes,
+            std::chrono::milliseconds(config_.map_process_exit_grace_ms)};
+  if (plan.chunks.empty()) return collect(it, plan);
+  auto published = system().middleman().publish(coordinator, 0, "127.0.0.1");
+  if (!published) {
+    throw BackendError("map: cannot listen on 127.0.0.1 for worker processes: " + system().render(published.error()));
+  }
+  port = *published;
+  for (int64_t p = 0; p < plan.num_processes; ++p) {
+    const int64_t index = plan.num_workers - plan.num_processes + p;
+    const std::string spec = "127.0.0.1:" + std::to_string(port) + ":" + job->token + ":" + std::to_string(index);
+    const pid_t pid = spawn_worker_process(exe, spec);
+    job->processes->add(pid);
+    logger()->debug("map: started worker process {} (pid {}): {}", index, pid, exe);
+  }
+  return collect(it, plan);
 }
 
 MapIter Runtime::map_iter(const TensorDict& src, const MapFn& fn, const MapOptions& options) {

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tensordict/actors/process_workers.hpp"
 #include "tensordict/actors/runtime.hpp"
 #include "tensordict/logging.hpp"
 
@@ -60,6 +61,14 @@ MapIter Engine::map_iter(const TensorDict& td, const MapFn& fn, const MapOptions
   if (!fn) throw ValueError("map_iter: fn is empty");
   return rt_->map_iter(td, fn, options);
 }
+
+TensorDict Engine::map(const TensorDict& td, const std::string& fn_name, const MapOptions& options) const {
+  MapFn fn = find_map_fn(fn_name);
+  if (!fn) throw KeyError("map: no map function named '" + fn_name + "' is registered (tensordict::register_map_fn)");
+  return rt_->map_named(td, fn_name, fn, options);
+}
+
+bool run_worker_if_requested(int argc, char** argv) { return actors::run_map_worker_process(argc, argv); }
 
 std::shared_ptr<Engine> Engine::default_engine() {
   std::lock_guard<std::mutex> lock(g_default_mutex);

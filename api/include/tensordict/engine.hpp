@@ -5,6 +5,7 @@
 //! lives, td.map runs on it. No CAF in this header.
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "tensordict/config.hpp"
 #include "tensordict/map.hpp"
@@ -33,6 +34,8 @@ class Engine {
   //! td.map / td.map_iter on this engine (whatever backend is registered)
   TensorDict map(const TensorDict& td, const MapFn& fn, const MapOptions& options = {}) const;
   MapIter map_iter(const TensorDict& td, const MapFn& fn, const MapOptions& options = {}) const;
+  //! td.map("name", options) on this engine (a registered fn; the form worker processes can run)
+  TensorDict map(const TensorDict& td, const std::string& fn_name, const MapOptions& options = {}) const;
 
   //! the default engine, started on first call; stopped at exit (or by shutdown_default)
   static std::shared_ptr<Engine> default_engine();
@@ -50,6 +53,18 @@ class Engine {
   std::shared_ptr<actors::Runtime> rt_;
   bool registered_ = false;
 };
+
+//! Call first thing in main() of any program that maps with worker processes (MapOptions().worker_processes),
+//! after registering its map functions: returns false at once in a normal run; in a process started as a
+//! map worker (by td.map: fork + exec of MapOptions().worker_executable(), default this program) it
+//! connects to the coordinator on 127.0.0.1, runs the named fn on the chunks it is given, writes the
+//! results into the memmap/shared out, and exits the process when the map is over or the coordinator
+//! goes away (it never returns).
+//!   int main(int argc, char** argv) {
+//!     tensordict::register_map_fn("normalize", normalize);
+//!     tensordict::run_worker_if_requested(argc, argv);
+//!     ...
+bool run_worker_if_requested(int argc, char** argv);
 
 namespace detail {
 //! registers the lazy default engine with engine/'s td.map; referenced from every TU that includes this

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,7 +17,7 @@ namespace tensordict {
 namespace actors {
 
 //! the environment variable that makes a process a map worker:
-//! "<host>:<port>:<token>:<worker index>:<connect timeout ms>"
+//! "<host>:<port>:<token>:<worker index>"
 constexpr const char* kMapWorkerEnv = "TENSORDICT_MAP_WORKER";
 
 //! pids of one map call's worker processes, by process slot (slot p = worker index first_index + p).
@@ -34,6 +35,9 @@ class ProcessTable {
   //! non-blocking: reaps children that have exited; returns (slot, "exited with status 3" / "was killed
   //! by signal 9 (Killed)") for each
   std::vector<std::pair<size_t, std::string>> poll();
+  //! waits up to `timeout` for the child of `slot` to exit and reaps it: its exit description, or nullopt
+  //! (still running, or reaped before: then poll() reported it)
+  std::optional<std::string> wait_for(size_t slot, std::chrono::milliseconds timeout);
   //! waits up to `grace` for every child to exit, SIGKILLs the rest and reaps them (blocking); idempotent
   void reap_all(std::chrono::milliseconds grace);
   //! true when every child was reaped

@@ -35,6 +35,10 @@ class Runtime : public MapBackend, public std::enable_shared_from_this<Runtime> 
 
   TensorDict map(const TensorDict& src, const MapFn& fn, const MapOptions& options) override;
   MapIter map_iter(const TensorDict& src, const MapFn& fn, const MapOptions& options) override;
+  //! td.map("name", ...): with options.worker_processes() > 0 starts that many worker processes (fork +
+  //! exec of options.worker_executable()), which connect back to this system's middleman on 127.0.0.1
+  TensorDict map_named(const TensorDict& src, const std::string& name, const MapFn& fn,
+                       const MapOptions& options) override;
 
  private:
   explicit Runtime(const Config& config);

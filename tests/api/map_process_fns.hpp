@@ -1,0 +1,59 @@
+#pragma once
+// Named map functions of the map_process tests, registered both in the test process (the caller looks the
+// name up before it starts anything) and in td_map_worker (the worker processes run them).
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "tensordict/tensordict.hpp"
+
+namespace map_process_test {
+
+inline tensordict::TensorDict affine(const tensordict::TensorDict& c) {
+  return c.apply([](const at::Tensor& t) { return t * 2 + 1; });
+}
+
+inline bool has_row(const tensordict::TensorDict& c, int64_t row) {
+  return (c.get("idx") == row).any().item<bool>();
+}
+
+inline void register_fns() {
+  using tensordict::TensorDict;
+  tensordict::register_map_fn("mp_affine", affine);
+  // a tensordict error with its own message, on the chunk holding row 500
+  tensordict::register_map_fn("mp_fail_row_500", [](const TensorDict& c) {
+    if (has_row(c, 500)) throw tensordict::ValueError("row 500 is poisoned");
+    return affine(c);
+  });
+  // worker 1 SIGKILLs itself on its second chunk (its in-flight chunks must be redone elsewhere)
+  tensordict::register_map_fn("mp_suicide", [](const TensorDict& c) {
+    static std::atomic<int> calls{0};
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    if (w && w->worker_index == 1 && ++calls == 2) ::raise(SIGKILL);
+    return affine(c);
+  });
+  // every worker dies on its first chunk
+  tensordict::register_map_fn("mp_die", [](const TensorDict&) -> TensorDict {
+    ::raise(SIGKILL);
+    return {};
+  });
+  // slow: leaves time to SIGKILL a worker from outside
+  tensordict::register_map_fn("mp_slow", [](const TensorDict& c) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    return affine(c);
+  });
+  // the worker's context: out["w"] = worker index, out["seed"] = its seed
+  tensordict::register_map_fn("mp_context", [](const TensorDict& c) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    TensorDict r(c.batch_size());
+    r.set("w", at::full(c.batch_size(), w ? w->worker_index : -1, at::kLong));
+    r.set("seed", at::full(c.batch_size(), w ? w->seed : -1, at::kLong));
+    return r;
+  });
+}
+
+}  // namespace map_process_test
