@@ -192,7 +192,12 @@ JsonValue JsonValue::parse(const std::string& text) {
                               rapidjson::kParseFullPrecisionFlag | rapidjson::kParseValidateEncodingFlag;
   Builder b;
   rapidjson::Reader reader;
-  rapidjson::StringStream ss(text.c_str());
+  // RapidJSON 1.1's UTF-8 validation reads up to 3 continuation bytes after a lead byte without stopping
+  // at the terminator (found by fuzz_meta_json): pad with NULs so a truncated sequence stays in bounds.
+  std::string padded;
+  padded.reserve(text.size() + 4);
+  padded.append(text).append(4, '\0');
+  rapidjson::StringStream ss(padded.c_str());
   rapidjson::ParseResult r = reader.Parse<kFlags>(ss, b);
   if (r.IsError()) {
     if (b.too_deep)

@@ -83,6 +83,14 @@ BOOST_AUTO_TEST_CASE(parse_whitespace_and_escapes) {
   BOOST_TEST(JsonValue::parse("\"a\\u0000b\"").as_string() == std::string("a\0b", 3));
 }
 
+BOOST_AUTO_TEST_CASE(truncated_utf8_at_the_end_is_an_error_not_an_overread) {
+  // found by fuzz_meta_json: RapidJSON read past the terminator after a lead byte at the very end
+  for (std::string tail : {"\xC3", "\xE2\x82", "\xF0\x9F\x98", "\xF4"}) {
+    BOOST_CHECK_THROW(tensordict::JsonValue::parse("{\"a\": \"x" + tail), tensordict::FormatError);
+    BOOST_CHECK_THROW(tensordict::JsonValue::parse("\"" + tail), tensordict::FormatError);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(parse_errors_are_format_errors_with_offset) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "offset 0"},
