@@ -6,7 +6,7 @@ PKGS=(
   libtorch-dev libopenblas0-pthread
   libcaf-dev libhdf5-dev libhiredis-dev redis-server
   libboost-dev libboost-test-dev
-  libspdlog-dev rapidjson-dev nlohmann-json3-dev libcli11-dev
+  libspdlog-dev rapidjson-dev libcli11-dev
   clang libclang-rt-14-dev
 )
 missing=()
