@@ -8,6 +8,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "engine/zoo.hpp"
 #include "tensordict/tensordict.hpp"
 
 using namespace tensordict;
@@ -307,6 +308,23 @@ BOOST_AUTO_TEST_CASE(progress_smoke) {
   TensorDict td({{"i", at::arange(8)}}, {8});
   TensorDict r = td.map([](const TensorDict& c) { return c; }, MapOptions().chunksize(2).progress(true));
   BOOST_TEST(at::equal(r.get("i"), at::arange(8)));
+}
+
+BOOST_AUTO_TEST_CASE(map_equals_apply_over_the_zoo) {
+  // upstream test_map: td.map(fn, dim) == td.apply(fn) for dims -2..3 on every zoo kind
+  for (const auto& kind : zoo::kinds()) {
+    TensorDict td = kind.make();
+    TensorDict want = td.apply(plus_one);
+    for (int64_t dim : {-2, -1, 0, 1, 2, 3}) {
+      for (std::optional<int64_t> chunk : {std::optional<int64_t>(), std::optional<int64_t>(0), std::optional<int64_t>(2)}) {
+        MapOptions o = MapOptions().dim(dim).num_workers(2);
+        if (chunk) o.chunksize(*chunk);
+        TensorDict got = td.map(plus_one_fn(), o);
+        zoo::check_equal(got, want, kind.name + " dim " + std::to_string(dim) +
+                                        (chunk ? " chunksize " + std::to_string(*chunk) : std::string()));
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
