@@ -176,6 +176,36 @@ int main() {
                   "\"single_thread_ms\": %.2f}\n",
                   static_cast<long long>(rows), rows / map_s, map_s * 1e3, rows / loop_s, loop_s * 1e3);
     out += buf;
+    // a heavier fn: 16 rounds of elementwise transcendental math per leaf (single-threaded kernels; a BLAS
+    // matmul would already use both cores through OpenBLAS and hide what a second worker adds)
+    MapFn heavy = [](const TensorDict& c) {
+      return c.apply([](const at::Tensor& t) {
+        at::Tensor x = t;
+        for (int k = 0; k < 16; ++k) x = at::sin(x) * 1.1 + at::cos(x);
+        return x;
+      });
+    };
+    auto time_map = [&](int64_t workers) {
+      td.map(heavy, MapOptions().chunksize(500).num_workers(workers));  // warm-up
+      auto t = clk::now();
+      for (int i = 0; i < 5; ++i) td.map(heavy, MapOptions().chunksize(500).num_workers(workers));
+      return us_since(t) / 1e6 / 5;
+    };
+    const double heavy1 = time_map(1), heavy2 = time_map(2);
+    t0 = clk::now();
+    for (int i = 0; i < 5; ++i) {
+      std::vector<TensorDict> parts;
+      for (const TensorDict& c : td.split(500, 0)) parts.push_back(heavy(c));
+      cat(parts, 0);
+    }
+    const double heavy_loop = us_since(t0) / 1e6 / 5;
+    std::snprintf(buf, sizeof buf,
+                  "  ,\"throughput_heavy\": {\"rows\": %lld, \"chunk_rows\": 500, \"one_worker_rows_per_s\": %.0f, "
+                  "\"two_workers_rows_per_s\": %.0f, \"single_thread_rows_per_s\": %.0f, \"two_vs_one\": %.2f, "
+                  "\"two_vs_loop\": %.2f}\n",
+                  static_cast<long long>(rows), rows / heavy1, rows / heavy2, rows / heavy_loop, heavy1 / heavy2,
+                  heavy_loop / heavy2);
+    out += buf;
   }
   out += "}\n";
   std::fputs(out.c_str(), stdout);
