@@ -19,6 +19,7 @@
 
 #include "fixtures.hpp"
 #include "tensordict/tensor_dict.hpp"
+#include "process_util.hpp"
 
 using namespace tensordict;
 
@@ -125,34 +126,8 @@ std::string verify(const TensorDict& buf, const std::vector<Want>& want, const s
   return err.str();
 }
 
-pid_t spawn(const std::function<int()>& fn) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t pid = ::fork();
-  BOOST_REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int rc = 99;
-    try {
-      rc = fn();
-    } catch (...) {
-      rc = 98;
-    }
-    ::_exit(rc);
-  }
-  return pid;
-}
-
-int wait_child(pid_t pid) {
-  int status = 0;
-  pid_t r;
-  do {
-    r = ::waitpid(pid, &status, 0);
-  } while (r < 0 && errno == EINTR);
-  BOOST_REQUIRE(r == pid);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return -WTERMSIG(status);
-  return -1000;
-}
+using testutil::spawn;
+using testutil::wait_child;
 
 //! progress counters shared with forked children (anonymous MAP_SHARED page)
 struct SharedCounters {

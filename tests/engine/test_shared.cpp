@@ -22,6 +22,7 @@
 #include "tensordict/backends/shm.hpp"
 #include "tensordict/tensor_dict.hpp"
 #include "zoo.hpp"
+#include "process_util.hpp"
 
 using namespace tensordict;
 namespace fs = std::filesystem;
@@ -50,36 +51,8 @@ std::vector<std::string> shm_names(const std::string& prefix) {
   return out;
 }
 
-//! runs fn in a forked child that leaves with _exit(fn()) (99 on an exception): no Boost.Test in there
-pid_t spawn(const std::function<int()>& fn) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t pid = ::fork();
-  BOOST_REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int rc = 99;
-    try {
-      rc = fn();
-    } catch (...) {
-      rc = 98;
-    }
-    ::_exit(rc);
-  }
-  return pid;
-}
-
-//! exit code of the child, or -signal
-int wait_child(pid_t pid) {
-  int status = 0;
-  pid_t r;
-  do {
-    r = ::waitpid(pid, &status, 0);
-  } while (r < 0 && errno == EINTR);
-  BOOST_REQUIRE(r == pid);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return -WTERMSIG(status);
-  return -1000;
-}
+using testutil::spawn;
+using testutil::wait_child;
 
 //! a batch-[4] TensorDict with a nested sub-TensorDict
 TensorDict sample_td(int64_t seed = 1) {

@@ -6,8 +6,8 @@
 //! map protocol (coordinator C, worker W):
 //!   C -> W  (map_chunk_atom, int64 chunk)                       inspectable: a remote worker can take it
 //!   W -> C  (map_done_atom, int64 worker, int64 chunk, TensorDict result)   local only (result handle);
-//!           a remote worker writing into memmap/shared `out` would reply with an undefined result's
-//!           inspectable twin (map_done_atom, int64 worker, int64 chunk) — not implemented yet
+//!           worker processes write into memmap/shared `out` and reply with the inspectable
+//!           (map_done_atom, int64 worker, int64 chunk) below
 //!   W -> C  (map_failed_atom, int64 worker, map_error)          inspectable
 //! The job itself (source TensorDict, fn, plan) is given to local workers at spawn time.
 //!
