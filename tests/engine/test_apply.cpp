@@ -33,12 +33,7 @@ void check_leafwise(const TensorDict& got, const TensorDict& src, const std::fun
 std::string msg(const std::exception& e) { return e.what(); }
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-//! the data pointers of every leaf (to prove in-place writes)
-std::map<std::string, const void*> ptrs(const TensorDict& td) {
-  std::map<std::string, const void*> out;
-  for (auto& kv : zoo::leaves(td)) out[kv.first] = kv.second.data_ptr();
-  return out;
-}
+using zoo::ptrs;
 
 TensorDict small() {
   return TensorDict(Dict{{"a", at::arange(6, at::kFloat).view({3, 2})},

@@ -33,11 +33,7 @@ void check_leafwise(const TensorDict& got, const TensorDict& src, const Dense& f
 std::string msg(const std::exception& e) { return e.what(); }
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-std::map<std::string, const void*> ptrs(const TensorDict& td) {
-  std::map<std::string, const void*> out;
-  for (auto& kv : zoo::leaves(td)) out[kv.first] = kv.second.data_ptr();
-  return out;
-}
+using zoo::ptrs;
 
 //! upstream's dummy_td_0: {"a": zeros(3, 4), "b": {"c": zeros(3, 5, int)}}, batch []
 TensorDict dummy(double v) {

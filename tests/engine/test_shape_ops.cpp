@@ -50,21 +50,7 @@ void over_zoo(const std::string& what, const std::function<TensorDict(const Tens
   }
 }
 
-template <class E>
-bool throws_with(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const E& e) {
-    std::string w = e.what();
-    for (const auto& p : parts)
-      if (w.find(p) == std::string::npos) {
-        BOOST_TEST_MESSAGE("message lacks '" << p << "': " << w);
-        return false;
-      }
-    return true;
-  }
-  return false;
-}
+using zoo::throws_with;
 
 TensorDict small() {  // batch [2, 3], a [2,3,4], nested [2,3,5] with x [2,3,5,2]
   TensorDict td(Dict{{"a", at::arange(24, at::kFloat).view({2, 3, 4})}}, {2, 3});

@@ -10,21 +10,7 @@ using at::indexing::Slice;
 
 namespace {
 
-template <class E>
-bool throws_with(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const E& e) {
-    std::string w = e.what();
-    for (const auto& p : parts)
-      if (w.find(p) == std::string::npos) {
-        BOOST_TEST_MESSAGE("message lacks '" << p << "': " << w);
-        return false;
-      }
-    return true;
-  }
-  return false;
-}
+using zoo::throws_with;
 
 //! every tensor leaf of `got` equals `op` over the leaves of the same key in `ins`
 void check_combined(const std::vector<TensorDict>& ins, const TensorDict& got, const BatchSize& want_bs,

@@ -3,6 +3,7 @@
 // Every zoo member has batch_size [4, 3, 2, 1] and the tensor leaves "a" [..,5] f32, "b" [..,1,10] f32,
 // "c" [..,3] i64; some add a sub-TensorDict "nested" (batch [4,3,2,1,2]) or a non-tensor "data".
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,30 @@ inline bool all_alias(const TensorDict& td, const TensorDict& base) {
   for (size_t i = 0; i < a.size(); ++i)
     if (a[i].first != b[i].first || !a[i].second.is_alias_of(b[i].second)) return false;
   return true;
+}
+
+//! true when f throws E and its message contains every part (the missing part is logged)
+template <class E>
+bool throws_with(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const E& e) {
+    std::string w = e.what();
+    for (const auto& p : parts)
+      if (w.find(p) == std::string::npos) {
+        BOOST_TEST_MESSAGE("message lacks '" << p << "': " << w);
+        return false;
+      }
+    return true;
+  }
+  return false;
+}
+
+//! the data pointers of every tensor leaf (to prove in-place writes)
+inline std::map<std::string, const void*> ptrs(const TensorDict& td) {
+  std::map<std::string, const void*> out;
+  for (auto& kv : leaves(td)) out[kv.first] = kv.second.data_ptr();
+  return out;
 }
 
 }  // namespace zoo
