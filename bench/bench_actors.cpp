@@ -4,13 +4,18 @@
 //  - per-chunk overhead of map with tiny chunks (identity fn, chunksize 1);
 //  - map throughput of a cheap fn (x+1) over 10,000 rows with 2 workers and chunks of 1,000, vs a
 //    single-thread loop over the same chunks.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tensordict/actors/messages.hpp"
+#include "tensordict/actors/reply.hpp"
 #include "tensordict/actors/runtime.hpp"
 #include "tensordict/tensordict.hpp"
 
@@ -78,15 +83,20 @@ int main() {
   Config cfg = Config::load();
   Engine engine(cfg);
   auto rt = engine.runtime();
-  // interleaved blocks (the machine is shared and noisy): facade with spin 0 / 20 / 50 us vs raw scoped_actor
+  // interleaved blocks (the machine is shared and noisy): the facade's reply slot with spin 0 / 20 / 50 us,
+  // Engine::ping (config facade_spin_us), a raw scoped_actor request
   auto facade_with_spin = [&](int64_t spin_us) {
-    auto box = std::make_shared<actors::Inbox<int64_t>>(std::chrono::microseconds(spin_us));
+    auto box = std::make_shared<actors::Reply<int64_t>>();
     caf::anon_send(rt->echo(), actors::ping_atom::value, box, int64_t{1});
-    if (!box->pop()) std::abort();
+    if (!box->wait(clk::now() + std::chrono::seconds(5), std::chrono::microseconds(spin_us))) std::abort();
   };
-  std::vector<double> v_spin0, v_spin20, v_spin50, v_raw, v_ping;
+  std::vector<double> v_spin0, v_spin20, v_spin50, v_raw, v_ping, v_idle_ping, v_idle_raw;
   {
     caf::scoped_actor self{rt->system()};
+    auto raw = [&] {
+      self->request(rt->echo(), std::chrono::seconds(5), actors::ping_atom::value, int64_t{1})
+          .receive([](int64_t) {}, [](caf::error&) { std::abort(); });
+    };
     auto block = [&](std::vector<double>& v, auto&& f) {
       for (int i = 0; i < kRounds / 10; ++i) {
         auto t0 = clk::now();
@@ -99,17 +109,30 @@ int main() {
       block(v_spin20, [&] { facade_with_spin(20); });
       block(v_spin50, [&] { facade_with_spin(50); });
       block(v_ping, [&] { engine.ping(1); });
-      block(v_raw, [&] {
-        self->request(rt->echo(), std::chrono::seconds(5), actors::ping_atom::value, int64_t{1})
-            .receive([](int64_t) {}, [](caf::error&) { std::abort(); });
-      });
+      block(v_raw, raw);
+    }
+    // after idle: 300 us pauses let the scheduler threads fall asleep, so each request pays a wake-up
+    for (int i = 0; i < 1000; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      auto t0 = clk::now();
+      if (i % 2) {
+        engine.ping(1);
+        v_idle_ping.push_back(us_since(t0));
+      } else {
+        raw();
+        v_idle_raw.push_back(us_since(t0));
+      }
     }
   }
-  out += "  \"facade_round_trip_engine_ping\": " + json(stats(v_ping)) + ",\n";
+  const Stats s_ping = stats(v_ping), s_raw = stats(v_raw);
+  out += "  \"facade_round_trip_engine_ping\": " + json(s_ping) + ",\n";
   out += "  \"facade_round_trip_spin_0us\": " + json(stats(v_spin0)) + ",\n";
   out += "  \"facade_round_trip_spin_20us\": " + json(stats(v_spin20)) + ",\n";
   out += "  \"facade_round_trip_spin_50us\": " + json(stats(v_spin50)) + ",\n";
-  out += "  \"raw_scoped_actor_request\": " + json(stats(v_raw)) + ",\n";
+  out += "  \"raw_scoped_actor_request\": " + json(s_raw) + ",\n";
+  out += "  \"facade_vs_raw_scoped_actor_median\": " + std::to_string(s_ping.median_us / s_raw.median_us) + ",\n";
+  out += "  \"after_idle_engine_ping\": " + json(stats(v_idle_ping)) + ",\n";
+  out += "  \"after_idle_raw_scoped_actor_request\": " + json(stats(v_idle_raw)) + ",\n";
   double a2a_us;
   {
     auto done = std::make_shared<actors::Inbox<int64_t>>(std::chrono::microseconds(0));
@@ -119,6 +142,7 @@ int main() {
     a2a_us = us_since(t0) / kRounds;
   }
   char buf[512];
+  char buf_text[1024];
   std::snprintf(buf, sizeof buf, "  \"actor_to_actor_round_trip_us\": %.2f,\n", a2a_us);
   out += buf;
 
@@ -206,6 +230,52 @@ int main() {
                   static_cast<long long>(rows), rows / heavy1, rows / heavy2, rows / heavy_loop, heavy1 / heavy2,
                   heavy_loop / heavy2);
     out += buf;
+  }
+  // ---- store: rows go straight to memory (snapshot + index), what the actor serialises takes one hop
+  {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::temp_directory_path() / ("td_bench_store_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    const int64_t rows = 10000;
+    Schema schema = {{"x", {{64}, at::kFloat}}, {"y", {{16}, at::kFloat}}};
+    TensorDict buf = TensorDict::from_schema(schema, {rows}, "memmap", MemmapOptions().prefix(dir.string()));
+    buf.apply_([](const at::Tensor& t) { return t.fill_(1.0); });  // first touch outside the timings
+    Store store = Store::open(buf);
+    TensorDict row = buf.index({7}).clone();
+    int64_t i = 0;
+    auto next = [&] { return (i = (i * 7919 + 13) % rows); };
+    Stats s_raw_r{}, s_direct_r{}, s_actor_r{}, s_raw_w{}, s_direct_w{}, s_actor_w{};
+    std::vector<double> raw_r, direct_r, actor_r, raw_w, direct_w, actor_w;
+    for (int b = 0; b < 10; ++b) {  // interleaved blocks
+      auto block = [&](std::vector<double>& v, auto&& f) {
+        for (int k = 0; k < 1000; ++k) {
+          auto t0 = clk::now();
+          f();
+          v.push_back(us_since(t0));
+        }
+      };
+      block(raw_r, [&] { buf.index({next()}); });
+      block(direct_r, [&] { store.get({next()}); });
+      block(actor_r, [&] { store.read({next()}); });
+      block(raw_w, [&] { buf.index_put_({next()}, row); });
+      block(direct_w, [&] { store.set_({next()}, row); });
+      block(actor_w, [&] { store.write({next()}, row); });
+    }
+    s_raw_r = stats(raw_r), s_direct_r = stats(direct_r), s_actor_r = stats(actor_r);
+    s_raw_w = stats(raw_w), s_direct_w = stats(direct_w), s_actor_w = stats(actor_w);
+    int64_t n_keys = 0;
+    Stats add = time_each(50, [&] { store.add_key("k" + std::to_string(n_keys++), at::zeros({rows})); });
+    store.close();
+    fs::remove_all(dir);
+    std::snprintf(buf_text, sizeof buf_text,
+                  "  ,\"store_rows\": {\"read_raw_td_index_us\": %.2f, \"read_store_get_us\": %.2f, "
+                  "\"read_through_actor_us\": %.2f, \"write_raw_index_put_us\": %.2f, \"write_store_set_us\": %.2f, "
+                  "\"write_through_actor_us\": %.2f, \"get_vs_raw\": %.2f, \"set_vs_raw\": %.2f, "
+                  "\"actor_hop_read_vs_get\": %.2f, \"add_key_median_us\": %.1f}\n",
+                  s_raw_r.median_us, s_direct_r.median_us, s_actor_r.median_us, s_raw_w.median_us, s_direct_w.median_us,
+                  s_actor_w.median_us, s_direct_r.median_us / s_raw_r.median_us,
+                  s_direct_w.median_us / s_raw_w.median_us, s_actor_r.median_us / s_direct_r.median_us, add.median_us);
+    out += buf_text;
   }
   out += "}\n";
   std::fputs(out.c_str(), stdout);

@@ -18,13 +18,15 @@ namespace actors {
 void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<map_error>("tensordict::map_error");
   cfg.add_message_type<map_job_desc>("tensordict::map_job_desc");
+  cfg.add_message_type<store_request>("tensordict::store_request");
+  cfg.add_message_type<store_response>("tensordict::store_response");
 }
 
 namespace {
 
 caf::behavior echo_actor(caf::event_based_actor*) {
   return {
-      [](ping_atom, const int_inbox_ptr& box, int64_t x) { box->push(x); },
+      [](ping_atom, const int_reply_ptr& box, int64_t x) { box->set_value(x); },
       [](ping_atom, int64_t x) { return x; },
   };
 }
@@ -116,10 +118,21 @@ std::shared_ptr<Runtime> Runtime::start(const Config& config) {
 Runtime::Runtime(const Config& config) : config_(config) {
   config_.validate();
   set_log_level(config_.log_level);
+  if (config_.shm_prefix != Config::defaults().shm_prefix) TensorDict::set_shm_prefix(config_.shm_prefix);
   cfg_ = std::make_unique<caf::actor_system_config>();
   // DEPENDENCIES §5.1: CAF's defaults (work stealing, one thread per core and more) cost ~4x per request
   cfg_->set("scheduler.policy", config_.scheduler_policy == "stealing" ? caf::atom("stealing") : caf::atom("sharing"));
   cfg_->set("scheduler.max-threads", static_cast<size_t>(config_.scheduler_threads));
+  if (config_.scheduler_policy == "stealing") {
+    // spin (aggressive polling), then sleep on the worker's condition variable (woken by new work); CAF's
+    // moderate stage (50 us sleeps without wake-up for 25 ms) is what made its defaults cost ~100 us
+    cfg_->set("work-stealing.aggressive-poll-attempts", static_cast<size_t>(config_.scheduler_spin_polls));
+    cfg_->set("work-stealing.aggressive-steal-interval", size_t{10});
+    cfg_->set("work-stealing.moderate-poll-attempts", size_t{0});
+    cfg_->set("work-stealing.relaxed-steal-interval", size_t{1});
+    cfg_->set("work-stealing.relaxed-sleep-duration",
+              caf::timespan{std::chrono::microseconds(config_.scheduler_idle_sleep_us)});
+  }
   // the middleman: worker processes of td.map connect back on 127.0.0.1 (nothing listens until a map
   // with worker_processes publishes its coordinator); its I/O runs on the multiplexer thread
   cfg_->load<caf::io::middleman>();
@@ -143,14 +156,13 @@ Runtime::~Runtime() {
 }
 
 int64_t Runtime::ping(int64_t x) {
-  auto box = std::make_shared<Inbox<int64_t>>(spin());
+  auto box = std::make_shared<Reply<int64_t>>();
   caf::anon_send(echo_, ping_atom::value, box, x);
-  auto r = box->pop(std::chrono::steady_clock::now() + request_timeout());
-  if (!r) {
+  if (!box->wait(std::chrono::steady_clock::now() + request_timeout(), spin())) {
     throw BackendError("engine: no reply from the echo actor within " + std::to_string(config_.request_timeout_ms) +
                        " ms (request_timeout_ms)");
   }
-  return *r;
+  return box->get();
 }
 
 namespace {
@@ -163,7 +175,8 @@ std::shared_ptr<LocalMapJob> make_job(const Runtime& rt, const TensorDict& src, 
   job->src = src;
   job->fn = fn;
   job->progress_interval = std::chrono::milliseconds(c.map_progress_interval_ms);
-  job->events = std::make_shared<Inbox<MapEvent>>(rt.spin());
+  // no spin: the caller of map waits while the workers use the cores (facade_spin_us is for requests)
+  job->events = std::make_shared<Inbox<MapEvent>>(std::chrono::microseconds(0));
   return job;
 }
 }  // namespace

@@ -33,6 +33,8 @@ const std::map<std::string, Field>& fields() {
   static const std::map<std::string, Field> f = {
       {"scheduler.threads", {Kind::Int, &Config::scheduler_threads}},
       {"scheduler.policy", {Kind::String, nullptr, nullptr, &Config::scheduler_policy}},
+      {"scheduler.spin_polls", {Kind::Int, &Config::scheduler_spin_polls}},
+      {"scheduler.idle_sleep_us", {Kind::Int, &Config::scheduler_idle_sleep_us}},
       {"map.num_workers", {Kind::Int, &Config::map_num_workers}},
       {"map.torch_threads_per_worker", {Kind::Int, &Config::map_torch_threads_per_worker}},
       {"map.progress", {Kind::Bool, nullptr, &Config::map_progress}},
@@ -168,6 +170,8 @@ void Config::validate() const {
     throw ValueError("config key 'scheduler.policy': expected \"sharing\" or \"stealing\", got \"" +
                      scheduler_policy + "\"");
   }
+  non_negative("scheduler.spin_polls", scheduler_spin_polls);
+  positive("scheduler.idle_sleep_us", scheduler_idle_sleep_us);
   positive("map.num_workers", map_num_workers);
   positive("map.torch_threads_per_worker", map_torch_threads_per_worker);
   non_negative("map.progress_interval_ms", map_progress_interval_ms);
@@ -185,6 +189,9 @@ void Config::validate() const {
   }
   positive("request_timeout_ms", request_timeout_ms);
   non_negative("facade_spin_us", facade_spin_us);
+  if (shm_prefix.empty() || shm_prefix.size() > 200 || shm_prefix.find('/') != std::string::npos) {
+    throw ValueError("config key 'shm.prefix': expected 1 to 200 characters without '/', got \"" + shm_prefix + "\"");
+  }
 }
 
 std::string Config::to_json() const {

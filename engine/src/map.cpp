@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include "tensor_dict_internal.hpp"
+#include "tensordict/lazy_stack.hpp"
 
 namespace tensordict {
 
@@ -39,10 +40,10 @@ template <class E>
   throw E(msg);
 }
 
-//! the same error type as `e` with `prefix` + e's message (without its "Type: " prefix)
-[[noreturn]] void rethrow_with_prefix(const std::string& prefix, int64_t chunk) {
+//! the same error type as `e` with `prefix` + e's message (without its "Type: " prefix) + `suffix`
+[[noreturn]] void rethrow_with_prefix(const std::string& prefix, int64_t chunk, const std::string& suffix = "") {
   map_detail::CarriedError ce = map_detail::carry_current_exception(chunk);
-  ce.message = prefix + ce.message;
+  ce.message = prefix + ce.message + suffix;
   map_detail::rethrow(ce);
 }
 
@@ -138,6 +139,58 @@ TensorDict TensorDict::map(const std::string& fn_name, const MapOptions& options
 MapIter TensorDict::map_iter(const MapFn& fn, const MapOptions& options) const {
   if (!fn) throw ValueError("map_iter: fn is empty");
   return require_backend("TensorDict::map_iter")->map_iter(*this, fn, options);
+}
+
+LazyStackedTensorDict TensorDict::map_lazy(const MapFn& fn, const MapOptions& options) const {
+  // map_lazy's own rules first (before any worker or backend): per element, in order, nothing written
+  if (!fn) throw ValueError("map_lazy: fn is empty");
+  if (!defined()) throw ValueError("map_lazy: the TensorDict is undefined");
+  if (!options.chunksize() || *options.chunksize() != 0) {
+    throw ValueError("map_lazy stacks the per-element results (dim removed) and needs MapOptions().chunksize(0), "
+                     "got " + (options.chunksize() ? "chunksize " + std::to_string(*options.chunksize())
+                                                   : std::string("no chunksize")) +
+                     (options.num_chunks() ? " and num_chunks " + std::to_string(*options.num_chunks()) : "") +
+                     "; use map for chunked results");
+  }
+  if (options.out()) {
+    throw ValueError("map_lazy does not accept out: results written into out leave nothing to stack (use "
+                     "map(fn, MapOptions().out(...)))");
+  }
+  if (options.shuffle()) throw ValueError("map_lazy: shuffle is a map_iter option (map_lazy keeps the order)");
+  if (options.worker_processes() > 0) {
+    throw ValueError("map_lazy runs in-process workers only (worker_processes " +
+                     std::to_string(options.worker_processes()) + "): worker processes write into a memmap/"
+                     "shared out, use map(\"fn name\", MapOptions().out(...).worker_processes(n))");
+  }
+  const int64_t nd = batch_dims();
+  // an out-of-range dim is map_iter's IndexError below
+  const int64_t dim = options.dim() < 0 ? options.dim() + nd : options.dim();
+  // the results in chunk order through map_iter (the backend's validation names map_iter: rename it)
+  MapIter it;
+  try {
+    it = require_backend("TensorDict::map_lazy")->map_iter(*this, fn, options);
+  } catch (...) {
+    map_detail::CarriedError ce = map_detail::carry_current_exception(-1);
+    const std::string pre = "map_iter";
+    if (ce.message.compare(0, pre.size(), pre) == 0) ce.message = "map_lazy" + ce.message.substr(pre.size());
+    map_detail::rethrow(ce);
+  }
+  std::vector<TensorDict> results;
+  while (std::optional<TensorDict> r = it.next()) {
+    if (r->defined()) results.push_back(std::move(*r));  // upstream collects the non-None results
+  }
+  if (results.empty()) {
+    const int64_t n = batch_size()[static_cast<size_t>(dim)];
+    throw ValueError(n == 0 ? "map_lazy: nothing to stack: the TensorDict has no element along dim " +
+                                  std::to_string(dim) + " (batch_size " + detail::shape_str(batch_size()) + ")"
+                            : "map_lazy: fn returned no result (every one of the " + std::to_string(n) +
+                                  " results is an undefined TensorDict): nothing to stack");
+  }
+  try {
+    return LazyStackedTensorDict(std::move(results), dim);
+  } catch (...) {
+    rethrow_with_prefix("map_lazy: cannot stack the results of fn lazily: ", -1);
+  }
 }
 
 // ============================================================================ MapIter
@@ -346,6 +399,10 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan) {
   } catch (...) {
     // find the first chunk that does not combine with the first one, and name it
     const char* op = plan.stack ? "stack" : "concatenate";
+    // per-element results that differ in leaf shapes or keys: upstream returns a lazy stack, here map_lazy
+    const std::string hint = plan.stack ? std::string(" (use td.map_lazy(fn, options) to get the per-element results "
+                                                      "as a LazyStackedTensorDict)")
+                                        : std::string();
     for (size_t j = 1; j < defined.size(); ++j) {
       try {
         combine({defined[0], defined[j]});
@@ -353,10 +410,10 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan) {
         rethrow_with_prefix(std::string("map: cannot ") + op + " the results of fn: the result of " +
                                 chunk_name(plan, which[j]) + " does not match that of " +
                                 chunk_name(plan, which[0]) + ": ",
-                            static_cast<int64_t>(which[j]));
+                            static_cast<int64_t>(which[j]), hint);
       }
     }
-    rethrow_with_prefix(std::string("map: cannot ") + op + " the results of fn: ", -1);
+    rethrow_with_prefix(std::string("map: cannot ") + op + " the results of fn: ", -1, hint);
   }
 }
 

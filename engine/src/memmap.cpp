@@ -548,41 +548,7 @@ std::string TensorDict::type_name() const {
 }
 
 // ============================================================================ LazyStackedTensorDict
-LazyStackedTensorDict::LazyStackedTensorDict(std::vector<TensorDict> tensordicts, int64_t stack_dim)
-    : tds_(std::move(tensordicts)), stack_dim_(stack_dim) {
-  if (tds_.empty()) throw ValueError("LazyStackedTensorDict needs at least one member");
-  int64_t nd = tds_[0].batch_dims();
-  for (const auto& td : tds_) {
-    if (td.batch_dims() != nd) {
-      throw BatchSizeError("LazyStackedTensorDict: members have different numbers of batch dims (" +
-                           std::to_string(nd) + " vs " + std::to_string(td.batch_dims()) + ")");
-    }
-  }
-  stack_dim_ = detail::normalize_dim(stack_dim, nd, /*allow_end=*/true);
-}
-
-BatchSize LazyStackedTensorDict::batch_size() const {
-  BatchSize bs = tds_[0].batch_size();
-  for (const auto& td : tds_)
-    for (size_t i = 0; i < bs.size(); ++i)
-      if (td.batch_size()[i] != bs[i]) bs[i] = -1;
-  bs.insert(bs.begin() + stack_dim_, static_cast<int64_t>(tds_.size()));
-  return bs;
-}
-
-std::vector<NestedKey> LazyStackedTensorDict::keys() const {
-  std::vector<NestedKey> common = tds_[0].keys(KeysOptions().sort(true));
-  for (const auto& td : tds_) {
-    std::vector<NestedKey> keep;
-    for (const auto& k : common)
-      if (td.contains(k)) keep.push_back(k);
-    common = std::move(keep);
-  }
-  return common;
-}
-
-TensorDict LazyStackedTensorDict::contiguous() const { return stack(tds_, stack_dim_); }
-
+// (construction, batch size, keys, densification: lazy_stack.cpp)
 LazyStackedTensorDict& LazyStackedTensorDict::memmap_(const std::string& prefix, const MemmapOptions& options) {
   if (prefix.empty()) throw ValueError("LazyStackedTensorDict::memmap_ needs a prefix");
   make_dirs(prefix);

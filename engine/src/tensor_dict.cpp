@@ -887,6 +887,22 @@ TensorDict TensorDict::clone(bool recurse) const {
   return TensorDict(out);
 }
 
+namespace {
+std::shared_ptr<TensorDictImpl> copy_nodes(const TensorDictImpl& src) {
+  auto out = std::make_shared<TensorDictImpl>(src);  // entries (leaves shared), flags, directory, records
+  out->locked = false;
+  out->locked_parents.clear();
+  for (auto& kv : out->entries) {
+    if (!kv.second.is_tensordict()) continue;
+    std::shared_ptr<TensorDictImpl> child = kv.second.tensordict().impl();
+    kv.second = Entry(TensorDict(copy_nodes(*child)));
+  }
+  return out;
+}
+}  // namespace
+
+TensorDict TensorDict::shallow_copy() const { return TensorDict(copy_nodes(*impl_)); }
+
 TensorDict TensorDict::to(at::Device device) const {
   if (impl_->device && *impl_->device == device) return *this;
   std::optional<at::Device> target = device;

@@ -48,7 +48,7 @@ BOOST_AUTO_TEST_CASE(embedded_default) {
   BOOST_TEST(c.map_num_workers == 2);
   BOOST_TEST(c.map_torch_threads_per_worker == 1);
   BOOST_TEST(c.redis_port == 6379);
-  BOOST_TEST(c.shm_prefix == "tensordict");
+  BOOST_TEST(c.shm_prefix == "tensordict_");
   BOOST_TEST(Config::load().to_json() == c.to_json());
   // to_json round-trips
   Config back = Config().overlay(c.to_json());

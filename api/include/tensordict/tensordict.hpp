@@ -9,3 +9,4 @@
 #include "tensordict/config.hpp"
 #include "tensordict/engine.hpp"
 #include "tensordict/map.hpp"
+#include "tensordict/store.hpp"

@@ -12,6 +12,11 @@ struct Config {
   // scheduler.*: the CAF scheduler of an Engine
   int64_t scheduler_threads = 2;
   std::string scheduler_policy = "sharing";
+  //! "stealing" only: how many times an idle scheduler thread polls for work (spinning) before it sleeps
+  //! on its condition variable; a request arriving meanwhile needs no thread wake-up
+  int64_t scheduler_spin_polls = 100;
+  //! "stealing" only: a sleeping scheduler thread wakes after this long to steal queued work of others
+  int64_t scheduler_idle_sleep_us = 1000;
   // map.*
   int64_t map_num_workers = 2;
   int64_t map_torch_threads_per_worker = 1;
@@ -19,8 +24,9 @@ struct Config {
   int64_t map_progress_interval_ms = 1000;
   //! worker processes: how long map waits for them to exit after the stop message before SIGKILL
   int64_t map_process_exit_grace_ms = 2000;
-  // shm.*
-  std::string shm_prefix = "tensordict";
+  // shm.*: name prefix of the shared-memory segments this process creates; an Engine whose prefix differs
+  // from the default sets it process-wide (TensorDict::set_shm_prefix) when it starts
+  std::string shm_prefix = "tensordict_";
   // redis.*
   std::string redis_host = "127.0.0.1";
   int64_t redis_port = 6379;
@@ -29,7 +35,9 @@ struct Config {
   // log.*
   std::string log_level = "warn";
   int64_t request_timeout_ms = 30000;
-  int64_t facade_spin_us = 0;  // measured: spinning lost on the loaded 2-core VM (bench_actors)
+  //! how long a facade request spins on its reply before it blocks (bench_actors: ~4 us spinning vs ~15-25 us
+  //! when the reply has to wake a sleeping thread)
+  int64_t facade_spin_us = 50;
 
   //! the embedded default only
   static Config defaults();

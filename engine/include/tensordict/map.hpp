@@ -1,6 +1,6 @@
 #pragma once
-//! td.map / td.map_iter: options, the result iterator, and the backend interface the upper layer
-//! (actors/, registered by api/'s Engine) implements. engine/ owns the semantics that do not need actors
+//! td.map / td.map_iter / td.map_lazy: options, the result iterator, and the backend interface the upper
+//! layer (actors/, registered by api/'s Engine) implements. engine/ owns the semantics that do not need actors
 //! (validation, splitting into chunks, taking a chunk view, restacking, writing into `out`) so that every
 //! backend behaves alike; the backend only schedules chunks on workers.
 #include <chrono>
@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include "tensordict/lazy_stack.hpp"  // td.map_lazy's result
 #include "tensordict/options.hpp"
 #include "tensordict/tensor_dict.hpp"
 

@@ -26,6 +26,7 @@ class TensorDict;
 struct TensorDictImpl;
 struct MapOptions;
 class MapIter;
+class LazyStackedTensorDict;
 //! fn for map/map_iter: gets one chunk, returns its result (undefined TensorDict = upstream's None)
 using MapFn = std::function<TensorDict(const TensorDict&)>;
 
@@ -204,6 +205,10 @@ class TensorDict {
   //! deep copy (recurse) or structure-only copy sharing the leaves; never locked
   TensorDict clone(bool recurse = true) const;
   TensorDict copy() const { return clone(false); }
+  //! a new tree of TensorDict nodes sharing every leaf and keeping the memmap / shared flags, directories
+  //! and class records, unlocked at every level (lock_() it when done): adding a key to one does not show
+  //! in the other. How the store actors build the next snapshot of a store's structure.
+  TensorDict shallow_copy() const;
   TensorDict to(at::Device device) const;
   TensorDict to(at::ScalarType dtype) const;
   TensorDict& zero_();
@@ -320,6 +325,11 @@ class TensorDict {
   TensorDict map(const std::string& fn_name, const MapOptions& options) const;
   //! upstream map_iter: the results one by one (in chunk order, or as completed with shuffle)
   MapIter map_iter(const MapFn& fn, const MapOptions& options) const;
+  //! map with chunksize(0) that never densifies: the defined per-element results in order as a
+  //! LazyStackedTensorDict (stack_dim = the map dim), so ragged or key-differing results are kept
+  //! (upstream's map returns maybe_dense_stack's lazy stack). ValueError without chunksize(0), with out
+  //! or shuffle, or when fn returned no result
+  LazyStackedTensorDict map_lazy(const MapFn& fn, const MapOptions& options) const;
 
   //! internal: the implementation object (engine and upper layers only)
   const std::shared_ptr<TensorDictImpl>& impl() const { return impl_; }

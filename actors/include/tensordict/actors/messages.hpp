@@ -19,6 +19,14 @@
 //!   P -> C  (map_failed_atom, int64 worker, map_error)
 //!   C -> P  (map_stop_atom)                                            done or failed: P exits
 //! P exits as well when C goes down (P monitors C: a dropped connection is a down message).
+//!
+//! store protocol (facade F or remote client R -> store actor S; one message per user call, covering
+//! every leaf):
+//!   F -> S  (store_atom, store_call_ptr)     in-process: request + payload (Index, TensorDict, tensor) +
+//!                                            the caller's Reply slot, which S fulfils (value or error)
+//!   R -> S  (store_atom, store_request) -> store_response          inspectable: what another process may
+//!           ask. Data never travels in messages across processes: the response carries the storage
+//!           handle (memmap directory or share_handle() bytes) and the client maps it, zero-copy.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,6 +35,7 @@
 #include <caf/all.hpp>
 
 #include "tensordict/actors/inbox.hpp"
+#include "tensordict/actors/reply.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace tensordict {
@@ -78,8 +87,81 @@ typename Inspector::result_type inspect(Inspector& f, map_job_desc& x) {
            x.out_handle, x.dim, x.seed, x.worker_threads, x.drop_dim, x.starts, x.lengths, x.log_level);
 }
 
-//! the reply box of a facade request (in-process only)
-using int_inbox_ptr = std::shared_ptr<Inbox<int64_t>>;
+//! the reply slot of a facade request (in-process only)
+using int_reply_ptr = std::shared_ptr<Reply<int64_t>>;
+
+// ---------------------------------------------------------------------------------------- store protocol
+using store_atom = caf::atom_constant<caf::atom("tdstore")>;
+
+//! what a store request asks for
+enum class StoreOp : int32_t {
+  Info = 0,  //!< batch size, leaves (key, dtype, shape), storage handle, version
+  AddKey,    //!< a new leaf: zero-filled (dtype + full shape) or, in-process, with the given tensor's data
+  Flush,     //!< msync every leaf (memmap); nothing for shared memory
+  Refresh,   //!< pick up leaves another process added to the directory (memmap_refresh_)
+  Read,      //!< td[index] through the actor (in-process only; the direct path needs no actor)
+  Write,     //!< td[index] = value through the actor (in-process only)
+  Close,     //!< flush and stop the actor
+};
+
+//! one leaf of a store, as a remote client learns it
+struct store_leaf {
+  std::vector<std::string> key;
+  std::string dtype;  // "torch.float32"
+  std::vector<int64_t> shape;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_leaf& x) {
+  return f(caf::meta::type_name("tensordict::store_leaf"), x.key, x.dtype, x.shape);
+}
+
+//! inspectable request (remote clients; the in-process store_call carries one too)
+struct store_request {
+  int32_t op = 0;
+  std::vector<std::string> key;  // AddKey
+  std::string dtype;             // AddKey: "torch.float32"
+  std::vector<int64_t> shape;    // AddKey: batch size + feature shape
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_request& x) {
+  return f(caf::meta::type_name("tensordict::store_request"), x.op, x.key, x.dtype, x.shape);
+}
+
+//! inspectable response: ok, or the error (tensordict type name + message) the store raised
+struct store_response {
+  bool ok = true;
+  map_error error;
+  std::string kind;    // "memmap" | "shared"
+  std::string handle;  // the directory, or share_handle() bytes
+  std::vector<int64_t> batch_size;
+  std::vector<store_leaf> leaves;
+  int64_t version = 0;  // bumped by every structural change
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_response& x) {
+  return f(caf::meta::type_name("tensordict::store_response"), x.ok, x.error, x.kind, x.handle, x.batch_size,
+           x.leaves, x.version);
+}
+
+//! what an in-process request gets back: the response and, for Read / AddKey / Refresh, a TensorDict
+//! (the rows read, or the new snapshot)
+struct StoreResult {
+  store_response response;
+  TensorDict td{std::shared_ptr<TensorDictImpl>()};
+};
+
+//! an in-process store request: the inspectable part, the payload, the reply slot
+struct store_call {
+  store_request req;
+  Index index;
+  TensorDict value{std::shared_ptr<TensorDictImpl>()};
+  at::Tensor tensor;
+  Reply<StoreResult> reply;
+};
+using store_call_ptr = std::shared_ptr<store_call>;
 
 //! adds the inspectable types to a config (both sides of a middleman connection must do it)
 void register_message_types(caf::actor_system_config& cfg);
@@ -88,4 +170,5 @@ void register_message_types(caf::actor_system_config& cfg);
 }  // namespace tensordict
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::TensorDict)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::actors::int_inbox_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::actors::int_reply_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::actors::store_call_ptr)

@@ -28,7 +28,7 @@ class Runtime : public MapBackend, public std::enable_shared_from_this<Runtime> 
   std::chrono::milliseconds request_timeout() const {
     return std::chrono::milliseconds(config_.request_timeout_ms);
   }
-  //! the echo actor: (ping_atom, int_inbox_ptr box, int64 x) pushes x into box; (ping_atom, int64 x) replies x
+  //! the echo actor: (ping_atom, int_reply_ptr box, int64 x) fulfils box with x; (ping_atom, int64 x) replies x
   const caf::actor& echo() const { return echo_; }
   //! a facade round trip to the echo actor (spin-then-block reply box); BackendError on timeout
   int64_t ping(int64_t x = 0);

@@ -1,0 +1,447 @@
+#include "tensordict/actors/store_actor.hpp"
+
+#include <caf/io/all.hpp>
+
+#include "tensordict/actors/runtime.hpp"
+
+#include "tensordict/backends/memmap_file.hpp"
+#include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/logging.hpp"
+
+namespace tensordict {
+namespace actors {
+
+namespace {
+
+std::string shape_str(const BatchSize& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+//! checks shared by every backend: a new key whose parent exists, a shape that starts with the batch size
+void check_new_key(const TensorDict& td, const NestedKey& key, const BatchSize& shape) {
+  if (key.size() == 0) throw KeyError("add_key: the key is empty");
+  if (td.contains(key)) throw KeyError("add_key: key " + key.repr() + " already exists in the store");
+  for (size_t i = 0; i + 1 < key.size(); ++i) {
+    NestedKey parent(std::vector<std::string>(key.parts().begin(), key.parts().begin() + static_cast<long>(i) + 1));
+    if (!td.contains(parent)) throw KeyError("add_key: the parent " + parent.repr() + " of " + key.repr() + " is missing");
+    if (!td.get_entry(parent).is_tensordict()) {
+      throw KeyError("add_key: " + parent.repr() + " is not a TensorDict, so it cannot hold " + key.repr());
+    }
+  }
+  const BatchSize& bs = td.batch_size();
+  if (shape.size() < bs.size() || !std::equal(bs.begin(), bs.end(), shape.begin())) {
+    throw BatchSizeError("add_key: the shape " + shape_str(shape) + " of " + key.repr() +
+                         " does not start with the store's batch size " + shape_str(bs));
+  }
+}
+
+//! stores hand out locked snapshots, like load_memmap / share_memory_ (keys can't be added behind the
+//! actor's back; rows are writable)
+TensorDict relock(TensorDict td) {
+  td.lock_();
+  return td;
+}
+
+class MemmapStore final : public StoreBackend {
+ public:
+  explicit MemmapStore(const TensorDict& td) {
+    if (!td.is_memmap() || td.memmap_prefix().empty()) {
+      throw ValueError("a memmap store needs a memmap TensorDict saved to a directory (memmap_(prefix), "
+                       "load_memmap or from_schema with storage \"memmap\")");
+    }
+    td_ = relock(td.shallow_copy());
+  }
+  std::string kind() const override { return "memmap"; }
+  TensorDict td() const override { return td_; }
+  void add_key(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype, const at::Tensor& data) override {
+    check_new_key(td_, key, shape);
+    backends::dtype_to_string(dtype);  // ValueError for a dtype Python's loader cannot read back
+    TensorDict next = td_.shallow_copy();
+    next.make_memmap(key, shape, dtype);  // the leaf file, then meta.json rewritten atomically
+    if (data.defined()) next.get(key).copy_(data);
+    td_ = relock(next);
+  }
+  void flush() override {
+    for (const Entry& e : td_.values(KeysOptions().include_nested(true).leaves_only(true))) {
+      if (e.is_tensor()) backends::flush(e.tensor());
+    }
+  }
+  void refresh() override {
+    TensorDict next = td_.shallow_copy();
+    next.memmap_refresh_();
+    td_ = relock(next);
+  }
+  std::string handle() const override { return td_.memmap_prefix(); }
+  void close() override { flush(); }
+
+ private:
+  TensorDict td_{std::shared_ptr<TensorDictImpl>()};
+};
+
+class SharedStore final : public StoreBackend {
+ public:
+  explicit SharedStore(const TensorDict& td) {
+    if (!td.is_shared()) throw ValueError("a shared store needs a share_memory_()'d TensorDict");
+    td_ = relock(td.shallow_copy());
+  }
+  std::string kind() const override { return "shared"; }
+  TensorDict td() const override { return td_; }
+  void add_key(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype, const at::Tensor& data) override {
+    check_new_key(td_, key, shape);
+    TensorDict one(td_.batch_size());
+    one.set(key, data.defined() ? data.to(dtype).contiguous() : at::zeros(shape, at::TensorOptions().dtype(dtype)));
+    one.share_memory_();  // a new segment for the leaf
+    TensorDict next = td_.shallow_copy();  // unlocked, still is_shared (unlock_() would clear that)
+    next.set(key, one.get(key));
+    td_ = relock(next);
+  }
+  void flush() override {}    // shared memory: nothing to write back
+  void refresh() override {}  // the owner's structure is the truth; clients re-open the handle
+  std::string handle() const override { return td_.share_handle(); }
+  void close() override {}
+
+ private:
+  TensorDict td_{std::shared_ptr<TensorDictImpl>()};
+};
+
+struct StoreState {
+  std::shared_ptr<StoreBackend> backend;
+  std::shared_ptr<StoreShared> shared;
+  int64_t version = 0;
+  static inline const char* name = "tensordict.store";
+};
+
+store_response info(StoreState& st) {
+  store_response r;
+  r.kind = st.backend->kind();
+  r.handle = st.backend->handle();
+  TensorDict td = st.backend->td();
+  r.batch_size.assign(td.batch_size().begin(), td.batch_size().end());
+  r.leaves = describe_leaves(td);
+  r.version = st.version;
+  return r;
+}
+
+void republish(StoreState& st) {
+  ++st.version;
+  st.shared->publish(st.backend->td(), st.version);
+}
+
+//! runs one request inside the actor; `call` is null for a remote (inspectable-only) request
+StoreResult apply(StoreState& st, const store_request& req, store_call* call) {
+  StoreResult res;
+  switch (static_cast<StoreOp>(req.op)) {
+    case StoreOp::Info:
+      break;
+    case StoreOp::AddKey: {
+      NestedKey key(req.key);
+      at::Tensor data = call ? call->tensor : at::Tensor();
+      BatchSize shape(req.shape.begin(), req.shape.end());
+      at::ScalarType dtype = at::kFloat;
+      if (data.defined()) {
+        shape.assign(data.sizes().begin(), data.sizes().end());
+        dtype = data.scalar_type();
+      } else {
+        auto d = backends::dtype_from_string(req.dtype);
+        if (!d) throw TypeError("add_key: unknown dtype '" + req.dtype + "' (expected e.g. \"torch.float32\")");
+        dtype = *d;
+      }
+      st.backend->add_key(key, shape, dtype, data);
+      republish(st);
+      res.td = st.backend->td();
+      break;
+    }
+    case StoreOp::Flush:
+      st.backend->flush();
+      break;
+    case StoreOp::Refresh:
+      st.backend->refresh();
+      republish(st);
+      res.td = st.backend->td();
+      break;
+    case StoreOp::Read:
+      if (!call) throw ValueError("store: rows are read through the mapping in another process, not by message");
+      res.td = st.backend->td().index(call->index);
+      return res;  // the hot path: no info
+    case StoreOp::Write:
+      if (!call) throw ValueError("store: rows are written through the mapping in another process, not by message");
+      st.backend->td().index_put_(call->index, call->value);
+      return res;
+    case StoreOp::Close:
+      st.backend->close();
+      break;
+    default:
+      throw ValueError("store: unknown request " + std::to_string(req.op));
+  }
+  res.response = info(st);
+  return res;
+}
+
+store_response error_response(const map_detail::CarriedError& e) {
+  store_response r;
+  r.ok = false;
+  r.error = map_error{e.type, e.message, -1};
+  return r;
+}
+
+caf::behavior store_actor(caf::stateful_actor<StoreState>* self, std::shared_ptr<StoreBackend> backend,
+                          std::shared_ptr<StoreShared> shared) {
+  self->state.backend = std::move(backend);
+  self->state.shared = shared;
+  std::weak_ptr<StoreShared> weak = shared;
+  self->attach_functor([weak](const caf::error& reason) {
+    if (auto s = weak.lock()) {
+      s->fail_all(reason ? "the store actor terminated (" + to_string(reason) + ")" : "the store was closed");
+    }
+  });
+  return {
+      [=](store_atom, const store_call_ptr& call) {
+        const auto op = static_cast<StoreOp>(call->req.op);
+        try {
+          call->reply.set_value(apply(self->state, call->req, call.get()));
+        } catch (...) {
+          call->reply.set_error(map_detail::carry_current_exception(-1));
+        }
+        if (op == StoreOp::Close) self->quit();
+      },
+      [=](store_atom, const store_request& req) -> store_response {
+        store_response r;
+        try {
+          r = apply(self->state, req, nullptr).response;
+        } catch (...) {
+          r = error_response(map_detail::carry_current_exception(-1));
+        }
+        if (static_cast<StoreOp>(req.op) == StoreOp::Close) self->quit();
+        return r;
+      },
+  };
+}
+
+}  // namespace
+
+std::shared_ptr<StoreBackend> make_memmap_store(const TensorDict& td) { return std::make_shared<MemmapStore>(td); }
+std::shared_ptr<StoreBackend> make_shared_store(const TensorDict& td) { return std::make_shared<SharedStore>(td); }
+
+TensorDict StoreShared::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+int64_t StoreShared::version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return version_;
+}
+void StoreShared::publish(const TensorDict& td, int64_t version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_ = td;
+  version_ = version;
+}
+bool StoreShared::begin(const store_call_ptr& call, std::string* why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!alive_) {
+    *why = why_dead_;
+    return false;
+  }
+  calls_.insert(call);
+  return true;
+}
+void StoreShared::end(const store_call_ptr& call) {
+  std::lock_guard<std::mutex> lock(mu_);
+  calls_.erase(call);
+}
+void StoreShared::fail_all(const std::string& why) {
+  std::set<store_call_ptr> calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    alive_ = false;
+    why_dead_ = why;
+    calls.swap(calls_);
+  }
+  for (const auto& c : calls) c->reply.set_error(map_detail::CarriedError{"BackendError", "store: " + why, -1});
+}
+
+caf::actor spawn_store_actor(caf::actor_system& system, std::shared_ptr<StoreBackend> backend,
+                             std::shared_ptr<StoreShared> shared) {
+  shared->publish(backend->td(), 0);
+  return system.spawn(store_actor, std::move(backend), std::move(shared));
+}
+
+StoreResult store_call_blocking(const caf::actor& actor, StoreShared& shared, store_call_ptr call,
+                                std::chrono::microseconds spin, std::chrono::milliseconds timeout) {
+  std::string why;
+  if (!actor || !shared.begin(call, &why)) {
+    throw BackendError("store: " + (why.empty() ? std::string("the store is closed") : why));
+  }
+  struct End {
+    StoreShared& s;
+    const store_call_ptr& c;
+    ~End() { s.end(c); }
+  } end{shared, call};
+  caf::anon_send(actor, store_atom::value, call);
+  if (!call->reply.wait(std::chrono::steady_clock::now() + timeout, spin)) {
+    throw BackendError("store: no reply from the store actor within " + std::to_string(timeout.count()) +
+                       " ms (request_timeout_ms)");
+  }
+  return call->reply.get();
+}
+
+store_response store_request_blocking(caf::actor_system& system, const caf::actor& actor, const store_request& req,
+                                      std::chrono::milliseconds timeout) {
+  if (!actor) throw BackendError("store: not connected");
+  // send + monitor instead of request(): a request to a remote actor whose node went away is never
+  // answered (it would wait for the whole timeout), while the monitor delivers a down message at once
+  caf::scoped_actor self{system};
+  self->monitor(actor);
+  self->send(actor, store_atom::value, req);
+  store_response out;
+  std::string failure;
+  bool done = false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    self->receive(
+        [&](const store_response& r) {
+          out = r;
+          done = true;
+        },
+        [&](const caf::down_msg& d) {
+          if (d.source != actor.address()) return;  // not ours: keep waiting
+          failure = "the store actor is down (" + system.render(d.reason) + "): the connection dropped or the store was closed";
+          done = true;
+        },
+        [&](const caf::error& e) {
+          failure = "the request failed: " + system.render(e);
+          done = true;
+        },
+        caf::after(std::max(left, std::chrono::milliseconds(0))) >> [&] {
+          failure = "no reply from the store actor within " + std::to_string(timeout.count()) + " ms (request_timeout_ms)";
+          done = true;
+        });
+  }
+  if (!failure.empty()) throw BackendError("store: " + failure);
+  if (!out.ok) map_detail::rethrow(map_detail::CarriedError{out.error.type, out.error.message, -1});
+  return out;
+}
+
+std::shared_ptr<StoreClient> StoreClient::open(std::shared_ptr<Runtime> rt, std::shared_ptr<StoreBackend> backend) {
+  std::shared_ptr<StoreClient> c(new StoreClient());
+  c->rt_ = std::move(rt);
+  c->kind_ = backend->kind();
+  c->actor_ = spawn_store_actor(c->rt_->system(), std::move(backend), c->shared_);
+  return c;
+}
+
+std::shared_ptr<StoreClient> StoreClient::connect(std::shared_ptr<Runtime> rt, const std::string& host,
+                                                  uint16_t port) {
+  std::shared_ptr<StoreClient> c(new StoreClient());
+  c->rt_ = std::move(rt);
+  c->remote_ = true;
+  auto a = c->rt_->system().middleman().remote_actor(host, port);
+  if (!a) {
+    throw BackendError("store: cannot connect to " + host + ":" + std::to_string(port) + ": " +
+                       c->rt_->system().render(a.error()));
+  }
+  c->actor_ = *a;
+  store_request req;
+  req.op = static_cast<int32_t>(StoreOp::Info);
+  c->adopt_remote(store_request_blocking(c->rt_->system(), c->actor_, req, c->rt_->request_timeout()));
+  return c;
+}
+
+void StoreClient::adopt_remote(const store_response& r) {
+  kind_ = r.kind;
+  TensorDict current = shared_->snapshot();
+  if (current.defined() && r.version == shared_->version()) return;
+  TensorDict next{std::shared_ptr<TensorDictImpl>()};
+  if (r.kind == "memmap" && current.defined()) {
+    next = current.shallow_copy();  // same files: map only the leaves that are new
+    next.memmap_refresh_();
+  } else {
+    next = map_detail::open_storage(map_detail::StorageHandle{r.kind, r.handle}, true);
+  }
+  shared_->publish(relock(next), r.version);
+}
+
+StoreClient::~StoreClient() {
+  if (actor_ && !remote_) caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
+  actor_ = nullptr;
+}
+
+StoreResult StoreClient::call(const store_request& req, const Index& index, const TensorDict& value,
+                              const at::Tensor& tensor) {
+  if (remote_) {
+    if (closed_) throw BackendError("store: the client is closed");
+    StoreResult res;
+    res.response = store_request_blocking(rt_->system(), actor_, req, rt_->request_timeout());
+    return res;
+  }
+  auto c = std::make_shared<store_call>();
+  c->req = req;
+  c->index = index;
+  c->value = value;
+  c->tensor = tensor;
+  return store_call_blocking(actor_, *shared_, std::move(c), rt_->spin(), rt_->request_timeout());
+}
+
+void StoreClient::refresh() {
+  store_request req;
+  if (!remote_) {
+    req.op = static_cast<int32_t>(StoreOp::Refresh);
+    call(req);
+    return;
+  }
+  req.op = static_cast<int32_t>(StoreOp::Info);
+  store_response r = call(req).response;
+  std::lock_guard<std::mutex> lock(mu_);
+  adopt_remote(r);
+}
+
+uint16_t StoreClient::publish(uint16_t port) {
+  if (remote_) throw ValueError("store: only the owner of a store can publish it");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw BackendError("store: the store is closed");
+  auto p = rt_->system().middleman().publish(actor_, port, "127.0.0.1");
+  if (!p) {
+    throw BackendError("store: cannot listen on 127.0.0.1:" + std::to_string(port) + ": " +
+                       rt_->system().render(p.error()));
+  }
+  ports_.push_back(*p);
+  return *p;
+}
+
+void StoreClient::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  closed_ = true;
+  if (remote_) {
+    actor_ = nullptr;
+    shared_->fail_all("the client is closed");
+    return;
+  }
+  for (uint16_t p : ports_) rt_->system().middleman().unpublish(actor_, p);
+  ports_.clear();
+  store_request req;
+  req.op = static_cast<int32_t>(StoreOp::Close);
+  auto c = std::make_shared<store_call>();
+  c->req = req;
+  try {
+    store_call_blocking(actor_, *shared_, std::move(c), rt_->spin(), rt_->request_timeout());
+  } catch (const BackendError&) {
+    // already gone (killed): closing is done
+  }
+}
+
+std::vector<store_leaf> describe_leaves(const TensorDict& td) {
+  std::vector<store_leaf> out;
+  for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true))) {
+    if (!kv.second.is_tensor()) continue;
+    const at::Tensor& t = kv.second.tensor();
+    out.push_back(store_leaf{kv.first.parts(), backends::dtype_to_string(t.scalar_type()),
+                             std::vector<int64_t>(t.sizes().begin(), t.sizes().end())});
+  }
+  return out;
+}
+
+}  // namespace actors
+}  // namespace tensordict

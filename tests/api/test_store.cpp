@@ -1,0 +1,303 @@
+// Store: memmap and shared-memory stores behind their store actor. Rows go straight to memory; add_key,
+// flush, refresh go through the actor (one message per call); other processes connect over the middleman
+// on 127.0.0.1 (td_store_client, path in TD_STORE_CLIENT_EXE) and map the same storage.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <boost/test/unit_test.hpp>
+
+#include "engine/fixtures.hpp"
+#include "engine/zoo.hpp"
+#include "process_util.hpp"
+#include "tensordict/actors/store_actor.hpp"
+#include "tensordict/tensordict.hpp"
+
+#ifndef TD_STORE_CLIENT_EXE
+#error "TD_STORE_CLIENT_EXE (the path of td_store_client) must be defined"
+#endif
+
+using namespace tensordict;
+using at::indexing::Slice;
+using zoo::throws_with;
+using fixtures::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const int64_t kRows = 64;
+
+//! a zero-filled memmap buffer in `dir`: x [64, 4] f32, obs.a [64, 3] i64
+TensorDict make_buffer(const std::string& dir) {
+  Schema schema = {{"x", {{4}, at::kFloat}}, {{"obs", "a"}, {{3}, at::kLong}}};
+  return TensorDict::from_schema(schema, {kRows}, "memmap", MemmapOptions().prefix(dir));
+}
+
+//! fork + exec td_store_client with `args`
+pid_t run_client(const std::vector<std::string>& args) {
+  return testutil::spawn([&] {
+    std::vector<std::string> all = {TD_STORE_CLIENT_EXE};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    return 97;
+  });
+}
+
+std::shared_ptr<Engine> engine_with_timeout(int64_t ms) {
+  return std::make_shared<Engine>(Config::load("{\"request_timeout_ms\": " + std::to_string(ms) + "}"));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(store)
+
+BOOST_AUTO_TEST_CASE(memmap_rows_direct_add_key_through_the_actor) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  BOOST_TEST(store.kind() == "memmap");
+  BOOST_TEST(!store.is_remote());
+  BOOST_TEST(store.version() == 0);
+  TensorDict before = store.td();
+  // rows: straight into the mapping
+  TensorDict row{BatchSize{}};
+  row.set("x", at::full({4}, 7.0));
+  row.set({"obs", "a"}, at::full({3}, 5, at::kLong));
+  store.set_({5}, row);
+  BOOST_TEST(store.get({5}).get("x").equal(at::full({4}, 7.0)));
+  BOOST_TEST(before.get("x")[5].equal(at::full({4}, 7.0)));  // same memory
+  // a key through the actor: a new snapshot; the old one keeps its structure
+  store.add_key("reward", at::arange(kRows, at::kFloat));
+  BOOST_TEST(store.version() == 1);
+  BOOST_TEST(store.td().contains("reward"));
+  BOOST_TEST(!before.contains("reward"));
+  BOOST_TEST(store.td().is_memmap());
+  BOOST_TEST(store.td().get("x").data_ptr() == before.get("x").data_ptr());
+  store.add_key({"obs", "b"}, {kRows, 2}, at::kDouble);
+  BOOST_TEST(store.td().get({"obs", "b"}).sum().item<double>() == 0.0);
+  // on disk: meta.json rewritten, a fresh load sees everything
+  store.flush();
+  TensorDict fresh = TensorDict::load_memmap(dir.path + "/buf");
+  BOOST_TEST(fresh.get("reward").equal(at::arange(kRows, at::kFloat)));
+  BOOST_TEST(fresh.get("x")[5].equal(at::full({4}, 7.0)));
+  BOOST_TEST(fresh.get({"obs", "b"}).sizes().vec() == std::vector<int64_t>({kRows, 2}));
+  BOOST_TEST(fresh.get({"obs", "b"}).scalar_type() == at::kDouble);
+  auto keys = store.keys();
+  BOOST_TEST(keys.size() == 4u);
+  store.close();
+}
+
+BOOST_AUTO_TEST_CASE(read_and_write_through_the_actor_are_one_message_per_call) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  TensorDict rows(BatchSize{10});
+  rows.set("x", at::ones({10, 4}));
+  rows.set({"obs", "a"}, at::full({10, 3}, 2, at::kLong));
+  store.write({Slice(10, 20)}, rows);
+  BOOST_TEST(store.get({Slice(10, 20)}).get("x").equal(at::ones({10, 4})));
+  TensorDict back = store.read({Slice(10, 20)});
+  BOOST_TEST(back.batch_size() == BatchSize({10}));
+  BOOST_TEST(back.get({"obs", "a"}).equal(at::full({10, 3}, 2, at::kLong)));
+  // errors of the indexing come back with their type
+  BOOST_TEST(throws_with<IndexError>([&] { store.read({kRows + 5}); }, {}));
+  TensorDict wrong(BatchSize{3});
+  wrong.set("x", at::ones({3, 4}));
+  BOOST_CHECK_THROW(store.write({Slice(0, 10)}, wrong), Error);
+  BOOST_TEST(store.get({Slice(10, 20)}).get("x").equal(at::ones({10, 4})));  // nothing lost
+}
+
+BOOST_AUTO_TEST_CASE(add_key_from_many_threads_loses_no_key) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  const int kThreads = 8, kPerThread = 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (int j = 0; j < kPerThread; ++j) {
+          const int id = t * kPerThread + j;
+          store.add_key("k" + std::to_string(id), at::full({kRows}, static_cast<double>(id)));
+          // rows meanwhile, directly
+          store.td().get("x").index_put_({Slice(t * 8, t * 8 + 8)}, static_cast<double>(t));
+        }
+      } catch (...) {
+        ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  BOOST_TEST(failures.load() == 0);
+  BOOST_TEST(store.version() == kThreads * kPerThread);
+  TensorDict fresh = TensorDict::load_memmap(dir.path + "/buf");
+  for (int id = 0; id < kThreads * kPerThread; ++id) {
+    const std::string k = "k" + std::to_string(id);
+    BOOST_REQUIRE(fresh.contains(k));
+    BOOST_TEST(fresh.get(k).equal(at::full({kRows}, static_cast<double>(id))));
+    BOOST_TEST(store.td().contains(k));
+  }
+  for (int t = 0; t < kThreads; ++t) BOOST_TEST(fresh.get("x")[t * 8].equal(at::full({4}, static_cast<double>(t))));
+}
+
+BOOST_AUTO_TEST_CASE(bad_requests_raise_their_type_and_lose_nothing) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  store.add_key("r", at::ones({kRows}));
+  BOOST_TEST(throws_with<KeyError>([&] { store.add_key("r", at::ones({kRows})); }, {"'r'", "already exists"}));
+  BOOST_TEST(throws_with<KeyError>([&] { store.add_key({"nope", "b"}, at::ones({kRows})); }, {"parent", "missing"}));
+  BOOST_TEST(throws_with<KeyError>([&] { store.add_key({"x", "b"}, at::ones({kRows})); }, {"not a TensorDict"}));
+  BOOST_TEST(throws_with<BatchSizeError>([&] { store.add_key("s", at::ones({kRows + 1, 2})); },
+                                         {"[65, 2]", "batch size [64]"}));
+  actors::store_request bad;
+  bad.op = static_cast<int32_t>(actors::StoreOp::AddKey);
+  bad.key = {"t"};
+  bad.dtype = "torch.nope";
+  bad.shape = {kRows};
+  BOOST_TEST(throws_with<TypeError>([&] { store.client()->call(bad); }, {"torch.nope"}));
+  BOOST_TEST(throws_with<ValueError>([&] { Store::open(TensorDict(BatchSize{kRows})); }, {"ordinary memory"}));
+  // the store still works and the directory holds exactly what succeeded
+  store.add_key("ok", at::zeros({kRows, 2}));
+  TensorDict fresh = TensorDict::load_memmap(dir.path + "/buf");
+  BOOST_TEST(fresh.contains("r"));
+  BOOST_TEST(fresh.contains("ok"));
+  BOOST_TEST(!fresh.contains("s"));
+  BOOST_TEST(!fresh.contains("t"));
+  BOOST_TEST(!fs::exists(dir.path + "/buf/s.memmap"));
+}
+
+BOOST_AUTO_TEST_CASE(shared_store_adds_segments_and_hands_out_handles) {
+  TensorDict buf(BatchSize{kRows});
+  buf.set("x", at::zeros({kRows, 4}));
+  buf.share_memory_();
+  Store store = Store::open(buf);
+  BOOST_TEST(store.kind() == "shared");
+  store.add_key("y", at::arange(kRows * 2, at::kFloat).view({kRows, 2}));
+  BOOST_TEST(store.td().is_shared());
+  TensorDict other = TensorDict::from_share_handle(store.td().share_handle());
+  BOOST_TEST(other.get("y").equal(at::arange(kRows * 2, at::kFloat).view({kRows, 2})));
+  other.get("y")[3].fill_(-1.0);  // same memory
+  BOOST_TEST(store.td().get("y")[3].equal(at::full({2}, -1.0)));
+  store.flush();    // nothing to do, but allowed
+  store.refresh();  // the owner's structure is current
+  BOOST_TEST(store.td().contains("y"));
+}
+
+BOOST_AUTO_TEST_CASE(a_killed_store_actor_fails_calls_instead_of_hanging) {
+  TempDir dir("store");
+  // a hang would last 10 minutes (the ctest timeout), not pass
+  auto engine = engine_with_timeout(600000);
+  Store store = Store::open(make_buffer(dir.path + "/buf"), engine);
+  store.add_key("a", at::ones({kRows}));
+  caf::anon_send_exit(store.client()->actor(), caf::exit_reason::kill);
+  BOOST_TEST(throws_with<BackendError>([&] {
+    for (int i = 0; i < 1000; ++i) {  // the exit is asynchronous: the first calls may still be served
+      store.add_key("b" + std::to_string(i), at::ones({kRows}));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }, {"store actor terminated"}));
+  // rows and what was added before stay usable
+  store.td().get("a")[0].fill_(3.0);
+  BOOST_TEST(TensorDict::load_memmap(dir.path + "/buf").get("a")[0].item<float>() == 3.0f);
+}
+
+BOOST_AUTO_TEST_CASE(closed_store_refuses_actor_calls_keeps_rows) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  TensorDict snap = store.td();
+  store.close();
+  store.close();  // idempotent
+  BOOST_TEST(throws_with<BackendError>([&] { store.add_key("z", at::ones({kRows})); }, {"closed"}));
+  BOOST_TEST(throws_with<BackendError>([&] { store.flush(); }, {"closed"}));
+  BOOST_TEST(throws_with<BackendError>([&] { store.publish(); }, {"closed"}));
+  snap.get("x")[1].fill_(4.0);
+  BOOST_TEST(store.get({1}).get("x").equal(at::full({4}, 4.0)));
+}
+
+BOOST_AUTO_TEST_CASE(refresh_picks_up_keys_another_process_added) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  BOOST_TEST(testutil::wait_child(run_client({"own_add", dir.path + "/buf", "from_child"})) == 0);
+  BOOST_TEST(!store.td().contains("from_child"));
+  store.refresh();
+  BOOST_REQUIRE(store.td().contains("from_child"));
+  BOOST_TEST(store.td().get("from_child").equal(at::ones({kRows})));
+  BOOST_TEST(store.version() == 1);
+}
+
+BOOST_AUTO_TEST_CASE(processes_connect_add_keys_and_fill_rows) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  const uint16_t port = store.publish();
+  const int kClients = 4;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kClients; ++i) {
+    const int64_t per = kRows / kClients;
+    pids.push_back(run_client({"add", std::to_string(port), std::to_string(i), std::to_string(i * per),
+                               std::to_string((i + 1) * per)}));
+  }
+  for (pid_t p : pids) BOOST_TEST(testutil::wait_child(p) == 0);
+  // the owner's actor added every key: its snapshot has them without a refresh
+  TensorDict td = store.td();
+  for (int i = 0; i < kClients; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    BOOST_REQUIRE(td.contains(k));
+    BOOST_TEST(td.get(k).equal(at::full({kRows, 2}, static_cast<double>(i))));
+    BOOST_TEST(td.get("x")[i * (kRows / kClients)].equal(at::full({4}, static_cast<double>(i + 1))));
+  }
+  TensorDict fresh = TensorDict::load_memmap(dir.path + "/buf");
+  for (int i = 0; i < kClients; ++i) BOOST_TEST(fresh.contains("k" + std::to_string(i)));
+  store.close();
+}
+
+BOOST_AUTO_TEST_CASE(processes_connect_to_a_shared_store) {
+  TensorDict buf(BatchSize{kRows});
+  buf.set("x", at::zeros({kRows, 4}));
+  buf.share_memory_();
+  Store store = Store::open(buf);
+  const uint16_t port = store.publish();
+  pid_t a = run_client({"add", std::to_string(port), "0", "0", "32"});
+  pid_t b = run_client({"add", std::to_string(port), "1", "32", "64"});
+  BOOST_TEST(testutil::wait_child(a) == 0);
+  BOOST_TEST(testutil::wait_child(b) == 0);
+  TensorDict td = store.td();
+  BOOST_TEST(td.get("k0").equal(at::zeros({kRows, 2})));
+  BOOST_TEST(td.get("k1").equal(at::ones({kRows, 2})));
+  BOOST_TEST(td.get("x").index({Slice(0, 32)}).eq(1.0).all().item<bool>());
+  BOOST_TEST(td.get("x").index({Slice(32, 64)}).eq(2.0).all().item<bool>());
+}
+
+BOOST_AUTO_TEST_CASE(a_dropped_connection_is_a_backend_error) {
+  TempDir dir("store");
+  make_buffer(dir.path + "/buf");
+  BOOST_TEST(throws_with<BackendError>([&] { Store::connect("127.0.0.1", 1); }, {"cannot connect"}));
+  const std::string portfile = dir.path + "/port";
+  pid_t server = run_client({"serve", dir.path + "/buf", portfile});
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {  // at most 60 s for a torch process to start
+    std::ifstream in(portfile);
+    if (!(in >> port)) port = 0;
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  BOOST_REQUIRE(port > 0);
+  auto engine = engine_with_timeout(600000);  // a hang would hit the ctest timeout, not pass
+  Store client = Store::connect("127.0.0.1", static_cast<uint16_t>(port), engine);
+  BOOST_TEST(client.is_remote());
+  client.add_key("before", at::ones({kRows}));
+  BOOST_TEST(client.td().get("before").equal(at::ones({kRows})));
+  BOOST_TEST(throws_with<ValueError>([&] { client.read({0}); }, {"mapping"}));
+  ::kill(server, SIGKILL);
+  BOOST_TEST(testutil::wait_child(server) == -SIGKILL);
+  BOOST_TEST(throws_with<BackendError>([&] { client.add_key("after", at::ones({kRows})); }, {"store"}));
+  // the mapping stays: rows written before the owner died are on disk
+  client.td().get("before")[0].fill_(9.0);
+  BOOST_TEST(TensorDict::load_memmap(dir.path + "/buf").get("before")[0].item<float>() == 9.0f);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
