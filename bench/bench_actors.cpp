@@ -73,6 +73,65 @@ caf::behavior pinger(caf::event_based_actor* self, caf::actor echo, int64_t n,
   return {[](int64_t) {}};
 }
 
+//! the scheduler policies side by side (one Engine each, same process): facade and raw request medians,
+//! after-idle facade, tiny-chunk overhead, cheap and heavy map throughput
+std::string policy_figures(const std::string& name, const Config& cfg) {
+  Engine e(cfg);
+  auto rt = e.runtime();
+  std::vector<double> ping, raw, idle;
+  {
+    caf::scoped_actor self{rt->system()};
+    for (int b = 0; b < 10; ++b) {
+      for (int i = 0; i < 500; ++i) {
+        auto t0 = clk::now();
+        e.ping(1);
+        ping.push_back(us_since(t0));
+      }
+      for (int i = 0; i < 500; ++i) {
+        auto t0 = clk::now();
+        self->request(rt->echo(), std::chrono::seconds(5), actors::ping_atom::value, int64_t{1})
+            .receive([](int64_t) {}, [](caf::error&) { std::abort(); });
+        raw.push_back(us_since(t0));
+      }
+    }
+    for (int i = 0; i < 300; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      auto t0 = clk::now();
+      e.ping(1);
+      idle.push_back(us_since(t0));
+    }
+  }
+  TensorDict td({{"x", at::randn({10000, 64})}, {"y", at::randn({10000, 16})}}, {10000});
+  MapFn id = [](const TensorDict& c) { return c; };
+  MapFn cheap = [](const TensorDict& c) { return c.apply([](const at::Tensor& t) { return t + 1; }); };
+  MapFn heavy = [](const TensorDict& c) {
+    return c.apply([](const at::Tensor& t) {
+      at::Tensor x = t;
+      for (int k = 0; k < 16; ++k) x = at::sin(x) * 1.1 + at::cos(x);
+      return x;
+    });
+  };
+  auto seconds_per = [&](int reps, const MapFn& fn, const MapOptions& o) {
+    e.map(td, fn, o);  // warm-up
+    auto t0 = clk::now();
+    for (int i = 0; i < reps; ++i) e.map(td, fn, o);
+    return us_since(t0) / 1e6 / reps;
+  };
+  const double tiny = seconds_per(3, id, MapOptions().chunksize(1).num_workers(2));
+  const double cheap_s = seconds_per(20, cheap, MapOptions().chunksize(1000).num_workers(2));
+  const double heavy1 = seconds_per(3, heavy, MapOptions().chunksize(500).num_workers(1));
+  const double heavy2 = seconds_per(3, heavy, MapOptions().chunksize(500).num_workers(2));
+  const Stats sp = stats(ping), sr = stats(raw), si = stats(idle);
+  char buf[768];
+  std::snprintf(buf, sizeof buf,
+                "    \"%s\": {\"facade_median_us\": %.2f, \"raw_scoped_actor_median_us\": %.2f, "
+                "\"facade_vs_raw\": %.2f, \"after_idle_facade_median_us\": %.2f, \"tiny_chunk_us\": %.2f, "
+                "\"cheap_rows_per_s\": %.0f, \"heavy_two_vs_one\": %.2f}",
+                name.c_str(), sp.median_us, sr.median_us, sp.median_us / sr.median_us, si.median_us, tiny * 1e6 / 10000,
+                10000 / cheap_s, heavy1 / heavy2);
+  return buf;
+}
+
 }  // namespace
 
 int main() {
@@ -276,6 +335,18 @@ int main() {
                   s_actor_w.median_us, s_direct_r.median_us / s_raw_r.median_us,
                   s_direct_w.median_us / s_raw_w.median_us, s_actor_r.median_us / s_direct_r.median_us, add.median_us);
     out += buf_text;
+  }
+  // ---- scheduler policies (config scheduler.policy / spin_polls), each on an Engine of its own
+  {
+    Config sharing = Config::load();
+    sharing.scheduler_policy = "sharing";
+    Config steal100 = sharing, steal1000 = sharing;
+    steal100.scheduler_policy = steal1000.scheduler_policy = "stealing";
+    steal100.scheduler_spin_polls = 100;
+    steal1000.scheduler_spin_polls = 1000;
+    out += "  ,\"scheduler_policies\": {\n" + policy_figures("sharing", sharing) + ",\n" +
+           policy_figures("stealing_spin_polls_100", steal100) + ",\n" +
+           policy_figures("stealing_spin_polls_1000", steal1000) + "\n  }\n";
   }
   out += "}\n";
   std::fputs(out.c_str(), stdout);

@@ -260,4 +260,27 @@ BOOST_AUTO_TEST_CASE(unlock_clears_memmap_flag) {
   BOOST_TEST(!td.is_memmap());
 }
 
+BOOST_AUTO_TEST_CASE(shallow_copy_keeps_flags_and_leaves_not_structure) {
+  fixtures::TempDir tmp("shallow");
+  TensorDict td(BatchSize{4});
+  td.set("a", at::zeros({4, 2}));
+  td.set({"sub", "b"}, at::ones({4}));
+  td.memmap_(tmp.path + "/td");
+  TensorDict c = td.shallow_copy();
+  BOOST_TEST(c.is_memmap());
+  BOOST_TEST(!c.is_locked());
+  BOOST_TEST(td.is_locked());
+  BOOST_TEST(c.memmap_prefix() == td.memmap_prefix());
+  BOOST_TEST(c.get("a").data_ptr() == td.get("a").data_ptr());
+  BOOST_TEST(!c.get_entry("sub").tensordict().is_same(td.get_entry("sub").tensordict()));
+  c.make_memmap({"sub", "new"}, {4, 3}, at::kFloat);  // structure: only the copy
+  BOOST_TEST(c.contains({"sub", "new"}));
+  BOOST_TEST(!td.contains({"sub", "new"}));
+  c.get("a")[1].fill_(5.0);  // leaves: shared
+  BOOST_TEST(td.get("a")[1].equal(at::full({2}, 5.0)));
+  c.lock_();
+  BOOST_TEST(c.is_memmap());  // lock_ keeps the flag (unlock_ would clear it)
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/td").contains({"sub", "new"}));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "tensordict/actors/inbox.hpp"  // cpu_relax
@@ -48,8 +49,14 @@ class Reply {
       const auto spin_end = std::chrono::steady_clock::now() + spin;
       uint32_t n = 0;
       while (!ready()) {
-        cpu_relax();
-        if ((++n & 63) == 0 && std::chrono::steady_clock::now() >= spin_end) break;
+        // yield now and then: when the scheduler put the woken actor thread on this core, spinning would
+        // keep it off the CPU until the spin ends (measured: replies at spin + 20 us on 2 cores)
+        if ((++n & 7) == 0) {
+          std::this_thread::yield();
+          if (std::chrono::steady_clock::now() >= spin_end) break;
+        } else {
+          cpu_relax();
+        }
       }
       if (ready()) return true;
     }
