@@ -8,7 +8,9 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "engine/fixtures.hpp"
 #include "engine/zoo.hpp"
+#include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/tensordict.hpp"
 
 using namespace tensordict;
@@ -325,6 +327,76 @@ BOOST_AUTO_TEST_CASE(map_equals_apply_over_the_zoo) {
       }
     }
   }
+}
+
+// upstream test_map_with_out: a memmap out, written in place by the (in-process) workers, chunksize 0 and 5
+BOOST_AUTO_TEST_CASE(out_memmap_is_written_by_workers) {
+  Engine engine;
+  fixtures::TempDir dir("map-out");
+  TensorDict td = sample();
+  for (int64_t cs : {0, 5}) {
+    TensorDict out = td.apply([](const at::Tensor& t) { return at::zeros_like(t); })
+                         .memmap(dir.path + "/out" + std::to_string(cs));
+    BOOST_REQUIRE(out.is_memmap());
+    TensorDict r = td.map(plus_one_fn(), MapOptions().chunksize(cs).out(out));
+    BOOST_TEST(!r.defined());  // upstream returns None
+    BOOST_TEST(out.equal(td.apply(plus_one)));
+    // the files hold it: a fresh load sees the values
+    BOOST_TEST(TensorDict::load_memmap(dir.path + "/out" + std::to_string(cs)).equal(td.apply(plus_one)));
+  }
+}
+
+// upstream test_map_inplace: memmap chunks reach fn as views of the mapping (zero-copy), and fn may work in
+// place on a memmap source and return nothing
+BOOST_AUTO_TEST_CASE(memmap_chunks_are_views_of_the_mapping) {
+  Engine engine;
+  fixtures::TempDir dir("map-inplace");
+  TensorDict src = sample().memmap(dir.path + "/src");
+  const std::string file = *backends::mapped_filename(src.get("a"));
+  std::atomic<int> mapped{0}, calls{0};
+  TensorDict r = src.map(
+      [&](const TensorDict& c) {
+        ++calls;
+        auto m = backends::mapping_of(c.get("a"));
+        if (m && m->filename == file) ++mapped;
+        c.get("a").mul_(0).add_(c.get("idx").unsqueeze(-1).to(at::kFloat));  // in place, on the files
+        return TensorDict(std::shared_ptr<TensorDictImpl>());
+      },
+      MapOptions().chunksize(2));
+  BOOST_TEST(!r.defined());
+  BOOST_TEST(calls.load() == 5);
+  BOOST_TEST(mapped.load() == 5);
+  TensorDict back = TensorDict::load_memmap(dir.path + "/src");
+  BOOST_TEST(back.get("a").equal(back.get("idx").unsqueeze(-1).to(at::kFloat).expand({10, 3, 4})));
+}
+
+// upstream test_map_non_tensor: chunksize 0 restacks per-element non-tensor results into a NonTensorStack
+BOOST_AUTO_TEST_CASE(chunksize_zero_restacks_non_tensor_results) {
+  Engine engine;
+  TensorDict td({{"i", at::arange(6)}}, {6});
+  TensorDict r = td.map(
+      [](const TensorDict& c) {
+        TensorDict o(c.batch_size());
+        o.set("i", c.get("i") * 2);
+        o.set_non_tensor("name", JsonValue("row" + std::to_string(c.get("i").item<int64_t>())));
+        return o;
+      },
+      MapOptions().chunksize(0));
+  BOOST_TEST(r.batch_size() == BatchSize({6}));
+  BOOST_TEST(r.get("i").equal(at::arange(6) * 2));
+  BOOST_REQUIRE(r.get_entry("name").is_non_tensor_stack());
+  for (int64_t k = 0; k < 6; ++k) {
+    BOOST_TEST(r.index({k}).get_non_tensor("name").as_string() == "row" + std::to_string(k));
+  }
+  // equal values too: a NonTensorStack read as a list (upstream's default, capture_non_tensor_stack off)
+  TensorDict same = td.map(
+      [](const TensorDict& c) {
+        TensorDict o(c.batch_size());
+        o.set_non_tensor("tag", JsonValue("x"));
+        return o;
+      },
+      MapOptions().chunksize(0));
+  BOOST_TEST(same.get_non_tensor("tag").dump() == R"(["x","x","x","x","x","x"])");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
