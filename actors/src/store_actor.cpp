@@ -163,11 +163,11 @@ StoreResult apply(StoreState& st, const store_request& req, store_call* call) {
       break;
     case StoreOp::Read:
       if (!call) throw ValueError("store: rows are read through the mapping in another process, not by message");
-      res.td = st.backend->td().index(call->index);
+      res.td = st.backend->read(call->index);
       return res;  // the hot path: no info
     case StoreOp::Write:
       if (!call) throw ValueError("store: rows are written through the mapping in another process, not by message");
-      st.backend->td().index_put_(call->index, call->value);
+      st.backend->write(call->index, call->value);
       return res;
     case StoreOp::Close:
       st.backend->close();

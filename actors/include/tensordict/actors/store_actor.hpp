@@ -32,6 +32,11 @@ class StoreBackend {
   //! `data`'s values when defined. KeyError: the key exists or a parent is missing; BatchSizeError: the
   //! shape does not start with the batch size; TypeError: a dtype the format cannot hold
   virtual void add_key(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype, const at::Tensor& data) = 0;
+  //! td[index] for every leaf (one request); memory-backed stores index td() (a view for slices), a
+  //! store whose data is elsewhere (HDF5 file, Redis) reads it here in one batch
+  virtual TensorDict read(const Index& index) { return td().index(index); }
+  //! td[index] = value for every leaf (one request)
+  virtual void write(const Index& index, const TensorDict& value) { td().index_put_(index, value); }
   virtual void flush() = 0;
   virtual void refresh() = 0;
   //! what another process opens (map_detail::open_storage): the directory, or share_handle() bytes
