@@ -292,6 +292,13 @@ BOOST_AUTO_TEST_CASE(a_dropped_connection_is_a_backend_error) {
   client.add_key("before", at::ones({kRows}));
   BOOST_TEST(client.td().get("before").equal(at::ones({kRows})));
   BOOST_TEST(throws_with<ValueError>([&] { client.read({0}); }, {"mapping"}));
+  BOOST_TEST(throws_with<ValueError>([&] { client.publish(); }, {"only the owner"}));
+  {
+    Store second = Store::connect("127.0.0.1", static_cast<uint16_t>(port), engine);
+    BOOST_TEST(second.td().contains("before"));  // the owner's structure, mapped here
+    second.close();
+    BOOST_TEST(throws_with<BackendError>([&] { second.flush(); }, {"closed"}));
+  }
   ::kill(server, SIGKILL);
   BOOST_TEST(testutil::wait_child(server) == -SIGKILL);
   BOOST_TEST(throws_with<BackendError>([&] { client.add_key("after", at::ones({kRows})); }, {"store"}));

@@ -35,8 +35,8 @@ struct Config {
   // log.*
   std::string log_level = "warn";
   int64_t request_timeout_ms = 30000;
-  //! how long a facade request spins on its reply before it blocks (bench_actors: ~4 us spinning vs ~15-25 us
-  //! when the reply has to wake a sleeping thread)
+  //! how long a facade request spins on its reply before it blocks (a reply that wakes a sleeping caller
+  //! costs another thread wake-up, ~10 us here; see actors/README.md "Store actors")
   int64_t facade_spin_us = 50;
 
   //! the embedded default only
