@@ -45,23 +45,41 @@ void Progress::finish(bool ok) {
   }
 }
 
+std::string progress_text(const std::string& label, int64_t done, int64_t total, double elapsed_s, int bar_width) {
+  const double frac = total > 0 ? std::min(1.0, static_cast<double>(done) / static_cast<double>(total)) : 1.0;
+  char rate[48] = "-", eta[48] = "-";
+  if (done > 0 && elapsed_s > 0) {
+    const double r = static_cast<double>(done) / elapsed_s;
+    std::snprintf(rate, sizeof rate, r >= 100 ? "%.0f" : "%.2f", r);
+    std::snprintf(eta, sizeof eta, "%.1fs", static_cast<double>(std::max<int64_t>(0, total - done)) / r);
+  } else if (done >= total) {
+    std::snprintf(eta, sizeof eta, "0.0s");
+  }
+  char line[512];
+  if (bar_width > 0) {
+    const int fill = static_cast<int>(frac * bar_width);
+    std::string bar(static_cast<size_t>(fill), '#');
+    bar.append(static_cast<size_t>(bar_width - fill), '-');
+    std::snprintf(line, sizeof line, "%s [%s] %lld/%lld chunks %.1fs, %s chunks/s, ETA %s", label.c_str(), bar.c_str(),
+                  static_cast<long long>(done), static_cast<long long>(total), elapsed_s, rate, eta);
+  } else {
+    std::snprintf(line, sizeof line, "%s: %lld/%lld chunks (%.0f%%), %.1fs, %s chunks/s, ETA %s", label.c_str(),
+                  static_cast<long long>(done), static_cast<long long>(total), frac * 100.0, elapsed_s, rate, eta);
+  }
+  return line;
+}
+
 void Progress::draw(int64_t done, bool final) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double frac = total_ > 0 ? static_cast<double>(done) / static_cast<double>(total_) : 1.0;
   if (tty_) {
-    constexpr int width = 30;
-    const int fill = static_cast<int>(frac * width);
-    std::string bar(static_cast<size_t>(fill), '#');
-    bar.append(static_cast<size_t>(width - fill), '-');
-    std::fprintf(stderr, "\r%s [%s] %lld/%lld chunks %.1fs%s", label_.c_str(), bar.c_str(),
-                 static_cast<long long>(done), static_cast<long long>(total_), secs, final ? "\n" : "");
+    // \x1b[K clears what a longer previous line left
+    std::fprintf(stderr, "\r%s\x1b[K%s", progress_text(label_, done, total_, secs, 30).c_str(), final ? "\n" : "");
     std::fflush(stderr);
   } else {
     // asked for explicitly: shown even when log.level is above info (unless "off")
     auto lg = logger();
     if (lg->level() == spdlog::level::off) return;
-    lg->log(std::max(spdlog::level::info, lg->level()), "{}: {}/{} chunks ({:.0f}%), {:.1f}s", label_, done, total_,
-            frac * 100.0, secs);
+    lg->log(std::max(spdlog::level::info, lg->level()), "{}", progress_text(label_, done, total_, secs, 0));
   }
 }
 

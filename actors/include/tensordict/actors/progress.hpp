@@ -1,5 +1,6 @@
 #pragma once
-//! Progress of a map: a bar on stderr when stderr is a TTY, else a log line every `interval`.
+//! Progress of a map: a bar on stderr when stderr is a TTY, else a log line every `interval`; both with
+//! the rate (chunks/s) and the ETA.
 //! Not thread-safe: one owner (the map coordinator actor).
 #include <chrono>
 #include <cstdint>
@@ -7,6 +8,11 @@
 
 namespace tensordict {
 namespace actors {
+
+//! one progress line: `label: done/total chunks (pct%), elapsed, rate chunks/s, ETA eta` (log form) or
+//! `label [###---] done/total chunks elapsed, rate chunks/s, ETA eta` (bar form, bar_width > 0). The rate
+//! and ETA read "-" until a chunk is done; the ETA is 0 at the end.
+std::string progress_text(const std::string& label, int64_t done, int64_t total, double elapsed_s, int bar_width);
 
 class Progress {
  public:
