@@ -14,6 +14,7 @@
 #include "tensordict/tensordict.hpp"
 
 using namespace tensordict;
+using zoo::message_of;
 using namespace at::indexing;
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
@@ -37,19 +38,6 @@ MapFn plus_one_fn(std::atomic<int>* calls = nullptr) {
     if (calls) ++*calls;
     return c.apply(plus_one);
   };
-}
-
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    BOOST_FAIL(std::string("unexpected exception type: ") + e.what());
-  }
-  BOOST_FAIL("expected an exception");
-  return "";
 }
 
 }  // namespace

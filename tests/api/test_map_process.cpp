@@ -16,6 +16,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "api/map_process_fns.hpp"
+#include "engine/zoo.hpp"
 #include "tensordict/tensordict.hpp"
 
 #ifndef TD_MAP_WORKER_EXE
@@ -23,6 +24,7 @@
 #endif
 
 using namespace tensordict;
+using zoo::message_of;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using std::chrono::steady_clock;
@@ -76,19 +78,6 @@ TensorDict dataset(int64_t n) {
 }
 
 MapOptions procs(int64_t n) { return MapOptions().worker_processes(n).worker_executable(TD_MAP_WORKER_EXE); }
-
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    BOOST_FAIL(std::string("unexpected exception type: ") + e.what());
-  }
-  BOOST_FAIL("expected an exception");
-  return "";
-}
 
 struct Fixture {
   Fixture() {

@@ -160,6 +160,20 @@ inline bool all_alias(const TensorDict& td, const TensorDict& base) {
   return true;
 }
 
+//! what() of the E that f throws; fails the test when f throws nothing or another type
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    BOOST_FAIL(std::string("unexpected exception type: ") + e.what());
+  }
+  BOOST_FAIL("expected an exception");
+  return "";
+}
+
 //! true when f throws E and its message contains every part (the missing part is logged)
 template <class E>
 bool throws_with(const std::function<void()>& f, const std::vector<std::string>& parts) {
