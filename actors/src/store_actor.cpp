@@ -207,14 +207,15 @@ caf::behavior store_actor(caf::stateful_actor<StoreState>* self, std::shared_ptr
         if (op == StoreOp::Close) self->quit();
       },
       [=](store_atom, const store_request& req) -> store_response {
-        store_response r;
-        try {
-          r = apply(self->state, req, nullptr).response;
-        } catch (...) {
-          r = error_response(map_detail::carry_current_exception(-1));
+        // another process: it may not close the owner's store (its own close just disconnects)
+        if (static_cast<StoreOp>(req.op) == StoreOp::Close) {
+          return error_response({"ValueError", "store: only the owner closes a store; a client disconnects", -1});
         }
-        if (static_cast<StoreOp>(req.op) == StoreOp::Close) self->quit();
-        return r;
+        try {
+          return apply(self->state, req, nullptr).response;
+        } catch (...) {
+          return error_response(map_detail::carry_current_exception(-1));
+        }
       },
   };
 }

@@ -293,6 +293,10 @@ BOOST_AUTO_TEST_CASE(a_dropped_connection_is_a_backend_error) {
   BOOST_TEST(client.td().get("before").equal(at::ones({kRows})));
   BOOST_TEST(throws_with<ValueError>([&] { client.read({0}); }, {"mapping"}));
   BOOST_TEST(throws_with<ValueError>([&] { client.publish(); }, {"only the owner"}));
+  actors::store_request close_req;
+  close_req.op = static_cast<int32_t>(actors::StoreOp::Close);
+  BOOST_TEST(throws_with<ValueError>([&] { client.client()->call(close_req); }, {"only the owner closes"}));
+  client.add_key("still_served", at::zeros({kRows}));  // the owner still serves
   {
     Store second = Store::connect("127.0.0.1", static_cast<uint16_t>(port), engine);
     BOOST_TEST(second.td().contains("before"));  // the owner's structure, mapped here
