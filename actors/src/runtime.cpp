@@ -8,6 +8,7 @@
 
 #include <caf/io/all.hpp>
 
+#include "tensordict/actors/hot_actor.hpp"
 #include "tensordict/actors/map_actors.hpp"
 #include "tensordict/actors/messages.hpp"
 #include "tensordict/logging.hpp"
@@ -24,12 +25,21 @@ void register_message_types(caf::actor_system_config& cfg) {
 
 namespace {
 
-caf::behavior echo_actor(caf::event_based_actor*) {
-  return {
-      [](ping_atom, const int_reply_ptr& box, int64_t x) { box->set_value(x); },
-      [](ping_atom, int64_t x) { return x; },
-  };
-}
+//! the echo actor: a HotActor like the store actors, so Engine::ping measures what a store request pays
+class EchoActor final : public HotActor {
+ public:
+  using HotActor::HotActor;
+  void act() override {
+    bool running = true;
+    receive_while(running)(
+        [](ping_atom, const int_reply_ptr& box, int64_t x) { box->set_value(x); },
+        [](ping_atom, int64_t x) { return x; },
+        [&](caf::exit_msg& m) {
+          fail_state(m.reason);
+          running = false;
+        });
+  }
+};
 
 //! one running map job as seen by the caller: the events inbox and the coordinator handle
 class ActorMapIter final : public MapIterSource {
@@ -139,7 +149,7 @@ Runtime::Runtime(const Config& config) : config_(config) {
   cfg_->set("middleman.workers", size_t{0});
   register_message_types(*cfg_);
   system_ = std::make_unique<caf::actor_system>(*cfg_);
-  echo_ = system_->spawn(echo_actor);
+  echo_ = system_->spawn<EchoActor>(std::chrono::microseconds(config_.actor_spin_us));
   logger()->debug("engine started: {} scheduler threads, policy {}", config_.scheduler_threads,
                   config_.scheduler_policy);
 }

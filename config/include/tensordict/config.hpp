@@ -38,6 +38,9 @@ struct Config {
   //! how long a facade request spins on its reply before it blocks (a reply that wakes a sleeping caller
   //! costs another thread wake-up, ~10 us here; see actors/README.md "Store actors")
   int64_t facade_spin_us = 50;
+  //! how long an actor serving the facade (store actors, the echo actor: actors/hot_actor.hpp) spins on
+  //! its empty mailbox before its thread blocks; a request arriving meanwhile needs no thread wake-up
+  int64_t actor_spin_us = 20;
 
   //! the embedded default only
   static Config defaults();

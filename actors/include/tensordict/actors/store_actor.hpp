@@ -6,6 +6,7 @@
 //! writes never take the actor hop: the facade indexes the current snapshot, i.e. plain memory. Another
 //! process (CAF middleman, 127.0.0.1) asks the actor for the storage handle and maps the storage itself.
 //! Messages: messages.hpp ("store protocol").
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -72,10 +73,10 @@ class StoreShared {
   std::set<store_call_ptr> calls_;
 };
 
-//! spawns the store actor for `backend` on `system`; it publishes its first snapshot into `shared` before
-//! this returns
+//! spawns the store actor for `backend` (a HotActor: a thread of its own, spinning `spin` on its empty
+//! mailbox before it blocks); it publishes its first snapshot into `shared` before this returns
 caf::actor spawn_store_actor(caf::actor_system& system, std::shared_ptr<StoreBackend> backend,
-                             std::shared_ptr<StoreShared> shared);
+                             std::shared_ptr<StoreShared> shared, std::chrono::microseconds spin);
 
 //! one in-process request through `shared`'s actor: spins `spin`, then blocks until `timeout`;
 //! rethrows the store's error with its type; BackendError when the actor is gone or does not reply
