@@ -6,10 +6,12 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "engine/zoo.hpp"
 #include "tensordict/config.hpp"
 #include "tensordict/errors.hpp"
 
 using tensordict::Config;
+using zoo::message_of;
 
 namespace {
 struct EnvFile {
@@ -25,16 +27,6 @@ struct EnvFile {
   std::string path;
 };
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  BOOST_FAIL("expected an exception");
-  return "";
-}
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(config)
