@@ -152,6 +152,19 @@ at::Tensor checked_rows(const at::Tensor& t, int64_t size) {
   return c;
 }
 
+//! the fast kinds for a leading int / slice on batch dim 0 (the rest of the index selects everything)
+void lead_int(Prepared& p, const at::indexing::TensorIndex& e, const BatchSize& batch) {
+  p.kind = Prepared::Kind::Int;
+  p.i = wrap_index(e.integer(), batch[0], 0);
+  p.batch.assign(batch.begin() + 1, batch.end());
+}
+void lead_slice(Prepared& p, const at::indexing::TensorIndex& e, const BatchSize& batch) {
+  p.kind = Prepared::Kind::Slice;
+  p.sl = slice_range(e.slice(), batch[0]);
+  p.batch = batch;
+  p.batch[0] = p.sl.length;
+}
+
 Prepared prepare(const BatchSize& batch, const Index& index) {
   const int64_t nd = static_cast<int64_t>(batch.size());
   Prepared p;
@@ -160,20 +173,16 @@ Prepared prepare(const BatchSize& batch, const Index& index) {
   if (index.size() == 1 && nd > 0) {
     const auto& e = index[0];
     if (e.is_integer()) {
-      p.kind = Prepared::Kind::Int;
-      p.i = wrap_index(e.integer(), batch[0], 0);
-      p.batch.assign(batch.begin() + 1, batch.end());
+      lead_int(p, e, batch);
       return p;
     }
     if (e.is_slice()) {
-      p.batch = batch;
       if (is_full_slice(e)) {
         p.kind = Prepared::Kind::Identity;
+        p.batch = batch;
         return p;
       }
-      p.kind = Prepared::Kind::Slice;
-      p.sl = slice_range(e.slice(), batch[0]);
-      p.batch[0] = p.sl.length;
+      lead_slice(p, e, batch);
       p.preserve = e.slice().start() == 0;
       return p;
     }
@@ -225,16 +234,11 @@ Prepared prepare(const BatchSize& batch, const Index& index) {
   if (rest_full) {
     const auto& e = idx[0];
     if (e.is_integer()) {
-      p.kind = Prepared::Kind::Int;
-      p.i = wrap_index(e.integer(), batch[0], 0);
-      p.batch.assign(batch.begin() + 1, batch.end());
+      lead_int(p, e, batch);
       return p;
     }
     if (e.is_slice()) {
-      p.kind = Prepared::Kind::Slice;
-      p.sl = slice_range(e.slice(), batch[0]);
-      p.batch = batch;
-      p.batch[0] = p.sl.length;
+      lead_slice(p, e, batch);
       return p;
     }
     if (e.is_tensor() && e.tensor().device().is_cpu()) {

@@ -133,6 +133,20 @@ std::string hex_escape(uint32_t v, int digits, char tag) {
   return buf;
 }
 
+//! the escapes Python's str and bytes reprs share (backslash, the quote, \t \n \r); false for others
+bool common_escape(uint32_t c, char q, std::string& out) {
+  switch (c) {
+    case '\\': out += "\\\\"; return true;
+    case '\t': out += "\\t"; return true;
+    case '\n': out += "\\n"; return true;
+    case '\r': out += "\\r"; return true;
+    default: break;
+  }
+  if (c != static_cast<uint32_t>(static_cast<unsigned char>(q))) return false;
+  out += std::string("\\") + q;
+  return true;
+}
+
 //! Python's repr() of a str. Non-ASCII code points are kept as they are, except the common
 //! non-printable ones (C1 controls, NBSP, soft hyphen, zero-width and line/paragraph separators, BOM)
 std::string py_repr_str(const std::string& s) {
@@ -142,17 +156,8 @@ std::string py_repr_str(const std::string& s) {
   std::string out(1, q);
   for (const auto& cp : code_points(s)) {
     uint32_t c = decode(cp);
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == static_cast<uint32_t>(q)) {
-      out += std::string("\\") + q;
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && c <= 0xa0) || c == 0xad) {
+    if (common_escape(c, q, out)) continue;
+    if (c < 0x20 || c == 0x7f || (c >= 0x80 && c <= 0xa0) || c == 0xad) {
       out += hex_escape(c, 2, 'x');
     } else if ((c >= 0x200b && c <= 0x200f) || c == 0x2028 || c == 0x2029 || (c >= 0x2060 && c <= 0x2064) ||
                c == 0xfeff) {
@@ -172,17 +177,8 @@ std::string py_repr_bytes(const std::string& s) {
   std::string out = "b";
   out += q;
   for (unsigned char c : s) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == static_cast<unsigned char>(q)) {
-      out += std::string("\\") + q;
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c < 0x20 || c >= 0x7f) {
+    if (common_escape(c, q, out)) continue;
+    if (c < 0x20 || c >= 0x7f) {
       out += hex_escape(c, 2, 'x');
     } else {
       out += static_cast<char>(c);
