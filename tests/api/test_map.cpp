@@ -258,12 +258,21 @@ BOOST_AUTO_TEST_CASE(map_iter_abandoned_early_stops_workers) {
     BOOST_TEST(it.next().has_value());
     BOOST_TEST(it.next().has_value());
   }  // destroyed here
-  BOOST_CHECK(steady_clock::now() - t0 < milliseconds(500));
-  std::this_thread::sleep_for(milliseconds(100));
-  const int after = calls.load();
-  std::this_thread::sleep_for(milliseconds(100));
+  // generous bound (the machine may be loaded): a destructor that waited for all 200 chunks takes >= 1 s
+  // of worker sleep alone, and one that hangs never returns
+  BOOST_CHECK(steady_clock::now() - t0 < std::chrono::seconds(30));
+  // wait until no call starts for 300 ms (calls in flight finish their 10 ms sleep), bounded at 20 s;
+  // workers that kept going would reach all 200 chunks
+  int after = calls.load();
+  for (int i = 0; i < 200; ++i) {
+    std::this_thread::sleep_for(milliseconds(300));
+    const int now = calls.load();
+    if (now == after) break;
+    after = now;
+  }
+  std::this_thread::sleep_for(milliseconds(300));
   BOOST_TEST(calls.load() == after);  // nothing runs any more
-  BOOST_TEST(after < 20);
+  BOOST_TEST(after < 100);
 }
 
 BOOST_AUTO_TEST_CASE(per_worker_seeds_and_context) {
@@ -272,10 +281,16 @@ BOOST_AUTO_TEST_CASE(per_worker_seeds_and_context) {
   std::mutex mu;
   std::set<int64_t> seeds;
   std::set<int64_t> workers;
+  std::atomic<int> without_context{0};
+  // no Boost.Test assertion in here: fn runs on worker threads (Boost.Test is not thread-safe); what the
+  // workers see is recorded and checked on the test's thread after map returns
   TensorDict r = td.map(
       [&](const TensorDict& c) {
         const MapWorkerContext* w = current_map_worker();
-        BOOST_REQUIRE(w != nullptr);
+        if (w == nullptr) {
+          ++without_context;
+          return c.clone();
+        }
         {
           std::lock_guard<std::mutex> lock(mu);
           seeds.insert(w->seed);
@@ -287,6 +302,8 @@ BOOST_AUTO_TEST_CASE(per_worker_seeds_and_context) {
         return out;
       },
       MapOptions().chunksize(1).num_workers(2).seed(100));
+  BOOST_TEST(without_context.load() == 0);
+  BOOST_TEST(seeds.size() >= 1u);
   BOOST_TEST(current_map_worker() == nullptr);
   for (auto s : seeds) BOOST_TEST((s == 100 || s == 101));
   for (auto w : workers) BOOST_TEST((w == 0 || w == 1));

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "process_util.hpp"
 #include "tensordict/backends/shm.hpp"
 #include "tensordict/errors.hpp"
 
@@ -111,24 +112,7 @@ std::string read_msg(int fd) {
   return s;
 }
 
-// fork(); the child runs fn and _exits with its return value (99 on exception)
-template <class Fn>
-pid_t spawn(Fn fn) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t pid = ::fork();
-  BOOST_TEST_REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int code = 99;
-    try {
-      code = fn();
-    } catch (...) {
-      code = 99;
-    }
-    ::_exit(code);
-  }
-  return pid;
-}
+using testutil::spawn;  // the child _exits with fn's return value (98 if it threw)
 
 int wait_status(pid_t pid) {
   int st = 0;

@@ -74,13 +74,20 @@ std::vector<int64_t> rows_of(int writer, int writers = kWriters, int64_t rows = 
 
 //! writes `rows` of `writer`; progress (if given) counts completed rows
 void write_rows(TensorDict buf, int writer, const std::vector<int64_t>& rows, std::atomic<int64_t>* progress = nullptr,
-                unsigned pause_us = 0) {
+                unsigned pause_us = 0, int64_t slow_after = -1) {
   Sample s;
+  int64_t done = 0;
   for (int64_t i : rows) {
     s.encode(writer, i);
     buf.index_put_({i}, s.td);
     if (progress) progress->fetch_add(1, std::memory_order_release);
-    if (pause_us) ::usleep(pause_us);
+    ++done;
+    // past slow_after rows a row takes 20 ms: the killer has seconds to strike mid-stream, even on a loaded machine
+    if (slow_after >= 0 && done >= slow_after) {
+      ::usleep(20000);
+    } else if (pause_us) {
+      ::usleep(pause_us);
+    }
   }
 }
 
@@ -199,7 +206,7 @@ void run_process_fill_with_kill(const std::string& storage, Path path) {
     for (int w = 0; w < kWriters; ++w) {
       pids.push_back(spawn([&, w]() -> int {
         write_rows(child_view(buf, path, storage, prefix, handle), w, rows_of(w), &progress.c[w],
-                   w == victim ? 200 : 0);
+                   w == victim ? 200 : 0, w == victim ? kill_after : -1);
         if (w == victim) return 7;  // must not finish: it is killed first
         return 0;
       }));
