@@ -6,6 +6,8 @@
 //!
 //! Read-only by construction: `info` and `verify` only use backends::read_dir (no mapping at all), `dump`
 //! loads with LoadOptions().writable(false) (private copy-on-write mappings). Nothing is ever written.
+//! Like the library, tdx refuses symlinks below PATH. `info` and `verify` read with allow_missing, so a
+//! missing leaf file is a warning (info) or a problem (verify); `dump` refuses it (exit 2).
 //! Exit codes: 0 success, 1 `verify` found problems, 2 usage errors and unreadable input (message on stderr).
 #include <sys/stat.h>
 
@@ -567,7 +569,9 @@ void print_rows(const std::vector<Row>& rows, std::ostream& os) {
 
 int cmd_info(const std::string& path, bool files, size_t width) {
   check_input_dir(path);
-  tdb::DirNode root = tdb::read_dir(path);
+  tdb::ReadOptions ro;
+  ro.allow_missing = true;  // shown as a warning
+  tdb::DirNode root = tdb::read_dir(path, ro);
   InfoWalker w;
   w.show_files = files;
   w.value_width = width;
@@ -636,7 +640,8 @@ void dump_td_text(const td::TensorDict& t, const td::NestedKey& prefix, const Du
 
 int cmd_dump(const std::string& path, const DumpOptions& o) {
   check_input_dir(path);
-  const auto load = td::LoadOptions().writable(false);
+  const auto load = td::LoadOptions().writable(false).on_warning(
+      [](const std::string& w) { std::cerr << "tdx: warning: " << w << "\n"; });
   const bool lazy = td::is_lazy_stack_dir(path);
   std::optional<td::LazyStackedTensorDict> stack;
   td::TensorDict t;
@@ -722,9 +727,15 @@ struct Verifier {
 };
 
 //! When read_dir fails (it stops at the first error), a tolerant scan of the whole tree to report every
-//! problem: unreadable meta.json, missing sub-directories, missing or short leaf files.
+//! problem: unreadable meta.json, missing sub-directories, missing or short leaf files, symlinks (never
+//! followed, as read_dir refuses them) and files that are not regular files.
 struct FallbackScanner {
   std::vector<std::string> problems;
+
+  static bool is_symlink(const std::string& p) {
+    struct stat st {};
+    return ::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+  }
 
   static std::optional<std::string> locate(const std::string& dir, const std::string& key, const std::string& suffix,
                                            PathKind want) {
@@ -772,6 +783,15 @@ struct FallbackScanner {
     const JsonValue* nested = v.find("is_nested");
     const bool is_nested = nested && nested->is_bool() && nested->as_bool();
     const int64_t need = is_nested ? 0 : numel * static_cast<int64_t>(c10::elementSize(*dt));
+    const std::string enc = join_path(dir, tdb::encode_key(key) + ".memmap");
+    if (is_symlink(enc)) {
+      problems.push_back(enc + ": data file of leaf '" + key + "' is a symlink");
+      return;
+    }
+    if (path_kind(enc) == PathKind::Other) {
+      problems.push_back(enc + ": data file of leaf '" + key + "' is not a regular file");
+      return;
+    }
     auto name = locate(dir, key, ".memmap", PathKind::File);
     if (!name) {
       if (numel > 0)
@@ -790,6 +810,10 @@ struct FallbackScanner {
   void scan(const std::string& dir, int depth = 0) {
     if (depth > 128) return;
     const std::string meta_path = join_path(dir, "meta.json");
+    if (is_symlink(meta_path)) {
+      problems.push_back(meta_path + ": is a symlink");
+      return;
+    }
     if (path_kind(meta_path) != PathKind::File) {
       problems.push_back(dir + ": missing meta.json");
       return;
@@ -821,8 +845,12 @@ struct FallbackScanner {
     }
     for (const auto& s : subdirs(dir)) {
       const std::string sub = join_path(dir, s);
-      if (path_kind(join_path(sub, "meta.json")) == PathKind::File ||
-          std::find(listed.begin(), listed.end(), s) != listed.end())
+      if (path_kind(join_path(sub, "meta.json")) != PathKind::File &&
+          std::find(listed.begin(), listed.end(), s) == listed.end())
+        continue;
+      if (is_symlink(sub))
+        problems.push_back(sub + ": is a symlink");
+      else
         scan(sub, depth + 1);
     }
   }
@@ -832,7 +860,9 @@ int cmd_verify(const std::string& path) {
   check_input_dir(path);
   Verifier v;
   try {
-    tdb::DirNode root = tdb::read_dir(path);
+    tdb::ReadOptions ro;
+    ro.allow_missing = true;  // reported as a problem by walk
+    tdb::DirNode root = tdb::read_dir(path, ro);
     v.walk(root);
   } catch (const td::Error& e) {
     FallbackScanner scan;

@@ -110,13 +110,23 @@ void refuse_symlink(const std::string& path) {
 }  // namespace
 
 at::Tensor map_file(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape, bool writable,
-                    int64_t offset) {
+                    int64_t offset, bool follow_symlinks) {
   if (offset < 0) throw ValueError("map_file: negative offset " + std::to_string(offset) + " for '" + path + "'");
   const int64_t nbytes = checked_nbytes(dtype, shape);
   if (nbytes == 0) return at::empty(shape, at::TensorOptions().dtype(dtype));
-  FdGuard fd{::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)};
-  if (fd.fd < 0) os_error(writable ? "cannot open for read-write" : "cannot open for reading", path, errno);
+  // the type is checked before opening: opening a fifo blocks, opening a device may have side effects
   struct stat st;
+  if ((follow_symlinks ? ::stat(path.c_str(), &st) : ::lstat(path.c_str(), &st)) == 0) {
+    if (S_ISLNK(st.st_mode)) throw ValueError("map_file: refusing to follow the symlink '" + path + "'");
+    if (!S_ISREG(st.st_mode)) throw ValueError("map_file: '" + path + "' is not a regular file");
+  }
+  // O_NONBLOCK: a file swapped for a fifo after the check still cannot block the open
+  FdGuard fd{::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NONBLOCK |
+                                      (follow_symlinks ? 0 : O_NOFOLLOW))};
+  if (fd.fd < 0) {
+    if (errno == ELOOP && !follow_symlinks) throw ValueError("map_file: refusing to follow the symlink '" + path + "'");
+    os_error(writable ? "cannot open for read-write" : "cannot open for reading", path, errno);
+  }
   if (::fstat(fd.fd, &st) != 0) os_error("cannot stat", path, errno);
   if (!S_ISREG(st.st_mode)) throw ValueError("map_file: '" + path + "' is not a regular file");
   if (offset > std::numeric_limits<int64_t>::max() - nbytes)

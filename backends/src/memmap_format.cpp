@@ -10,10 +10,9 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <thread>
 #include <unordered_set>
 
@@ -214,28 +213,67 @@ std::string join(const std::string& dir, const std::string& name) {
   return dir.back() == '/' ? dir + name : dir + "/" + name;
 }
 
-enum class FileKind { Missing, Regular, Directory, Other };
+enum class FileKind { Missing, Regular, Directory, Symlink, Other };
+FileKind kind_of(const struct stat& st) {
+  if (S_ISREG(st.st_mode)) return FileKind::Regular;
+  if (S_ISDIR(st.st_mode)) return FileKind::Directory;
+  if (S_ISLNK(st.st_mode)) return FileKind::Symlink;
+  return FileKind::Other;
+}
+//! The kind of `p`, following symlinks (a dangling one is Missing).
 FileKind stat_kind(const std::string& p, int64_t* size = nullptr) {
   struct stat st;
   if (::stat(p.c_str(), &st) != 0) return FileKind::Missing;
   if (size) *size = static_cast<int64_t>(st.st_size);
-  if (S_ISREG(st.st_mode)) return FileKind::Regular;
-  if (S_ISDIR(st.st_mode)) return FileKind::Directory;
-  return FileKind::Other;
+  return kind_of(st);
+}
+//! The kind of `p` itself (Symlink for a symlink), or of its target when `follow`.
+FileKind entry_kind(const std::string& p, bool follow, int64_t* size = nullptr) {
+  if (follow) return stat_kind(p, size);
+  struct stat st;
+  if (::lstat(p.c_str(), &st) != 0) return FileKind::Missing;
+  if (size) *size = static_cast<int64_t>(st.st_size);
+  return kind_of(st);
 }
 
-//! Reads a whole file; nullopt if it does not exist. BackendError on other I/O errors.
-std::optional<std::string> read_whole(const std::string& p) {
-  int64_t size = 0;
-  FileKind k = stat_kind(p, &size);
+[[noreturn]] void refuse_symlink(const std::string& p) {
+  throw FormatError("'" + p + "' is a symlink: refused (follow_symlinks allows it)");
+}
+[[noreturn]] void refuse_not_regular(const std::string& p) {
+  throw FormatError("'" + p + "' is not a regular file");
+}
+
+//! Reads a whole regular file; nullopt if it does not exist. Never blocks on a fifo (the type is checked
+//! before the non-blocking open and again on the fd). BackendError on other I/O errors.
+std::optional<std::string> read_whole(const std::string& p, bool follow) {
+  FileKind k = entry_kind(p, follow);
   if (k == FileKind::Missing) return std::nullopt;
-  if (k != FileKind::Regular) throw FormatError("'" + p + "' is not a regular file");
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw BackendError("cannot open '" + p + "' for reading: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw BackendError("cannot read '" + p + "'");
-  return ss.str();
+  if (k == FileKind::Symlink) refuse_symlink(p);
+  if (k != FileKind::Regular) refuse_not_regular(p);
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW));
+  if (fd < 0) {
+    if (errno == ELOOP && !follow) refuse_symlink(p);
+    throw BackendError("cannot open '" + p + "' for reading: " + std::strerror(errno));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) throw BackendError("cannot stat '" + p + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) refuse_not_regular(p);
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw BackendError("cannot read '" + p + "': " + std::strerror(errno));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
 }
 
 [[noreturn]] void bad(const std::string& file, const std::string& what) {
@@ -271,26 +309,62 @@ int64_t read_stack_dim(const JsonValue& meta, const std::string& file) {
   return v->as_int();
 }
 
-std::optional<JsonValue::Bytes> read_bytes_file(const std::string& p) {
-  auto s = read_whole(p);
-  if (!s) return std::nullopt;
-  return JsonValue::Bytes{std::move(*s)};
-}
-
-//! Finds an entry's name on disk: the encoded name, else the raw legacy name when safe.
-std::optional<std::string> locate(const std::string& dir, const std::string& key, const std::string& suffix,
-                                  FileKind want) {
-  std::string enc = encode_key(key) + suffix;
-  if (stat_kind(join(dir, enc)) == want) return enc;
-  if (is_safe_legacy_key(key, want == FileKind::Directory) && key + suffix != enc &&
-      stat_kind(join(dir, key + suffix)) == want)
-    return key + suffix;
-  return std::nullopt;
-}
-
 struct Reader {
+  ReadOptions opt;
+  std::string root_real;  //!< realpath of the root (checked below it when symlinks are refused)
   int depth = 0;
   static constexpr int kMaxDepth = 128;
+
+  std::optional<JsonValue::Bytes> read_bytes_file(const std::string& p) {
+    auto s = read_whole(p, opt.follow_symlinks);
+    if (!s) return std::nullopt;
+    return JsonValue::Bytes{std::move(*s)};
+  }
+
+  //! The kind of `p` below the root: a refused symlink is a FormatError.
+  FileKind kind(const std::string& p, int64_t* size = nullptr) {
+    FileKind k = entry_kind(p, opt.follow_symlinks, size);
+    if (k == FileKind::Symlink) refuse_symlink(p);
+    return k;
+  }
+
+  //! Finds an entry's name on disk: the encoded name, else the raw legacy name when safe. Looking for a
+  //! file, anything else under that name (fifo, device, directory) is a FormatError, never taken as missing.
+  std::optional<std::string> locate(const std::string& dir, const std::string& key, const std::string& suffix,
+                                    FileKind want) {
+    auto found = [&](const std::string& name) {
+      const std::string p = join(dir, name);
+      FileKind k = kind(p);
+      if (want == FileKind::Regular && k != FileKind::Regular && k != FileKind::Missing) refuse_not_regular(p);
+      return k == want;
+    };
+    std::string enc = encode_key(key) + suffix;
+    if (found(enc)) return enc;
+    if (is_safe_legacy_key(key, want == FileKind::Directory) && key + suffix != enc && found(key + suffix))
+      return key + suffix;
+    return std::nullopt;
+  }
+
+  //! A missing non-empty leaf file: FormatError, or a warning and false (skip) with allow_missing.
+  bool missing(DirNode& node, const std::string& what, const std::string& key, const std::string& name) {
+    const std::string p = join(node.path, name);
+    if (!opt.allow_missing)
+      throw FormatError("'" + p + "': " + what + " of leaf '" + key + "' is missing (allow_missing skips the leaf)");
+    node.warnings.push_back("leaf '" + key + "': " + what + " '" + name + "' is missing: skipped");
+    return false;
+  }
+
+  //! Every directory read must lie below the root when symlinks are refused (defence in depth: the names
+  //! read are single path components and each one is checked with lstat).
+  void check_inside(const std::string& path) {
+    if (opt.follow_symlinks || root_real.empty() || root_real == "/") return;
+    char* r = ::realpath(path.c_str(), nullptr);
+    if (r == nullptr) return;  // reported by the reads that follow
+    const std::string real(r);
+    std::free(r);
+    if (real != root_real && real.compare(0, root_real.size() + 1, root_real + "/") != 0)
+      throw FormatError("'" + path + "' resolves to '" + real + "', outside '" + root_real + "': refused");
+  }
 
   DirNode read(const std::string& path) {
     if (++depth > kMaxDepth) throw FormatError("'" + path + "': directory tree deeper than " + std::to_string(kMaxDepth));
@@ -298,9 +372,17 @@ struct Reader {
       int& d;
       ~DepthGuard() { --d; }
     } guard{depth};
+    if (depth == 1) {
+      if (char* r = ::realpath(path.c_str(), nullptr)) {
+        root_real = r;
+        std::free(r);
+      }
+    } else {
+      check_inside(path);
+    }
 
     const std::string meta_path = join(path, "meta.json");
-    auto text = read_whole(meta_path);
+    auto text = read_whole(meta_path, opt.follow_symlinks);
     if (!text) {
       if (stat_kind(path) != FileKind::Directory) throw FormatError("'" + path + "' is not a directory");
       throw FormatError("missing meta.json in '" + path + "'");
@@ -339,7 +421,7 @@ struct Reader {
           if (kv.first != "_type") fields.push_back(kv);
         node.data = JsonValue(std::move(fields));
         node.pickle = read_bytes_file(join(path, "other.pickle"));
-        if (stat_kind(join(path, "_tensordict")) == FileKind::Directory) {
+        if (kind(join(path, "_tensordict")) == FileKind::Directory) {
           add_child_dir(node, "_tensordict", "_tensordict", "TensorDict");
           const DirNode& td = *node.entries.back().child;
           node.batch_size = td.batch_size;
@@ -348,8 +430,8 @@ struct Reader {
         break;
       }
       case NodeKind::Other:
-        if (stat_kind(join(path, "_source")) == FileKind::Directory &&
-            stat_kind(join(join(path, "_source"), "meta.json")) == FileKind::Regular)
+        if (kind(join(path, "_source")) == FileKind::Directory &&
+            kind(join(join(path, "_source"), "meta.json")) == FileKind::Regular)
           add_child_dir(node, "_source", "_source", "");
         break;
     }
@@ -396,9 +478,13 @@ struct Reader {
       while (dirent* de = ::readdir(d)) {
         std::string n = de->d_name;
         if (n == "." || n == "..") continue;
-        if (stat_kind(join(node.path, n)) == FileKind::Directory &&
-            stat_kind(join(join(node.path, n), "meta.json")) == FileKind::Regular)
-          names.push_back(n);
+        const std::string p = join(node.path, n);
+        FileKind k = entry_kind(p, opt.follow_symlinks);
+        if (k == FileKind::Symlink && stat_kind(p) == FileKind::Directory) {  // would be a child: refused
+          ::closedir(d);
+          refuse_symlink(p);
+        }
+        if (k == FileKind::Directory && stat_kind(join(p, "meta.json")) == FileKind::Regular) names.push_back(n);
       }
       ::closedir(d);
     }
@@ -440,12 +526,12 @@ struct Reader {
         node.add_leaf(std::move(leaf)).name.clear();
         return;
       }
-      node.warnings.push_back("leaf '" + key + "': file '" + encode_key(key) + ".memmap' is missing: skipped");
+      missing(node, "data file", key, encode_key(key) + ".memmap");
       return;
     }
     leaf.file = *name;
     int64_t size = 0;
-    stat_kind(join(node.path, *name), &size);
+    kind(join(node.path, *name), &size);
     if (size < need)
       bad(join(node.path, *name), "leaf '" + key + "' is truncated: expected at least " + std::to_string(need) +
                                       " bytes for " + dtype->as_string() + c10::str(at::IntArrayRef(leaf.shape)) +
@@ -462,23 +548,22 @@ struct Reader {
     if (n == 0) return true;
     if (ndim == 0) {  // n scalar components: n elements of data, no sizes file; check before allocating n rows
       auto data = locate(node.path, leaf.key, ".memmap", FileKind::Regular);
+      if (!data) return missing(node, "data file", leaf.key, encode_key(leaf.key) + ".memmap");
       int64_t size = 0;
-      if (data) stat_kind(join(node.path, *data), &size);
-      if (!data || size / static_cast<int64_t>(c10::elementSize(leaf.dtype)) < n) {
-        node.warnings.push_back("nested leaf '" + leaf.key + "': data file missing or short: skipped");
+      kind(join(node.path, *data), &size);
+      if (size / static_cast<int64_t>(c10::elementSize(leaf.dtype)) < n) {
+        node.warnings.push_back("nested leaf '" + leaf.key + "': data file short: skipped");
         return false;
       }
       leaf.nested_sizes.assign(static_cast<size_t>(n), std::vector<int64_t>());
       return true;
     }
     auto name = locate(node.path, leaf.key, ".shape.memmap", FileKind::Regular);
-    if (!name) {
-      node.warnings.push_back("nested leaf '" + leaf.key + "': sizes file missing: skipped");
-      return false;
-    }
+    if (!name) return missing(node, "sizes file", leaf.key, encode_key(leaf.key) + ".shape.memmap");
     leaf.shape_file = *name;
     const std::string file = join(node.path, *name);
-    at::Tensor sizes = map_file(file, at::kLong, {n, ndim}, /*writable=*/false);  // checks the size first
+    at::Tensor sizes = map_file(file, at::kLong, {n, ndim}, /*writable=*/false, 0,
+                                opt.follow_symlinks);  // checks the size first
     leaf.nested_sizes.assign(static_cast<size_t>(n), std::vector<int64_t>(static_cast<size_t>(ndim)));
     const int64_t* p = sizes.data_ptr<int64_t>();
     int64_t total = 0;
@@ -498,7 +583,7 @@ struct Reader {
   void read_stack_children(DirNode& node, const std::string& meta_path) {
     for (int64_t i = 0;; ++i) {
       std::string name = std::to_string(i);
-      if (stat_kind(join(node.path, name)) != FileKind::Directory) break;
+      if (kind(join(node.path, name)) != FileKind::Directory) break;
       add_child_dir(node, name, name, "");
     }
     // batch size = the children's common batch size with N inserted at stack_dim
@@ -556,24 +641,30 @@ struct Reader {
 
 }  // namespace
 
-DirNode read_dir(const std::string& path) {
+DirNode read_dir(const std::string& path, const ReadOptions& options) {
   Reader r;
+  r.opt = options;
   return r.read(path);
 }
 
-at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable) {
+at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable, const ReadOptions& options) {
   std::vector<int64_t> shape = leaf.is_nested ? std::vector<int64_t>{leaf.numel()} : leaf.shape;
   if (leaf.numel() == 0) return at::empty(shape, at::TensorOptions().dtype(leaf.dtype));
   const std::string name = leaf.file.empty() ? encode_key(leaf.key) + ".memmap" : leaf.file;
   const std::string file = join(dir, name);
-  if (stat_kind(file) == FileKind::Missing)
-    throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is missing");
-  return map_file(file, leaf.dtype, shape, writable);
+  switch (entry_kind(file, options.follow_symlinks)) {
+    case FileKind::Missing: throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is missing");
+    case FileKind::Symlink: refuse_symlink(file);
+    case FileKind::Regular: break;
+    default: throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is not a regular file");
+  }
+  return map_file(file, leaf.dtype, shape, writable, 0, options.follow_symlinks);
 }
 
-std::vector<at::Tensor> map_nested_leaf(const std::string& dir, const LeafMeta& leaf, bool writable) {
+std::vector<at::Tensor> map_nested_leaf(const std::string& dir, const LeafMeta& leaf, bool writable,
+                                        const ReadOptions& options) {
   if (!leaf.is_nested) throw ValueError("map_nested_leaf: leaf '" + leaf.key + "' is not nested");
-  at::Tensor flat = map_leaf(dir, leaf, writable);
+  at::Tensor flat = map_leaf(dir, leaf, writable, options);
   std::vector<at::Tensor> out;
   int64_t off = 0;
   for (const auto& sizes : leaf.nested_sizes) {

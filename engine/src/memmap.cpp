@@ -3,8 +3,12 @@
 // and LazyStackedTensorDict's directory layout. The file format itself lives in backends/memmap_*.
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <atomic>
 #include <filesystem>
+#include <iostream>
 #include <thread>
 
 #include "tensor_dict_internal.hpp"
@@ -219,8 +223,29 @@ void check_prefix(const std::string& prefix, const MemmapOptions& o) {
 }
 
 // ------------------------------------------------------------------------------------------ loading
+backends::ReadOptions read_options(const LoadOptions& o) {
+  backends::ReadOptions r;
+  r.follow_symlinks = o.follow_symlinks();
+  r.allow_missing = o.allow_missing();
+  return r;
+}
+
+//! Hands every warning of the tree read by read_dir to o.on_warning (stderr when unset).
+void report_warnings(const DirNode& node, const LoadOptions& o) {
+  for (const auto& w : node.warnings) {
+    const std::string text = "'" + node.path + "': " + w;
+    if (o.on_warning())
+      o.on_warning()(text);
+    else
+      std::cerr << "tensordict: warning: " << text << "\n";
+  }
+  for (const auto& de : node.entries)
+    if (!de.is_leaf && de.child) report_warnings(*de.child, o);
+}
+
 void build_from_node(TensorDictImpl& impl, const DirNode& node, const BatchSize& parent_batch,
                      const LoadOptions& o);
+LazyStackedTensorDict lazy_from_node(const DirNode& root, const LoadOptions& o);
 
 Entry entry_from_child(const DirNode& child, const TensorDictImpl& parent, const LoadOptions& o) {
   switch (child.kind) {
@@ -248,7 +273,7 @@ Entry entry_from_child(const DirNode& child, const TensorDictImpl& parent, const
       return Entry(st);
     }
     case NodeKind::LazyStackedTensorDict: {
-      LazyStackedTensorDict lazy = LazyStackedTensorDict::load_memmap(child.path, o);
+      LazyStackedTensorDict lazy = lazy_from_node(child, o);
       try {
         return Entry(lazy.contiguous());
       } catch (const Error& e) {
@@ -297,7 +322,7 @@ void build_from_node(TensorDictImpl& impl, const DirNode& node, const BatchSize&
       }
       std::string file = de.leaf.file.empty() ? "" : join_path(node.path, de.leaf.file);
       bool w = o.writable() && !file.empty() && writable_file(file);
-      at::Tensor t = backends::map_leaf(node.path, de.leaf, w);
+      at::Tensor t = backends::map_leaf(node.path, de.leaf, w, read_options(o));
       if (impl.device && t.device() != *impl.device) t = t.to(*impl.device);
       BatchSize shape(t.sizes().begin(), t.sizes().end());
       if (shape.size() < impl.batch_size.size() ||
@@ -320,8 +345,24 @@ void build_from_node(TensorDictImpl& impl, const DirNode& node, const BatchSize&
   }
 }
 
+//! the members of a lazy stack read by read_dir, memory-mapped and locked
+LazyStackedTensorDict lazy_from_node(const DirNode& root, const LoadOptions& o) {
+  std::vector<TensorDict> members;
+  for (const auto& de : root.entries) {
+    if (de.is_leaf || !de.child) continue;
+    auto impl = std::make_shared<TensorDictImpl>();
+    build_from_node(*impl, *de.child, {}, o);
+    TensorDict td(impl);
+    mark_memmap(impl, de.child->path);
+    td.lock_();
+    members.push_back(td);
+  }
+  if (members.empty()) throw FormatError("'" + root.path + "/meta.json': a LazyStackedTensorDict without members");
+  return LazyStackedTensorDict(std::move(members), root.stack_dim);
+}
+
 TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
-  DirNode root = backends::read_dir(prefix);
+  DirNode root = backends::read_dir(prefix, read_options(o));
   if (root.kind == NodeKind::LazyStackedTensorDict) {
     throw TypeError("'" + prefix + "' holds a LazyStackedTensorDict: load it with LazyStackedTensorDict::load_memmap");
   }
@@ -331,6 +372,7 @@ TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
   }
   auto impl = std::make_shared<TensorDictImpl>();
   build_from_node(*impl, root, {}, o);
+  report_warnings(root, o);
   TensorDict td(impl);
   mark_memmap(impl, prefix);
   // sub-TensorDicts of a tensorclass record live under _tensordict/
@@ -495,6 +537,7 @@ TensorDict& TensorDict::memmap_refresh_() {
   }
   DirNode node = backends::read_dir(impl_->memmap_prefix);
   refresh_impl(*impl_, node, LoadOptions());
+  report_warnings(node, LoadOptions());
   if (impl_->locked) lock_();  // register the lock on new children
   return *this;
 }
@@ -562,23 +605,14 @@ LazyStackedTensorDict& LazyStackedTensorDict::memmap_(const std::string& prefix,
 }
 
 LazyStackedTensorDict LazyStackedTensorDict::load_memmap(const std::string& prefix, const LoadOptions& options) {
-  DirNode root = backends::read_dir(prefix);
+  DirNode root = backends::read_dir(prefix, read_options(options));
   if (root.kind != NodeKind::LazyStackedTensorDict) {
     throw TypeError("'" + prefix + "' holds a " + std::string(backends::node_kind_name(root.kind)) +
                     ", not a LazyStackedTensorDict");
   }
-  std::vector<TensorDict> members;
-  for (const auto& de : root.entries) {
-    if (de.is_leaf || !de.child) continue;
-    auto impl = std::make_shared<TensorDictImpl>();
-    build_from_node(*impl, *de.child, {}, options);
-    TensorDict td(impl);
-    mark_memmap(impl, de.child->path);
-    td.lock_();
-    members.push_back(td);
-  }
-  if (members.empty()) throw FormatError("'" + prefix + "/meta.json': a LazyStackedTensorDict without members");
-  return LazyStackedTensorDict(std::move(members), root.stack_dim);
+  LazyStackedTensorDict lazy = lazy_from_node(root, options);
+  report_warnings(root, options);
+  return lazy;
 }
 
 bool LazyStackedTensorDict::is_memmap() const {
@@ -592,14 +626,17 @@ bool LazyStackedTensorDict::is_memmap() const {
 bool is_lazy_stack_dir(const std::string& prefix) {
   try {
     JsonValue meta = JsonValue::parse([&] {
+      // only a regular meta.json, never through a symlink, never blocking on a fifo (load_memmap reports those)
       std::string path = join_path(prefix, "meta.json");
-      FILE* f = std::fopen(path.c_str(), "rb");
-      if (!f) return std::string();
+      struct stat st;
+      if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::string();
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+      if (fd < 0) return std::string();
       std::string s;
       char buf[4096];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
-      std::fclose(f);
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
+      ::close(fd);
       return s;
     }());
     const JsonValue* t = meta.find("_type");

@@ -706,12 +706,16 @@ BOOST_AUTO_TEST_CASE(reader_tolerates_python_variations) {
   BOOST_TEST(be::map_leaf(d, n.entries[1].leaf, false).item<int64_t>() == 7);
   BOOST_TEST(n.warnings.size() == 1u);  // "nothing" has no dtype/shape
 
-  // missing file: an empty leaf is rebuilt, a non-empty one skipped (as Python does)
+  // missing file: an empty leaf is rebuilt; a non-empty one is a FormatError, or skipped with allow_missing
+  // (as Python does)
   d = make_dir(tmp, "m",
                std::string("{\"e\": {\"device\": \"cpu\", \"shape\": [0, 3], \"dtype\": \"torch.float32\", \"is_nested\": false}, "
                            "\"gone\": {\"device\": \"cpu\", \"shape\": [2], \"dtype\": \"torch.float32\", \"is_nested\": false}, ") +
                    kTd + "}");
-  n = be::read_dir(d);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {d + "/gone.memmap", "leaf 'gone'", "missing"});
+  be::ReadOptions lenient;
+  lenient.allow_missing = true;
+  n = be::read_dir(d, lenient);
   BOOST_TEST_REQUIRE(n.entries.size() == 1u);
   BOOST_TEST(n.entries[0].key == "e");
   BOOST_TEST(n.warnings.size() == 1u);
@@ -719,11 +723,12 @@ BOOST_AUTO_TEST_CASE(reader_tolerates_python_variations) {
   BOOST_TEST(n.device.value() == "cpu");
   // a zero-length file for an empty leaf is fine too
   td_test::write_text(d + "/e.memmap", "");
-  BOOST_TEST(be::read_dir(d).entries[0].leaf.file == "e.memmap");
+  BOOST_TEST(be::read_dir(d, lenient).entries[0].leaf.file == "e.memmap");
 
-  // a huge nested leaf of scalar components without data is skipped without allocating anything
+  // a huge nested leaf of scalar components without data is skipped (allow_missing) without allocating anything
   d = make_dir(tmp, "huge", "{\"a\": {\"shape\": [1000000000000, 0], \"dtype\": \"torch.float32\", \"is_nested\": true}}");
-  n = be::read_dir(d);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {d + "/a.memmap", "leaf 'a'", "missing"});
+  n = be::read_dir(d, lenient);
   BOOST_TEST(n.entries.empty());
   BOOST_TEST(n.warnings.size() == 1u);
   // nested leaf with n scalar components
@@ -872,11 +877,14 @@ BOOST_AUTO_TEST_CASE(missing_meta_and_truncated_leaves) {
   td_test::check_throws<FormatError>([&] { be::map_leaf(d, n.entries[0].leaf, false); }, {d + "/x.memmap", "too short"});
   fs::remove(d + "/x.memmap");
   td_test::check_throws<FormatError>([&] { be::map_leaf(d, n.entries[0].leaf, false); }, {d + "/x.memmap", "missing"});
-  // a symlink loop of directories cannot recurse forever
+  // a symlink loop of directories: refused at once; followed, it cannot recurse forever
   d = make_dir(tmp, "loop", std::string("{\"s\": {\"type\": \"TensorDict\"}, ") + kTd + "}");
   BOOST_TEST_REQUIRE(::symlink(d.c_str(), (d + "/s").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {"'" + d + "/s' is a symlink"});
+  be::ReadOptions follow;
+  follow.follow_symlinks = true;
   // (fails at the kernel's 40-symlink path limit or at our depth limit, whichever comes first)
-  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {"FormatError", d + "/s/s/s"});
+  td_test::check_throws<FormatError>([&] { be::read_dir(d, follow); }, {"FormatError", d + "/s/s/s"});
   // a real tree deeper than the reader's limit
   std::string deep = tmp / "deep";
   for (int i = 0; i < 130; ++i) {
@@ -885,6 +893,150 @@ BOOST_AUTO_TEST_CASE(missing_meta_and_truncated_leaves) {
     deep += "/s";
   }
   td_test::check_throws<FormatError>([&] { be::read_dir(tmp / "deep"); }, {"deeper than 128"});
+}
+
+// ------------------------------------------------------------------------------------------ untrusted trees
+namespace {
+const char* kObsMeta =
+    "{\"obs\": {\"device\": \"cpu\", \"shape\": [2], \"dtype\": \"torch.float32\", \"is_nested\": false}, "
+    "\"shape\": [2], \"device\": \"cpu\", \"_type\": \"<class 'tensordict._td.TensorDict'>\"}";
+be::ReadOptions following() {
+  be::ReadOptions o;
+  o.follow_symlinks = true;
+  return o;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(reader_refuses_symlinked_leaves_metas_and_dirs) {
+  td_test::TempDir tmp;
+  const std::string target = tmp / "outside.bin";  // outside the tree being read
+  td_test::write_text(target, std::string(8, 'T'));
+  // a leaf symlinked outside the root: refused by read_dir and by map_leaf
+  std::string d = make_dir(tmp, "leaf", kObsMeta);
+  BOOST_TEST_REQUIRE(::symlink(target.c_str(), (d + "/obs.memmap").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {"'" + d + "/obs.memmap' is a symlink", "refused"});
+  LeafMeta leaf;
+  leaf.key = "obs";
+  leaf.shape = {2};
+  leaf.file = "obs.memmap";
+  td_test::check_throws<FormatError>([&] { be::map_leaf(d, leaf, /*writable=*/true); }, {d + "/obs.memmap", "symlink"});
+  BOOST_TEST(td_test::read_file(target) == std::string(8, 'T'));
+  // map_file refuses it too when asked not to follow
+  td_test::check_throws<ValueError>(
+      [&] { be::map_file(d + "/obs.memmap", at::kFloat, {2}, true, 0, /*follow_symlinks=*/false); }, {"symlink"});
+  // followed on request (the caller trusts the tree)
+  DirNode n = be::read_dir(d, following());
+  BOOST_TEST_REQUIRE(n.entries.size() == 1u);
+  BOOST_TEST(be::map_leaf(d, n.entries[0].leaf, false, following()).numel() == 2);
+
+  // a symlinked meta.json, at the root and in a sub-directory
+  std::string m = tmp / "meta";
+  fs::create_directories(m);
+  td_test::write_text(tmp / "elsewhere.json", kObsMeta);
+  BOOST_TEST_REQUIRE(::symlink((tmp / "elsewhere.json").c_str(), (m + "/meta.json").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(m); }, {"'" + m + "/meta.json' is a symlink"});
+
+  // a symlinked sub-directory (pointing outside the root), listed and as a v0.3 child
+  make_dir(tmp, "outside_td", std::string("{") + kTd + "}");
+  d = make_dir(tmp, "sub", std::string("{\"s\": {\"type\": \"TensorDict\"}, ") + kTd + "}");
+  BOOST_TEST_REQUIRE(::symlink((tmp / "outside_td").c_str(), (d + "/s").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {"'" + d + "/s' is a symlink"});
+  BOOST_TEST(be::read_dir(d, following()).find("s")->child->batch_size.value() == (std::vector<int64_t>{2}));
+  d = make_dir(tmp, "v03", std::string("{") + kTd + "}");
+  BOOST_TEST_REQUIRE(::symlink((tmp / "outside_td").c_str(), (d + "/s").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {"'" + d + "/s' is a symlink"});
+  // a real sub-directory whose meta.json is a symlink
+  d = make_dir(tmp, "submeta", std::string("{\"s\": {\"type\": \"TensorDict\"}, ") + kTd + "}");
+  fs::create_directories(d + "/s");
+  BOOST_TEST_REQUIRE(::symlink((tmp / "outside_td/meta.json").c_str(), (d + "/s/meta.json").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {"'" + d + "/s/meta.json' is a symlink"});
+
+  // a symlink inside the root to a file inside the root: refused by default, read with follow_symlinks
+  d = make_dir(tmp, "inner", kObsMeta);
+  be::write_file(d + "/data.bin", at::tensor({1.0f, 2.0f}));
+  BOOST_TEST_REQUIRE(::symlink("data.bin", (d + "/obs.memmap").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {"'" + d + "/obs.memmap' is a symlink"});
+  n = be::read_dir(d, following());
+  BOOST_TEST(at::equal(be::map_leaf(d, n.entries[0].leaf, false, following()), at::tensor({1.0f, 2.0f})));
+  // a dangling leaf symlink is refused, not taken for a missing file
+  d = make_dir(tmp, "dangling", kObsMeta);
+  BOOST_TEST_REQUIRE(::symlink("nowhere", (d + "/obs.memmap").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {"'" + d + "/obs.memmap' is a symlink"});
+}
+
+BOOST_AUTO_TEST_CASE(reader_refuses_fifos_without_blocking) {
+  // The reader checks the type before any (non-blocking) open: nothing here opens the fifos' other end,
+  // so a blocking open would hang the test.
+  td_test::TempDir tmp;
+  std::string d = make_dir(tmp, "leaf", kObsMeta);
+  BOOST_TEST_REQUIRE(::mkfifo((d + "/obs.memmap").c_str(), 0600) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {d + "/obs.memmap", "not a regular file"});
+  be::ReadOptions lenient;
+  lenient.allow_missing = true;
+  lenient.follow_symlinks = true;
+  td_test::check_throws<FormatError>([&] { be::read_dir(d, lenient); }, {d + "/obs.memmap", "not a regular file"});
+  LeafMeta leaf;
+  leaf.key = "obs";
+  leaf.shape = {2};
+  td_test::check_throws<FormatError>([&] { be::map_leaf(d, leaf, /*writable=*/false); }, {"not a regular file"});
+  td_test::check_throws<FormatError>([&] { be::map_leaf(d, leaf, /*writable=*/true, lenient); }, {"not a regular file"});
+  td_test::check_throws<ValueError>([&] { be::map_file(d + "/obs.memmap", at::kFloat, {2}, false); },
+                                    {"not a regular file"});
+  // a symlink to a fifo, followed on request: still refused
+  std::string s = make_dir(tmp, "link", kObsMeta);
+  BOOST_TEST_REQUIRE(::symlink((d + "/obs.memmap").c_str(), (s + "/obs.memmap").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(s, lenient); }, {s + "/obs.memmap", "not a regular file"});
+  // meta.json, a pickle and a nested sizes file as fifos
+  std::string m = tmp / "meta";
+  fs::create_directories(m);
+  BOOST_TEST_REQUIRE(::mkfifo((m + "/meta.json").c_str(), 0600) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(m); }, {m + "/meta.json", "not a regular file"});
+  std::string p = make_dir(tmp, "pickle", "{\"_type\": \"<class 'tensordict.tensorclass.NonTensorData'>\"}");
+  BOOST_TEST_REQUIRE(::mkfifo((p + "/other.pickle").c_str(), 0600) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(p); }, {p + "/other.pickle", "not a regular file"});
+  std::string nst = make_dir(tmp, "nested", "{\"a\": {\"shape\": [2, 1], \"dtype\": \"torch.float32\", \"is_nested\": true}}");
+  BOOST_TEST_REQUIRE(::mkfifo((nst + "/a.shape.memmap").c_str(), 0600) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(nst); }, {nst + "/a.shape.memmap", "not a regular file"});
+  // a device file in place of a leaf
+  d = make_dir(tmp, "dev", kObsMeta);
+  BOOST_TEST_REQUIRE(::symlink("/dev/zero", (d + "/obs.memmap").c_str()) == 0);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d, lenient); }, {d + "/obs.memmap", "not a regular file"});
+}
+
+BOOST_AUTO_TEST_CASE(reader_refuses_missing_leaf_files) {
+  td_test::TempDir tmp;
+  be::ReadOptions lenient;
+  lenient.allow_missing = true;
+  // a dense leaf in a sub-directory
+  std::string d = make_dir(tmp, "td", std::string("{\"sub\": {\"type\": \"TensorDict\"}, ") + kTd + "}");
+  fs::create_directories(d + "/sub");
+  td_test::write_text(d + "/sub/meta.json", kObsMeta);
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {d + "/sub/obs.memmap", "leaf 'obs'", "missing"});
+  DirNode n = be::read_dir(d, lenient);
+  const DirNode& sub = *n.find("sub")->child;
+  BOOST_TEST(sub.entries.empty());
+  BOOST_TEST_REQUIRE(sub.warnings.size() == 1u);
+  BOOST_TEST(sub.warnings[0].find("'obs'") != std::string::npos);
+  BOOST_TEST(sub.warnings[0].find("obs.memmap' is missing") != std::string::npos);
+
+  // nested (ragged) leaves: the sizes file, then the data file
+  const std::string meta = "{\"r\": {\"shape\": [2, 1], \"dtype\": \"torch.float32\", \"is_nested\": true}}";
+  d = make_dir(tmp, "nested", meta);
+  be::write_nested_leaf(d, "r", {at::tensor({1.0f}), at::tensor({2.0f, 3.0f})});
+  BOOST_TEST(be::read_dir(d).entries.size() == 1u);
+  fs::remove(d + "/r.shape.memmap");
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {d + "/r.shape.memmap", "leaf 'r'", "sizes file", "missing"});
+  n = be::read_dir(d, lenient);
+  BOOST_TEST(n.entries.empty());
+  BOOST_TEST_REQUIRE(n.warnings.size() == 1u);
+  BOOST_TEST(n.warnings[0].find("r.shape.memmap") != std::string::npos);
+  d = make_dir(tmp, "nested2", meta);
+  be::write_nested_leaf(d, "r", {at::tensor({1.0f}), at::tensor({2.0f, 3.0f})});
+  fs::remove(d + "/r.memmap");
+  td_test::check_throws<FormatError>([&] { be::read_dir(d); }, {d + "/r.memmap", "leaf 'r'", "data file", "missing"});
+  n = be::read_dir(d, lenient);
+  BOOST_TEST(n.entries.empty());
+  BOOST_TEST(n.warnings.size() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(writable_leaf_mappings_write_through) {

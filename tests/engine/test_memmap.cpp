@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <boost/test/unit_test.hpp>
 
@@ -241,6 +242,166 @@ BOOST_AUTO_TEST_CASE(reserved_keys_and_bad_files) {
   BOOST_CHECK_THROW(TensorDict::load_memmap(tmp.path + "/s"), FormatError);
   // existsok=false refuses an existing save
   BOOST_CHECK_THROW(ok.memmap(tmp.path + "/t", MemmapOptions().existsok(false)), ValueError);
+}
+
+// ------------------------------------------------------------------------------------------ untrusted trees
+namespace {
+//! obs [4, 2] (ones) and sub/b [4] saved to `dir`
+TensorDict save_small(const std::string& dir) {
+  TensorDict td(BatchSize{4});
+  td.set("obs", at::ones({4, 2}));
+  td.set({"sub", "b"}, at::arange(4, at::kFloat));
+  return td.save(dir);
+}
+
+template <class E>
+void check_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    BOOST_ERROR("no exception thrown");
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const auto& n : needles) BOOST_TEST(msg.find(n) != std::string::npos, "'" << msg << "' lacks '" << n << "'");
+  }
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(load_refuses_a_leaf_symlinked_outside_and_leaves_the_target_alone) {
+  fixtures::TempDir tmp("symlink-leaf");
+  save_small(tmp.path + "/td");
+  const std::string target = tmp.path + "/target.bin";  // stands for any file outside the tree
+  const std::string original(32, 'T');                  // 4 x 2 float32
+  { std::ofstream(target, std::ios::binary) << original; }
+  fs::remove(tmp.path + "/td/obs.memmap");
+  fs::create_symlink(target, tmp.path + "/td/obs.memmap");
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/td"); },
+                           {tmp.path + "/td/obs.memmap", "symlink"});
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/td", LoadOptions().allow_missing(true)); },
+                           {tmp.path + "/td/obs.memmap", "symlink"});
+  BOOST_TEST(fixtures::read_file(target) == original);
+  // followed on request (read-only here: a writable load would write into the target)
+  TensorDict td = TensorDict::load_memmap(tmp.path + "/td", LoadOptions().follow_symlinks(true).writable(false));
+  BOOST_TEST(td.get("obs").sizes() == at::IntArrayRef({4, 2}));
+  td.get("obs").fill_(0.0f);
+  BOOST_TEST(fixtures::read_file(target) == original);
+}
+
+BOOST_AUTO_TEST_CASE(load_refuses_symlinked_dirs_and_meta_json) {
+  fixtures::TempDir tmp("symlink-dir");
+  // a sub-directory moved outside the tree and symlinked back
+  save_small(tmp.path + "/td");
+  fs::rename(tmp.path + "/td/sub", tmp.path + "/sub-elsewhere");
+  fs::create_directory_symlink(tmp.path + "/sub-elsewhere", tmp.path + "/td/sub");
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/td"); }, {tmp.path + "/td/sub", "symlink"});
+  TensorDict td = TensorDict::load_memmap(tmp.path + "/td", LoadOptions().follow_symlinks(true));
+  BOOST_TEST(td.get({"sub", "b"}).equal(at::arange(4, at::kFloat)));
+  // a symlinked meta.json (root and sub-directory)
+  save_small(tmp.path + "/m");
+  fs::rename(tmp.path + "/m/sub/meta.json", tmp.path + "/sub-meta.json");
+  fs::create_symlink(tmp.path + "/sub-meta.json", tmp.path + "/m/sub/meta.json");
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/m"); }, {tmp.path + "/m/sub/meta.json", "symlink"});
+  fs::rename(tmp.path + "/m/meta.json", tmp.path + "/root-meta.json");
+  fs::create_symlink(tmp.path + "/root-meta.json", tmp.path + "/m/meta.json");
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/m"); }, {tmp.path + "/m/meta.json", "symlink"});
+  BOOST_TEST(!is_lazy_stack_dir(tmp.path + "/m"));
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/m", LoadOptions().follow_symlinks(true)).contains({"sub", "b"}));
+  // the prefix itself may be a symlink (the caller names it)
+  save_small(tmp.path + "/plain");
+  fs::create_directory_symlink(tmp.path + "/plain", tmp.path + "/plain-alias");
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/plain-alias").contains("obs"));
+}
+
+BOOST_AUTO_TEST_CASE(load_follows_an_inner_symlink_only_on_request) {
+  fixtures::TempDir tmp("symlink-inner");
+  save_small(tmp.path + "/td");
+  fs::rename(tmp.path + "/td/obs.memmap", tmp.path + "/td/obs.data");
+  fs::create_symlink("obs.data", tmp.path + "/td/obs.memmap");  // relative, inside the root
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/td"); }, {tmp.path + "/td/obs.memmap", "symlink"});
+  TensorDict td = TensorDict::load_memmap(tmp.path + "/td", LoadOptions().follow_symlinks(true));
+  BOOST_TEST(td.get("obs").equal(at::ones({4, 2})));
+  td.get("obs")[0].fill_(3.0f);  // writable: through the link into the file inside the root
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/td", LoadOptions().follow_symlinks(true)).get("obs")[0].eq(3.0f).all().item<bool>());
+}
+
+BOOST_AUTO_TEST_CASE(load_refuses_a_fifo_leaf_without_blocking) {
+  // nothing opens the fifos' write end: a loader that opened them blocking would hang here
+  fixtures::TempDir tmp("fifo");
+  save_small(tmp.path + "/td");
+  fs::remove(tmp.path + "/td/sub/b.memmap");
+  BOOST_REQUIRE(::mkfifo((tmp.path + "/td/sub/b.memmap").c_str(), 0600) == 0);
+  for (const LoadOptions& o : {LoadOptions(), LoadOptions().follow_symlinks(true).allow_missing(true),
+                               LoadOptions().writable(false)}) {
+    check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/td", o); },
+                             {tmp.path + "/td/sub/b.memmap", "not a regular file"});
+  }
+  // a fifo meta.json: not a lazy stack, and refused by load_memmap
+  fs::create_directories(tmp.path + "/m");
+  BOOST_REQUIRE(::mkfifo((tmp.path + "/m/meta.json").c_str(), 0600) == 0);
+  BOOST_TEST(!is_lazy_stack_dir(tmp.path + "/m"));
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/m"); }, {tmp.path + "/m/meta.json", "not a regular file"});
+  check_error<FormatError>([&] { LazyStackedTensorDict::load_memmap(tmp.path + "/m"); },
+                           {tmp.path + "/m/meta.json", "not a regular file"});
+}
+
+BOOST_AUTO_TEST_CASE(load_refuses_a_missing_leaf_file_unless_allowed) {
+  fixtures::TempDir tmp("missing");
+  save_small(tmp.path + "/td");
+  fs::remove(tmp.path + "/td/sub/b.memmap");
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/td"); },
+                           {tmp.path + "/td/sub/b.memmap", "leaf 'b'", "missing"});
+  TensorDict into;
+  check_error<FormatError>([&] { into.load_memmap_(tmp.path + "/td"); }, {"leaf 'b'", "missing"});
+  std::vector<std::string> warnings;
+  TensorDict td = TensorDict::load_memmap(
+      tmp.path + "/td",
+      LoadOptions().allow_missing(true).on_warning([&](const std::string& w) { warnings.push_back(w); }));
+  BOOST_TEST(td.contains("obs"));
+  BOOST_TEST(td.contains("sub"));
+  BOOST_TEST(!td.contains({"sub", "b"}));
+  BOOST_TEST_REQUIRE(warnings.size() == 1u);
+  BOOST_TEST(warnings[0].find("leaf 'b'") != std::string::npos, warnings[0]);
+  BOOST_TEST(warnings[0].find(tmp.path + "/td/sub") != std::string::npos, warnings[0]);
+  // an empty leaf needs no file (not a warning)
+  TensorDict empty(BatchSize{0});
+  empty.set("e", at::zeros({0, 3}));
+  empty.save(tmp.path + "/empty");
+  warnings.clear();
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/empty", LoadOptions().on_warning([&](const std::string& w) {
+               warnings.push_back(w);
+             })).contains("e"));
+  BOOST_TEST(warnings.empty());
+}
+
+BOOST_AUTO_TEST_CASE(lazy_stack_members_are_checked_too) {
+  fixtures::TempDir tmp("lazy-safety");
+  TensorDict a(BatchSize{2}), b(BatchSize{2});
+  a.set("x", at::zeros({2, 3}));
+  b.set("x", at::ones({2, 3}));
+  LazyStackedTensorDict({a, b}, 0).memmap_(tmp.path + "/ls");
+  fs::remove(tmp.path + "/ls/1/x.memmap");
+  check_error<FormatError>([&] { LazyStackedTensorDict::load_memmap(tmp.path + "/ls"); },
+                           {tmp.path + "/ls/1/x.memmap", "leaf 'x'", "missing"});
+  std::vector<std::string> warnings;
+  LazyStackedTensorDict lazy = LazyStackedTensorDict::load_memmap(
+      tmp.path + "/ls",
+      LoadOptions().allow_missing(true).on_warning([&](const std::string& w) { warnings.push_back(w); }));
+  BOOST_TEST(lazy.tensordicts()[0].contains("x"));
+  BOOST_TEST(!lazy.tensordicts()[1].contains("x"));
+  BOOST_TEST(warnings.size() == 1u);
+  // a member directory symlinked from elsewhere
+  fs::rename(tmp.path + "/ls/1", tmp.path + "/member");
+  fs::create_directory_symlink(tmp.path + "/member", tmp.path + "/ls/1");
+  check_error<FormatError>([&] { LazyStackedTensorDict::load_memmap(tmp.path + "/ls"); }, {tmp.path + "/ls/1", "symlink"});
+  // inside a TensorDict
+  TensorDict outer(BatchSize{});
+  outer.save(tmp.path + "/outer");
+  fs::rename(tmp.path + "/ls", tmp.path + "/outer/ls");
+  {
+    std::string meta = fixtures::read_file(tmp.path + "/outer/meta.json");
+    meta.replace(0, 1, "{\"ls\": {\"type\": \"LazyStackedTensorDict\"}, ");
+    std::ofstream(tmp.path + "/outer/meta.json") << meta;
+  }
+  check_error<FormatError>([&] { TensorDict::load_memmap(tmp.path + "/outer"); }, {tmp.path + "/outer/ls/1", "symlink"});
 }
 
 BOOST_AUTO_TEST_CASE(memmap_and_shared_are_exclusive) {

@@ -5,7 +5,7 @@
 #   - `tdx dump DIR --json --no-values --compact` parses and carries no "values"
 #   - `tdx info DIR` succeeds and mentions every key; `tdx dump DIR` (text) too, for a few fixtures
 #   - `tdx verify DIR` exits 0 with "OK: N leaves"; non-zero on copies with a truncated leaf, a deleted leaf file,
-#     a malformed meta.json (the copies live in WORK_DIR)
+#     a malformed meta.json, a symlinked leaf (the copies live in WORK_DIR); `tdx dump` refuses the symlink
 #   - errors (missing path, a file instead of a directory, the HDF5 fixture, unknown subcommand): non-zero + stderr
 #   - the fixture tree (file list and every file's SHA-256) is unchanged afterwards: tdx never writes what it reads
 # A torch-linked process takes ~0.6 s to start, so the script starts tdx about 40 times and no more.
@@ -341,6 +341,18 @@ file(WRITE "${WORK_DIR}/malformed/j_memmap_like/sub/meta.json" "{\"r\": {\"shape
 run_tdx(v verify "${WORK_DIR}/malformed/j_memmap_like")
 check("NOT v_rc EQUAL 0" "verify on a malformed meta.json exits 0")
 check("v_out MATCHES \"sub/meta.json\"" "verify on a malformed meta.json: '${v_out}'")
+
+# (4) a leaf symlinked to a file outside the tree: never followed
+file(COPY "${PW}/a_flat" DESTINATION "${WORK_DIR}/symlinked")
+file(WRITE "${WORK_DIR}/outside.bin" "0123456789abcdef0123456789abcdef0123456789abcdef")
+file(REMOVE "${WORK_DIR}/symlinked/a_flat/obs.memmap")
+file(CREATE_LINK "${WORK_DIR}/outside.bin" "${WORK_DIR}/symlinked/a_flat/obs.memmap" SYMBOLIC)
+run_tdx(v verify "${WORK_DIR}/symlinked/a_flat")
+check("NOT v_rc EQUAL 0" "verify on a symlinked leaf exits 0")
+check("v_out MATCHES \"obs.memmap.*symlink\"" "verify on a symlinked leaf: '${v_out}'")
+run_tdx(d dump "${WORK_DIR}/symlinked/a_flat" --json)
+check("NOT d_rc EQUAL 0" "dump --json on a symlinked leaf exits 0")
+check("d_err MATCHES \"obs.memmap.*symlink\"" "dump --json on a symlinked leaf: stderr '${d_err}'")
 
 # ---------------------------------------------------------------------------------------- errors
 run_tdx(e info "${WORK_DIR}/does-not-exist")

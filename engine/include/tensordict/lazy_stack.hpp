@@ -45,7 +45,8 @@ class LazyStackedTensorDict {
   int64_t stack_dim_;
 };
 
-//! true when the directory holds a LazyStackedTensorDict (by its meta.json _type)
+//! true when the directory holds a LazyStackedTensorDict (by its meta.json _type); false when meta.json is
+//! missing, unreadable, a symlink or not a regular file (load_memmap then reports why)
 bool is_lazy_stack_dir(const std::string& prefix);
 
 }  // namespace tensordict

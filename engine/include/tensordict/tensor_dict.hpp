@@ -54,6 +54,16 @@ struct MemmapOptions {
 struct LoadOptions {
   //! map leaves with MAP_SHARED when the files are writable (writes reach the files); false: private
   TD_ARG(bool, writable) = true;
+  //! read through symlinked leaf files, meta.json files and sub-directories below the prefix, wherever
+  //! they point (the prefix itself may always be a symlink). Default: FormatError naming the link, since
+  //! a writable load would write into the link's target. Fifos, devices and sockets are always refused.
+  TD_ARG(bool, follow_symlinks) = false;
+  //! skip a non-empty leaf whose file is missing, with a warning, as Python does (the key is absent).
+  //! Default: FormatError naming the key and the file
+  TD_ARG(bool, allow_missing) = false;
+  //! receives each warning of the reader (a skipped leaf, an entry without dtype/shape, a v0.3 child);
+  //! unset: written to stderr as "tensordict: warning: <text>"
+  TD_ARG(std::function<void(const std::string&)>, on_warning) = nullptr;
 };
 
 //! from_schema: key -> (element shape, dtype)
@@ -283,12 +293,14 @@ class TensorDict {
   //! alias of memmap (upstream's save)
   TensorDict save(const std::string& prefix, const MemmapOptions& options = {}) const;
   //! loads a directory written by Python tensordict or by memmap/save: locked and is_memmap(); leaves
-  //! map the files (shared mapping when the file is writable and options.writable, else private copy-on-write)
+  //! map the files (shared mapping when the file is writable and options.writable, else private copy-on-write).
+  //! Symlinks below the prefix and missing leaf files are FormatErrors unless options allow them.
   static TensorDict load_memmap(const std::string& prefix, const LoadOptions& options = {});
   static TensorDict load(const std::string& prefix, const LoadOptions& options = {});
   //! loads `prefix` into this TensorDict (its entries are replaced by the loaded ones)
   TensorDict& load_memmap_(const std::string& prefix, const LoadOptions& options = {});
-  //! re-reads meta.json of this memmap TensorDict (keys added by other processes appear)
+  //! re-reads meta.json of this memmap TensorDict (keys added by other processes appear), with the default
+  //! LoadOptions (symlinks and missing leaf files refused)
   TensorDict& memmap_refresh_();
   //! adds a zero-filled memory-mapped leaf to a memmap TensorDict with a prefix (rewrites meta.json)
   TensorDict& make_memmap(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype = at::kFloat);

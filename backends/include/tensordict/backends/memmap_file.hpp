@@ -32,11 +32,13 @@ struct MappingInfo {
 //! copy-on-write view: in-place ops work and never reach the file.
 //! The file may be longer than needed (trailing bytes are ignored). Shapes with zero elements need no
 //! file: an ordinary empty tensor is returned and `path` is not touched.
-//! Throws ValueError (negative dim/offset, byte size overflow, not a regular file),
+//! The file type is checked before it is opened (and the open is non-blocking), so a fifo, device or
+//! socket is refused without blocking. follow_symlinks=false: a symlink at `path` is refused (O_NOFOLLOW).
+//! Throws ValueError (negative dim/offset, byte size overflow, not a regular file, refused symlink),
 //! FormatError naming the file with expected vs actual size if the file is too short,
 //! BackendError for OS failures (missing file, permission denied, mmap failure), with errno's text.
 at::Tensor map_file(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape, bool writable,
-                    int64_t offset = 0);
+                    int64_t offset = 0, bool follow_symlinks = true);
 
 //! Creates (or truncates) `path` as a sparse zero-filled file of `nbytes` bytes with ftruncate: no data
 //! is written and no RAM is used until pages are touched. Existing contents are discarded, so the file

@@ -123,21 +123,36 @@ struct DirNode {
 std::string default_child_type(const DirNode& child);
 
 // ------------------------------------------------------------------------------------------ read
+//! How read_dir / map_leaf treat what they find below the directory being read.
+struct ReadOptions {
+  //! Read through symlinked meta.json, leaf, pickle and sizes files and sub-directories, wherever they
+  //! point. Default: refused with a FormatError naming the link (a writable mapping of a symlinked leaf
+  //! writes into its target). Fifos, devices and sockets are refused either way, without blocking.
+  bool follow_symlinks = false;
+  //! Skip a non-empty leaf whose data file (nested: data or sizes file) is missing, recording a warning in
+  //! DirNode::warnings, as Python does. Default: FormatError naming the key and the file.
+  bool allow_missing = false;
+};
+
 //! Reads a directory tree (recursively). Tolerant where Python's output varies: any JSON whitespace,
 //! \u escapes, NaN/Infinity, trailing bytes after a leaf's data, a missing file for an empty leaf,
 //! legacy raw (unencoded) names, v0.3 trees without {"type"} entries, NonTensorData's old list data.
-//! Like Python it skips (with a warning) a leaf whose meta lacks dtype/shape or whose non-empty file is
-//! missing. Throws FormatError naming the file for a missing/malformed meta.json, wrong field types,
-//! an unknown dtype, negative or overflowing shapes, a leaf file shorter than its shape needs, or a
-//! listed sub-collection without its directory. Does not map anything (leaf sizes are checked with stat).
-DirNode read_dir(const std::string& path);
+//! Like Python it skips (with a warning) a leaf whose meta lacks dtype/shape. Throws FormatError naming the
+//! file for a missing/malformed meta.json, wrong field types, an unknown dtype, negative or overflowing
+//! shapes, a leaf file shorter than its shape needs, a listed sub-collection without its directory, a
+//! missing non-empty leaf file (unless options.allow_missing), a symlink below `path` (unless
+//! options.follow_symlinks; `path` itself may be one) and anything that is not a regular file or directory.
+//! Does not map anything (leaf sizes are checked with stat).
+DirNode read_dir(const std::string& path, const ReadOptions& options = {});
 
 //! Maps a leaf of the node read from directory `dir` (map_file; see memmap_file.hpp for `writable`).
 //! An empty leaf without a file gives an ordinary empty tensor. Nested leaves: the flat 1-D data of all
-//! components (see map_nested_leaf). Throws FormatError if the file is missing or too short.
-at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable);
+//! components (see map_nested_leaf). Throws FormatError if the file is missing, too short, not a regular
+//! file, or a symlink (unless options.follow_symlinks).
+at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable, const ReadOptions& options = {});
 //! A nested leaf's components: views of one mapping, shaped by leaf.nested_sizes.
-std::vector<at::Tensor> map_nested_leaf(const std::string& dir, const LeafMeta& leaf, bool writable);
+std::vector<at::Tensor> map_nested_leaf(const std::string& dir, const LeafMeta& leaf, bool writable,
+                                        const ReadOptions& options = {});
 
 // ------------------------------------------------------------------------------------------ write
 //! The meta.json value Python v0.14 writes for `node` (key order included): TensorDict leaves as
