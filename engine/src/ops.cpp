@@ -47,13 +47,6 @@ std::string torch_error() {
   }
 }
 
-//! "KeyError: text" -> "text"
-std::string strip_kind(const std::exception& e) {
-  std::string s = e.what();
-  auto p = s.find(": ");
-  return p == std::string::npos ? s : s.substr(p + 2);
-}
-
 BatchSize sizes_of(const at::Tensor& t) { return BatchSize(t.sizes().begin(), t.sizes().end()); }
 
 BatchSize concat(BatchSize a, at::IntArrayRef b) {
@@ -74,7 +67,7 @@ void put(TensorDict& level, const std::string& name, const NestedKey& full, cons
     level.impl()->entries.emplace_back(name, detail::prepare_value(*level.impl(), name, value));
   } catch (const BatchSizeError& e) {
     throw BatchSizeError(std::string(op) + ": the result for key " + full.repr() + " does not fit the batch size: " +
-                         strip_kind(e));
+                         e.message());
   } catch (...) {  // e.g. moving the result to the TensorDict's device failed
     throw RuntimeError(std::string(op) + ": cannot store the result for key " + full.repr() + ": " + torch_error());
   }
