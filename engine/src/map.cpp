@@ -9,6 +9,7 @@
 
 #include "tensor_dict_internal.hpp"
 #include "tensordict/lazy_stack.hpp"
+#include "torch_errors.hpp"
 
 namespace tensordict {
 
@@ -457,6 +458,9 @@ CarriedError carry_current_exception(int64_t chunk) {
   } catch (const Error& e) {
     ce.code = e.code();
     ce.message = e.message();
+  } catch (const c10::Error& e) {
+    ce.code = detail::torch_error_code(e);
+    ce.message = detail::torch_message(e);
   } catch (const std::exception& e) {
     ce.code = ErrorCode::Runtime;
     ce.message = e.what();

@@ -137,7 +137,8 @@ struct CarriedError {
   int64_t chunk = -1;
 };
 //! classifies the exception currently being handled (call inside catch): our errors keep code and
-//! message; any other std::exception is Runtime with its what()
+//! message; a c10::Error goes through the engine's torch translation (IndexError / ValueError / TypeError /
+//! RuntimeError, message without backtrace); any other std::exception is Runtime with its what()
 CarriedError carry_current_exception(int64_t chunk);
 //! throws the tensordict error of that code with that message (throw_error: what() equals the original's)
 [[noreturn]] void rethrow(const CarriedError& e);
