@@ -34,7 +34,7 @@ caf::behavior map_worker(caf::stateful_actor<worker_state>* self, std::shared_pt
           self->send(reply_to, map_done_atom::value, index, chunk, std::move(r));
         } catch (...) {
           auto ce = map_detail::carry_current_exception(chunk);
-          self->send(reply_to, map_failed_atom::value, index, map_error{ce.type, ce.message, ce.chunk});
+          self->send(reply_to, map_failed_atom::value, index, to_wire(ce));
         }
       },
   };
@@ -100,7 +100,7 @@ void fail(coordinator* self, LocalMapJob& job, map_detail::CarriedError err) {
   if (self->state.finished) return;
   self->state.finished = true;
   job.cancelled = true;
-  logger()->debug("map: chunk {} failed in a worker: {}: {}", err.chunk, err.type, err.message);
+  logger()->debug("map: chunk {} failed in a worker: {}: {}", err.chunk, error_name(err.code), err.message);
   self->state.progress.finish(false);
   MapEvent ev;
   ev.kind = MapEvent::Kind::Error;
@@ -164,7 +164,7 @@ void lose_worker(coordinator* self, LocalMapJob& job, size_t w, const std::strin
   const auto total = static_cast<int64_t>(job.plan.chunks.size());
   if (st.alive <= 0) {
     fail(self, job,
-         {"BackendError",
+         {ErrorCode::Backend,
           "map: every worker is gone, the last one: " + who + " " + reason + "; " + std::to_string(st.done) +
               " of " + std::to_string(total) + " chunks were done",
           -1});
@@ -217,13 +217,13 @@ caf::behavior map_coordinator(coordinator* self, std::shared_ptr<LocalMapJob> jo
       j->cancelled = true;
       MapEvent ev;
       ev.kind = MapEvent::Kind::Error;
-      ev.error = {"RuntimeError", "map: the coordinator stopped before the end (" + to_string(reason) + ")", -1};
+      ev.error = {ErrorCode::Runtime, "map: the coordinator stopped before the end (" + to_string(reason) + ")", -1};
       j->close(std::move(ev));
     }
   });
   self->set_exit_handler([=](caf::exit_msg& msg) {
     if (!msg.reason) return;
-    fail(self, *job, {"RuntimeError", "map: a worker stopped unexpectedly (" + to_string(msg.reason) + ")", -1});
+    fail(self, *job, {ErrorCode::Runtime, "map: a worker stopped unexpectedly (" + to_string(msg.reason) + ")", -1});
   });
   // a worker process's actor went down: its process died or the connection dropped
   self->set_down_handler([=](caf::down_msg& msg) {
@@ -275,7 +275,7 @@ caf::behavior map_coordinator(coordinator* self, std::shared_ptr<LocalMapJob> jo
         chunk_done(self, *job, worker, chunk, TensorDict(std::shared_ptr<TensorDictImpl>()));
       },
       [=](map_failed_atom, int64_t, map_error& e) {
-        fail(self, *job, {std::move(e.type), std::move(e.message), e.chunk});
+        fail(self, *job, from_wire(e));
       },
       [=](map_hello_atom, const std::string& token, int64_t worker, int64_t pid) {
         auto& s = self->state;

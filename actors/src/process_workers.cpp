@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -167,7 +168,7 @@ struct remote_worker_state {
   caf::actor_addr coordinator_addr;
   int64_t index = 0;
   bool ready = false;
-  std::string open_error_type, open_error;  // the job could not be opened: every chunk fails with it
+  std::optional<map_error> open_error;  // the job could not be opened: every chunk fails with it
   TensorDict src{std::shared_ptr<TensorDictImpl>()};
   MapFn fn;
   MapPlan plan;
@@ -234,19 +235,19 @@ caf::behavior remote_worker_actor(remote_worker* self, caf::actor coordinator, s
         try {
           open_job(self, d);
         } catch (...) {
-          auto ce = map_detail::carry_current_exception(-1);
-          self->state.open_error_type = ce.type;
-          self->state.open_error = ce.message;
+          self->state.open_error = to_wire(map_detail::carry_current_exception(-1));
         }
         self->state.ready = true;
       },
       [=](map_chunk_atom, int64_t chunk) {
         auto& s = self->state;
         if (!s.coordinator) return;
-        if (!s.open_error.empty() || !s.ready) {
-          self->send(s.coordinator, map_failed_atom::value, s.index,
-                     map_error{s.ready ? s.open_error_type : "BackendError",
-                               s.ready ? s.open_error : "map: a chunk arrived before the job", chunk});
+        if (s.open_error || !s.ready) {
+          map_error e = s.ready ? *s.open_error
+                                : map_error{static_cast<int32_t>(ErrorCode::Backend),
+                                            "map: a chunk arrived before the job", -1};
+          e.chunk = chunk;
+          self->send(s.coordinator, map_failed_atom::value, s.index, std::move(e));
           return;
         }
         try {
@@ -257,7 +258,7 @@ caf::behavior remote_worker_actor(remote_worker* self, caf::actor coordinator, s
           self->send(s.coordinator, map_done_atom::value, s.index, chunk);
         } catch (...) {
           auto ce = map_detail::carry_current_exception(chunk);
-          self->send(s.coordinator, map_failed_atom::value, s.index, map_error{ce.type, ce.message, ce.chunk});
+          self->send(s.coordinator, map_failed_atom::value, s.index, to_wire(ce));
         }
       },
       [=](map_stop_atom) {

@@ -182,7 +182,7 @@ StoreResult apply(StoreState& st, const store_request& req, store_call* call) {
 store_response error_response(const map_detail::CarriedError& e) {
   store_response r;
   r.ok = false;
-  r.error = map_error{e.type, e.message, -1};
+  r.error = to_wire(e);
   return r;
 }
 
@@ -217,7 +217,7 @@ class StoreActor final : public HotActor {
         [&](store_atom, const store_request& req) -> store_response {
           // another process: it may not close the owner's store (its own close just disconnects)
           if (static_cast<StoreOp>(req.op) == StoreOp::Close) {
-            return error_response({"ValueError", "store: only the owner closes a store; a client disconnects", -1});
+            return error_response({ErrorCode::Value, "store: only the owner closes a store; a client disconnects", -1});
           }
           try {
             return apply(state_, req, nullptr).response;
@@ -274,7 +274,7 @@ void StoreShared::fail_all(const std::string& why) {
     why_dead_ = why;
     calls.swap(calls_);
   }
-  for (const auto& c : calls) c->reply.set_error(map_detail::CarriedError{"BackendError", "store: " + why, -1});
+  for (const auto& c : calls) c->reply.set_error(map_detail::CarriedError{ErrorCode::Backend, "store: " + why, -1});
 }
 
 caf::actor spawn_store_actor(caf::actor_system& system, std::shared_ptr<StoreBackend> backend,
@@ -336,7 +336,7 @@ store_response store_request_blocking(caf::actor_system& system, const caf::acto
         });
   }
   if (!failure.empty()) throw BackendError("store: " + failure);
-  if (!out.ok) map_detail::rethrow(map_detail::CarriedError{out.error.type, out.error.message, -1});
+  if (!out.ok) map_detail::rethrow(from_wire(out.error));
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "tensordict/errors.hpp"
+#include "torch_errors.hpp"
 
 namespace tensordict {
 
@@ -190,16 +191,13 @@ BatchSize getitem_batch_size(const BatchSize& batch, const Index& index) {
   try {
     at::Tensor r = dummy.index(idx);
     return BatchSize(r.sizes().begin(), r.sizes().end());
-  } catch (const c10::IndexError& e) {
-    throw IndexError(std::string(e.what_without_backtrace()) + " (index " + index_repr(index) + " on batch size " +
-                     list_str(batch) + ")");
-  } catch (const c10::ValueError& e) {
-    throw ValueError(e.what_without_backtrace());
-  } catch (const c10::TypeError& e) {
-    throw TypeError(e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    throw IndexError(std::string(e.what_without_backtrace()) + " (index " + index_repr(index) + " on batch size " +
-                     list_str(batch) + ")");
+    // torch's Value/TypeError as they are; any other torch error is an IndexError naming the index
+    const ErrorCode code = detail::torch_error_code(e, ErrorCode::Index);
+    const std::string msg = detail::torch_message(e);
+    throw_error(code, code != ErrorCode::Index
+                          ? msg
+                          : msg + " (index " + index_repr(index) + " on batch size " + list_str(batch) + ")");
   }
 }
 

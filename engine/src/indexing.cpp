@@ -14,6 +14,7 @@
 
 #include "huge_page_allocator.hpp"
 #include "tensor_dict_internal.hpp"
+#include "torch_errors.hpp"
 #include "tensordict/index_math.hpp"
 
 namespace tensordict {
@@ -27,15 +28,6 @@ const char* const kSharedInplaceError =
     "You're attempting to update a leaf in-place with a shared tensordict, but the new value does not match "
     "the previous. If you're using NonTensorData, see the class documentation to see how to properly "
     "pre-allocate memory in shared contexts.";
-
-[[noreturn]] void translate(const c10::Error& e, const std::string& ctx) {
-  std::string msg = e.what_without_backtrace();
-  if (!ctx.empty()) msg = ctx + ": " + msg;
-  if (dynamic_cast<const c10::IndexError*>(&e)) throw IndexError(msg);
-  if (dynamic_cast<const c10::ValueError*>(&e)) throw ValueError(msg);
-  if (dynamic_cast<const c10::TypeError*>(&e)) throw TypeError(msg);
-  throw RuntimeError(msg);
-}
 
 bool is_full_slice(const TensorIndex& e) {
   return e.is_slice() && e.slice().start() == 0 && e.slice().stop() == INDEX_MAX && e.slice().step() == 1;
@@ -376,8 +368,8 @@ void put_leaf(const at::Tensor& dst, const at::Tensor& v, const Prepared& p, con
   try {
     p.put(dst, v);
   } catch (const c10::Error& e) {
-    translate(e, "td[idx] = value: cannot write a value of shape " + shape_str(v.sizes()) + " into key '" + key +
-                     "' of shape " + shape_str(dst.sizes()));
+    detail::rethrow_torch_error(e, "td[idx] = value: cannot write a value of shape " + shape_str(v.sizes()) +
+                                       " into key '" + key + "' of shape " + shape_str(dst.sizes()));
   }
 }
 
@@ -557,7 +549,8 @@ TensorDict TensorDict::index(const Index& index) const {
     BatchSize b = p.batch;
     return index_impl(*impl_, p, std::move(b));
   } catch (const c10::Error& e) {
-    translate(e, "td.index(" + index_repr(index) + ") on batch size " + shape_str(impl_->batch_size));
+    detail::rethrow_torch_error(e,
+                                "td.index(" + index_repr(index) + ") on batch size " + shape_str(impl_->batch_size));
   }
 }
 
@@ -583,7 +576,7 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) 
     try {
       p.fill(t, value);
     } catch (const c10::Error& e) {
-      translate(e, "td[idx] = scalar: cannot fill key '" + key + "'");
+      detail::rethrow_torch_error(e, "td[idx] = scalar: cannot fill key '" + key + "'");
     }
   });
   return *this;

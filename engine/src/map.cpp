@@ -9,6 +9,7 @@
 
 #include "tensor_dict_internal.hpp"
 #include "tensordict/lazy_stack.hpp"
+#include "torch_errors.hpp"
 
 namespace tensordict {
 
@@ -35,12 +36,7 @@ std::string chunk_name(const MapPlan& plan, size_t i) {
          std::to_string(plan.dim) + ")";
 }
 
-template <class E>
-[[noreturn]] void throw_as(const std::string& msg) {
-  throw E(msg);
-}
-
-//! the same error type as `e` with `prefix` + e's message (without its "Type: " prefix) + `suffix`
+//! the same error type as the current exception with `prefix` + its bare message + `suffix`
 [[noreturn]] void rethrow_with_prefix(const std::string& prefix, int64_t chunk, const std::string& suffix = "") {
   map_detail::CarriedError ce = map_detail::carry_current_exception(chunk);
   ce.message = prefix + ce.message + suffix;
@@ -457,59 +453,26 @@ TensorDict open_storage(const StorageHandle& h, bool writable) {
 CarriedError carry_current_exception(int64_t chunk) {
   CarriedError ce;
   ce.chunk = chunk;
-  auto strip = [](const std::string& type, const char* what) {
-    std::string w(what);
-    const std::string pre = type + ": ";
-    return w.compare(0, pre.size(), pre) == 0 ? w.substr(pre.size()) : w;
-  };
-#define TD_CARRY(T)                 \
-  catch (const T& e) {              \
-    ce.type = #T;                   \
-    ce.message = strip(#T, e.what()); \
-  }
   try {
     throw;
-  }
-  TD_CARRY(KeyError)
-  TD_CARRY(IndexError)
-  TD_CARRY(LockedError)
-  TD_CARRY(BatchSizeError)
-  TD_CARRY(ValueError)
-  TD_CARRY(TypeError)
-  TD_CARRY(FormatError)
-  TD_CARRY(BackendError)
-  TD_CARRY(RuntimeError)
-  catch (const Error& e) {
-    ce.type = "Error";
+  } catch (const Error& e) {
+    ce.code = e.code();
+    ce.message = e.message();
+  } catch (const c10::Error& e) {
+    ce.code = detail::torch_error_code(e);
+    ce.message = detail::torch_message(e);
+  } catch (const std::exception& e) {
+    ce.code = ErrorCode::Runtime;
     ce.message = e.what();
-  }
-  catch (const std::exception& e) {
-    ce.type = "RuntimeError";
-    ce.message = e.what();
-  }
-  catch (...) {
-    ce.type = "RuntimeError";
+  } catch (...) {
+    ce.code = ErrorCode::Runtime;
     ce.message = "a map worker threw an exception that is not a std::exception" +
                  (chunk >= 0 ? " (chunk " + std::to_string(chunk) + ")" : std::string());
   }
-#undef TD_CARRY
   return ce;
 }
 
-void rethrow(const CarriedError& e) {
-  const std::string& t = e.type;
-  const std::string& m = e.message;
-  if (t == "KeyError") throw_as<KeyError>(m);
-  if (t == "IndexError") throw_as<IndexError>(m);
-  if (t == "LockedError") throw_as<LockedError>(m);
-  if (t == "BatchSizeError") throw_as<BatchSizeError>(m);
-  if (t == "ValueError") throw_as<ValueError>(m);
-  if (t == "TypeError") throw_as<TypeError>(m);
-  if (t == "FormatError") throw_as<FormatError>(m);
-  if (t == "BackendError") throw_as<BackendError>(m);
-  if (t == "Error") throw Error(m);
-  throw_as<RuntimeError>(m);
-}
+void rethrow(const CarriedError& e) { throw_error(e.code, e.message); }
 
 }  // namespace map_detail
 }  // namespace tensordict

@@ -18,42 +18,16 @@
 #include <ATen/MemoryOverlap.h>
 
 #include "tensor_dict_internal.hpp"
+#include "torch_errors.hpp"
 
 namespace tensordict {
 namespace {
 
+using detail::current_torch_message;
 using detail::dtype_str;
 using detail::shape_str;
 
 // ---------------------------------------------------------------------------------------------- helpers
-//! torch's message without the C++ backtrace
-std::string torch_msg(const c10::Error& e) {
-  std::string m = e.what_without_backtrace();
-  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
-  return m;
-}
-
-//! inside a catch (...) block: rethrows the library's own errors and anything foreign; returns the message
-//! of a torch error (c10::Error, or the std::runtime_error some ATen paths throw, e.g. view's shape check)
-std::string torch_error() {
-  try {
-    throw;
-  } catch (const Error&) {
-    throw;
-  } catch (const c10::Error& e) {
-    return torch_msg(e);
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-}
-
-//! "KeyError: text" -> "text"
-std::string strip_kind(const std::exception& e) {
-  std::string s = e.what();
-  auto p = s.find(": ");
-  return p == std::string::npos ? s : s.substr(p + 2);
-}
-
 BatchSize sizes_of(const at::Tensor& t) { return BatchSize(t.sizes().begin(), t.sizes().end()); }
 
 BatchSize concat(BatchSize a, at::IntArrayRef b) {
@@ -74,9 +48,10 @@ void put(TensorDict& level, const std::string& name, const NestedKey& full, cons
     level.impl()->entries.emplace_back(name, detail::prepare_value(*level.impl(), name, value));
   } catch (const BatchSizeError& e) {
     throw BatchSizeError(std::string(op) + ": the result for key " + full.repr() + " does not fit the batch size: " +
-                         strip_kind(e));
+                         e.message());
   } catch (...) {  // e.g. moving the result to the TensorDict's device failed
-    throw RuntimeError(std::string(op) + ": cannot store the result for key " + full.repr() + ": " + torch_error());
+    throw RuntimeError(std::string(op) + ": cannot store the result for key " + full.repr() + ": " +
+                       current_torch_message());
   }
 }
 
@@ -202,7 +177,7 @@ TensorDict transform(const TensorDict& td, const NestedKey& prefix, const BatchM
       try {
         r = fn(full, e.tensor());
       } catch (...) {
-        throw RuntimeError(std::string(op) + ": key " + full.repr() + ": " + torch_error());
+        throw RuntimeError(std::string(op) + ": key " + full.repr() + ": " + current_torch_message());
       }
       if (r.defined()) put(out, kv.first, full, Entry(r), op);
     } else if (e.is_tensordict()) {
@@ -308,7 +283,7 @@ std::optional<TensorDict> apply_level(const TensorDict& self, const std::vector<
           out = (*c.unary)(e.tensor());
         }
       } catch (...) {
-        throw RuntimeError(std::string(c.op) + ": fn failed on key " + full.repr() + ": " + torch_error());
+        throw RuntimeError(std::string(c.op) + ": fn failed on key " + full.repr() + ": " + current_torch_message());
       }
       if (!out.defined()) continue;  // upstream: returning None drops the key (apply_: leaves it alone)
       if (c.inplace) {
@@ -368,7 +343,8 @@ void commit_writes(ApplyCall& c) {
     try {
       at::Tensor(dest).copy_(value);
     } catch (...) {
-      throw RuntimeError(std::string(c.op) + ": copy into key " + std::get<0>(w).repr() + " failed: " + torch_error());
+      throw RuntimeError(std::string(c.op) + ": copy into key " + std::get<0>(w).repr() + " failed: " +
+                         current_torch_message());
     }
   }
 }
@@ -565,7 +541,7 @@ TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op, c
       try {
         r = cmp(op, x.tensor(), y.tensor());
       } catch (...) {
-        throw RuntimeError(std::string(cmp_name(op)) + ": key " + full.repr() + ": " + torch_error());
+        throw RuntimeError(std::string(cmp_name(op)) + ": key " + full.repr() + ": " + current_torch_message());
       }
       put(out, kv.first, full, Entry(r), cmp_name(op));
     }
@@ -637,7 +613,7 @@ bool all_any(const TensorDict& self, bool is_all) {
     try {
       v = is_all ? t.all().item().toBool() : t.any().item().toBool();
     } catch (...) {
-      throw RuntimeError(std::string(is_all ? "all" : "any") + ": key " + k.repr() + ": " + torch_error());
+      throw RuntimeError(std::string(is_all ? "all" : "any") + ": key " + k.repr() + ": " + current_torch_message());
     }
     if (v != is_all) result = v;
   });
@@ -726,7 +702,7 @@ TensorDict& TensorDict::zero_() {
     try {
       at::Tensor(t).zero_();
     } catch (...) {
-      throw RuntimeError("zero_: key " + k.repr() + ": " + torch_error());
+      throw RuntimeError("zero_: key " + k.repr() + ": " + current_torch_message());
     }
   });
   return *this;
@@ -747,7 +723,7 @@ TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& v
     try {
       at::Tensor(t).masked_fill_(right_view(mask, t), value);
     } catch (...) {
-      throw RuntimeError("masked_fill_: key " + k.repr() + ": " + torch_error());
+      throw RuntimeError("masked_fill_: key " + k.repr() + ": " + current_torch_message());
     }
   });
   return *this;
@@ -785,7 +761,7 @@ TensorDict where_level(const TensorDict& self, const TensorDict& other, const at
       try {
         r = at::where(right_view(cond, x.tensor()), x.tensor(), y->tensor());
       } catch (...) {
-        throw RuntimeError("where: key " + full.repr() + ": " + torch_error());
+        throw RuntimeError("where: key " + full.repr() + ": " + current_torch_message());
       }
       put(out, kv.first, full, Entry(r), "where");
     }
@@ -846,7 +822,7 @@ TensorDict& TensorDict::add_(const TensorDict& other) {
     try {
       at::Tensor(x).add_(b.get(k));
     } catch (...) {
-      throw RuntimeError("add_: key " + k.repr() + ": " + torch_error());
+      throw RuntimeError("add_: key " + k.repr() + ": " + current_torch_message());
     }
   });
   return *this;
@@ -866,7 +842,7 @@ void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is
         at::Tensor(x).mul_(s);
       }
     } catch (...) {
-      throw RuntimeError(std::string(op) + ": key " + k.repr() + ": " + torch_error());
+      throw RuntimeError(std::string(op) + ": key " + k.repr() + ": " + current_torch_message());
     }
   });
 }

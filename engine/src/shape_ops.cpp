@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tensor_dict_internal.hpp"
+#include "torch_errors.hpp"
 
 namespace tensordict {
 
@@ -16,12 +17,6 @@ namespace {
 
 using TensorFn = std::function<at::Tensor(const at::Tensor&)>;
 using MultiFn = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
-
-std::string first_line(const char* what) {
-  std::string s(what);
-  auto nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
 
 //! dim in [-n, n) (n = ndim, or ndim + 1 with allow_end) -> [0, n); IndexError naming the op otherwise
 int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, bool allow_end = false) {
@@ -93,11 +88,11 @@ TensorDict guarded_map(const char* op, const TensorDict& td, const BatchSize& ne
         throw RuntimeError(std::string(op) + " to batch_size " + shape_str(new_batch) + ": the leaf " +
                            kv.first.repr() + " of shape " + shape_str(t.sizes()) + " and strides " +
                            shape_list(t.strides()) + " cannot be transformed (" +
-                           first_line(leaf_err.what_without_backtrace()) + ")");
+                           detail::torch_message(leaf_err, detail::TorchText::FirstLine) + ")");
       }
     }
     throw RuntimeError(std::string(op) + " to batch_size " + shape_str(new_batch) + " failed: " +
-                       first_line(err.what_without_backtrace()));
+                       detail::torch_message(err, detail::TorchText::FirstLine));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "tensor_dict_internal.hpp"
+#include "torch_errors.hpp"
 
 namespace tensordict {
 
@@ -14,12 +15,6 @@ using detail::shape_list;
 using detail::shape_str;
 
 namespace {
-
-std::string first_line(const char* what) {
-  std::string s(what);
-  auto nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
 
 std::string key_list(const TensorDictImpl& impl) {
   std::string s = "[";
@@ -233,7 +228,7 @@ struct Combiner {
       return is_stack ? at::stack(ts, dim) : at::cat(ts, dim);
     } catch (const c10::Error& err) {
       throw RuntimeError(std::string(name()) + ": failed at key " + full.repr() + ": " +
-                         first_line(err.what_without_backtrace()));
+                         detail::torch_message(err, detail::TorchText::FirstLine));
     }
   }
 

@@ -27,6 +27,11 @@ inline void register_fns() {
     if (has_row(c, 500)) throw tensordict::ValueError("row 500 is poisoned");
     return affine(c);
   });
+  // an error whose message starts with another type's name, on the chunk holding row 500
+  tensordict::register_map_fn("mp_fail_prefixed", [](const TensorDict& c) {
+    if (has_row(c, 500)) throw tensordict::NotImplementedError("KeyError: row 500 is not a key error");
+    return affine(c);
+  });
   // worker 1 SIGKILLs itself on its second chunk (its in-flight chunks must be redone elsewhere)
   tensordict::register_map_fn("mp_suicide", [](const TensorDict& c) {
     static std::atomic<int> calls{0};

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -180,6 +181,33 @@ BOOST_AUTO_TEST_CASE(worker_errors_propagate_with_type_and_message) {
   });
   BOOST_TEST(m == "KeyError: missing");
   BOOST_CHECK(steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
+BOOST_AUTO_TEST_CASE(worker_errors_keep_code_and_bare_message) {
+  // a message that starts with another type's name is carried verbatim (never parsed back), a torch error
+  // inside fn arrives as the translated tensordict type without torch's backtrace
+  Engine engine;
+  TensorDict td({{"i", at::arange(8)}}, {8});
+  auto throwing = [](std::function<void()> make_error) {
+    return [make_error](const TensorDict& c) {
+      if (c.get("i")[0].item<int64_t>() == 5) make_error();
+      return c;
+    };
+  };
+  std::string m = message_of<IndexError>([&] {
+    td.map(throwing([] { throw IndexError("KeyError: not a key error"); }), MapOptions().chunksize(1));
+  });
+  BOOST_TEST(m == "IndexError: KeyError: not a key error");
+  m = message_of<NotImplementedError>([&] {
+    td.map(throwing([] { throw NotImplementedError("share_memory_ on this store"); }), MapOptions().chunksize(1));
+  });
+  BOOST_TEST(m == "NotImplementedError: share_memory_ on this store");
+  m = message_of<IndexError>([&] {
+    td.map(throwing([] { at::index_select(at::arange(3), 0, at::tensor({9}, at::kLong)); }),
+           MapOptions().chunksize(1));
+  });
+  BOOST_TEST(m.find("index out of range") != std::string::npos, m);
+  BOOST_TEST(m.find("Exception raised from") == std::string::npos, m);
 }
 
 BOOST_AUTO_TEST_CASE(validation_before_any_worker) {

@@ -150,6 +150,18 @@ BOOST_FIXTURE_TEST_CASE(worker_error_same_type_and_message, Fixture) {
   BOOST_TEST(children().empty());
 }
 
+BOOST_FIXTURE_TEST_CASE(worker_error_code_crosses_processes_verbatim, Fixture) {
+  // the code and the bare message cross the middleman: no prefix is parsed back out of the message
+  TempDir tmp;
+  TensorDict td = dataset(1000);
+  td.memmap_(tmp.sub("src"));
+  TensorDict out = td.memmap_like(tmp.sub("out"));
+  std::string m =
+      message_of<NotImplementedError>([&] { td.map("mp_fail_prefixed", procs(2).chunksize(100).out(out)); });
+  BOOST_TEST(m == "NotImplementedError: KeyError: row 500 is not a key error");
+  BOOST_TEST(children().empty());
+}
+
 BOOST_FIXTURE_TEST_CASE(worker_killed_midway_chunks_are_reassigned, Fixture) {
   TempDir tmp;
   TensorDict td = dataset(2000);

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include "tensordict/errors.hpp"
 #include "tensordict/lazy_stack.hpp"  // td.map_lazy's result
 #include "tensordict/options.hpp"
 #include "tensordict/tensor_dict.hpp"
@@ -128,16 +129,18 @@ struct StorageHandle {
 StorageHandle storage_handle(const TensorDict& td, const std::string& what);
 //! opens a StorageHandle in this process (memmap: load_memmap, writable as asked; shared: from_share_handle)
 TensorDict open_storage(const StorageHandle& h, bool writable);
-//! an exception from a worker, as it crosses the actor boundary: the tensordict type name ("TypeError",
-//! "RuntimeError" for a foreign std::exception) and the message without the "Type: " prefix
+//! an exception from a worker, as it crosses the actor boundary: its ErrorCode and its bare message
+//! (Error::message(), without the "Name: " prefix; never parsed back out of what())
 struct CarriedError {
-  std::string type;
+  ErrorCode code = ErrorCode::Runtime;
   std::string message;
   int64_t chunk = -1;
 };
-//! classifies the exception currently being handled (call inside catch)
+//! classifies the exception currently being handled (call inside catch): our errors keep code and
+//! message; a c10::Error goes through the engine's torch translation (IndexError / ValueError / TypeError /
+//! RuntimeError, message without backtrace); any other std::exception is Runtime with its what()
 CarriedError carry_current_exception(int64_t chunk);
-//! throws the tensordict error of that type with that message (what() equals the original's)
+//! throws the tensordict error of that code with that message (throw_error: what() equals the original's)
 [[noreturn]] void rethrow(const CarriedError& e);
 }  // namespace map_detail
 

@@ -36,6 +36,8 @@
 
 #include "tensordict/actors/inbox.hpp"
 #include "tensordict/actors/reply.hpp"
+#include "tensordict/errors.hpp"
+#include "tensordict/map.hpp"  // map_detail::CarriedError
 #include "tensordict/tensor_dict.hpp"
 
 namespace tensordict {
@@ -51,16 +53,25 @@ using map_stop_atom = caf::atom_constant<caf::atom("tdmstop")>;
 using map_poll_atom = caf::atom_constant<caf::atom("tdmpoll")>;          // coordinator -> itself
 using map_connect_timeout_atom = caf::atom_constant<caf::atom("tdmcto")>; // coordinator -> itself
 
-//! an exception thrown by fn in a worker (tensordict type name + message without the "Type: " prefix)
+//! an error on the wire (fn in a worker, a store request): the ErrorCode as its number (errors.hpp's table,
+//! static_cast<int32_t>(code); an unknown number is read as Runtime) + the bare message (no "Name: " prefix)
 struct map_error {
-  std::string type;
+  int32_t code = static_cast<int32_t>(ErrorCode::Runtime);
   std::string message;
   int64_t chunk = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, map_error& x) {
-  return f(caf::meta::type_name("tensordict::map_error"), x.type, x.message, x.chunk);
+  return f(caf::meta::type_name("tensordict::map_error"), x.code, x.message, x.chunk);
+}
+
+//! CarriedError -> wire and back
+inline map_error to_wire(const map_detail::CarriedError& e) {
+  return map_error{static_cast<int32_t>(e.code), e.message, e.chunk};
+}
+inline map_detail::CarriedError from_wire(const map_error& e) {
+  return map_detail::CarriedError{error_code_from_int(e.code), e.message, e.chunk};
 }
 
 //! what a worker process needs to run its chunks: where the source and `out` live (memmap directory or
@@ -129,7 +140,7 @@ typename Inspector::result_type inspect(Inspector& f, store_request& x) {
   return f(caf::meta::type_name("tensordict::store_request"), x.op, x.key, x.dtype, x.shape);
 }
 
-//! inspectable response: ok, or the error (tensordict type name + message) the store raised
+//! inspectable response: ok, or the error (code + bare message) the store raised
 struct store_response {
   bool ok = true;
   map_error error;
