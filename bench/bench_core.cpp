@@ -193,6 +193,29 @@ int main() {
         for (const auto& ts : small_raw) sink(at::stack(ts, 0));
       });
 
+  // ---- lazy stack of 100 members (batch [100], 5 leaves [64]) against the same data stacked densely:
+  //      td_us = the lazy stack, raw_us = the dense TensorDict (ratio = lazy / dense)
+  std::vector<TensorDict> lazy_members;
+  for (int m = 0; m < 100; ++m) {
+    Dict d;
+    for (const auto& n : names) d.emplace_back(n, at::randn({100, kFeatures}));
+    lazy_members.emplace_back(d, BatchSize{100});
+  }
+  LazyStackedTensorDict lazy = lazy_stack(lazy_members, 0);
+  TensorDict dense_stack = stack(lazy_members, 0);
+  at::Tensor lazy_rows = at::randint(0, 100, {256}, at::kLong);
+  const std::vector<std::pair<std::string, Index>> lazy_cases = {
+      {"int[42]", {42}}, {"slice[10:60]", {Slice(10, 60)}}, {"long[256 random members]", {lazy_rows}},
+      {"[:, 7] (per member)", {Slice(), 7}}};
+  for (const auto& c : lazy_cases) {
+    const Index& idx = c.second;
+    measure(
+        "lazy_stack(100) index " + c.first + " vs dense", [&] { sink(lazy.index(idx)); },
+        [&] { sink(dense_stack.index(idx)); });
+  }
+  measure(
+      "lazy_stack(100) get(key) vs dense", [&] { sink(lazy.get("leaf2")); }, [&] { sink(dense_stack.get("leaf2")); });
+
   // ---- preallocate-and-fill: buf.index_put_({i}, sample) for every row of an empty TensorDict(BatchSize{N})
   //      (the first write allocates the leaves) vs 5 x t.select(0, i).copy_(v) into fresh zeros
   Dict sample_src;

@@ -19,6 +19,7 @@
 #include <caf/io/all.hpp>
 
 #include "tensordict/actors/messages.hpp"
+#include "tensordict/storage_spec.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/logging.hpp"
 #include "tensordict/map.hpp"
@@ -196,12 +197,12 @@ void open_job(remote_worker* self, const map_job_desc& d) {
     throw KeyError("map: the worker process (pid " + std::to_string(::getpid()) + ") has no map function named '" +
                    d.fn_name + "' (register it in the worker executable too, before run_worker_if_requested)");
   }
-  st.src = map_detail::open_storage({d.src_kind, d.src_handle}, false);
+  st.src = open_storage(StorageSpec::parse(d.src_spec), OpenOptions().writable(false));
   MapPlan& p = st.plan;
   p.dim = d.dim;
   p.stack = d.drop_dim;
   p.in_place_out = true;
-  p.out = map_detail::open_storage({d.out_kind, d.out_handle}, true);
+  p.out = open_storage(StorageSpec::parse(d.out_spec));
   p.seed = d.seed;
   p.worker_threads = d.worker_threads;
   p.chunks.clear();

@@ -11,6 +11,7 @@
 #include "tensordict/actors/hot_actor.hpp"
 #include "tensordict/actors/map_actors.hpp"
 #include "tensordict/actors/messages.hpp"
+#include "tensordict/storage_spec.hpp"
 #include "tensordict/logging.hpp"
 
 namespace tensordict {
@@ -247,8 +248,16 @@ TensorDict Runtime::map_named(const TensorDict& src, const std::string& name, co
                        " is set) but did not call tensordict::run_worker_if_requested first; it cannot start "
                        "worker processes itself");
   }
-  const map_detail::StorageHandle src_h = map_detail::storage_handle(src, "the source");
-  const map_detail::StorageHandle out_h = map_detail::storage_handle(*plan.out, "out");
+  // how the worker processes reopen both: storage specs
+  auto spec_of = [](const TensorDict& td, const std::string& what) {
+    try {
+      return StorageSpec::of(td, what);
+    } catch (const ValueError& e) {
+      throw ValueError("map: worker processes: " + e.message());
+    }
+  };
+  const StorageSpec src_h = spec_of(src, "the source");
+  const StorageSpec out_h = spec_of(*plan.out, "out");
   const std::string exe = options.worker_executable().empty() ? "/proc/self/exe" : options.worker_executable();
   if (::access(exe.c_str(), X_OK) != 0) {
     throw ValueError("map: worker_executable '" + exe + "' is not an executable file");
@@ -259,10 +268,8 @@ TensorDict Runtime::map_named(const TensorDict& src, const std::string& name, co
   job->connect_timeout = request_timeout();
   map_job_desc& d = job->remote;
   d.fn_name = name;
-  d.src_kind = src_h.kind;
-  d.src_handle = src_h.handle;
-  d.out_kind = out_h.kind;
-  d.out_handle = out_h.handle;
+  d.src_spec = src_h.dump();
+  d.out_spec = out_h.dump();
   d.dim = plan.dim;
   d.seed = plan.seed;
   d.worker_threads = plan.worker_threads;

@@ -1,5 +1,7 @@
 #include "tensordict/actors/store_actor.hpp"
 
+#include <algorithm>
+
 #include <caf/io/all.hpp>
 
 #include "tensordict/actors/hot_actor.hpp"
@@ -74,7 +76,7 @@ class MemmapStore final : public StoreBackend {
     next.memmap_refresh_();
     td_ = relock(next);
   }
-  std::string handle() const override { return td_.memmap_prefix(); }
+  StorageSpec spec() const override { return StorageSpec::of(td_, "the store"); }
   void close() override { flush(); }
 
  private:
@@ -100,7 +102,7 @@ class SharedStore final : public StoreBackend {
   }
   void flush() override {}    // shared memory: nothing to write back
   void refresh() override {}  // the owner's structure is the truth; clients re-open the handle
-  std::string handle() const override { return td_.share_handle(); }
+  StorageSpec spec() const override { return StorageSpec::of(td_, "the store"); }
   void close() override {}
 
  private:
@@ -116,7 +118,7 @@ struct StoreState {
 store_response info(StoreState& st) {
   store_response r;
   r.kind = st.backend->kind();
-  r.handle = st.backend->handle();
+  r.spec = st.backend->spec().dump();
   TensorDict td = st.backend->td();
   r.batch_size.assign(td.batch_size().begin(), td.batch_size().end());
   r.leaves = describe_leaves(td);
@@ -204,34 +206,100 @@ class StoreActor final : public HotActor {
 
   void act() override {
     bool running = true;
+    std::vector<store_call_ptr> batch;
+    auto on_remote = [&](store_atom, const store_request& req) -> store_response {
+      // another process: it may not close the owner's store (its own close just disconnects)
+      if (static_cast<StoreOp>(req.op) == StoreOp::Close) {
+        return error_response({ErrorCode::Value, "store: only the owner closes a store; a client disconnects", -1});
+      }
+      try {
+        return apply(state_, req, nullptr).response;
+      } catch (...) {
+        return error_response(map_detail::carry_current_exception(-1));
+      }
+    };
+    auto on_exit = [&](caf::exit_msg& m) {
+      fail_state(m.reason);
+      running = false;
+    };
     receive_while(running)(
         [&](store_atom, const store_call_ptr& call) {
-          const auto op = static_cast<StoreOp>(call->req.op);
-          try {
-            call->reply.set_value(apply(state_, call->req, call.get()));
-          } catch (...) {
-            call->reply.set_error(map_detail::carry_current_exception(-1));
+          // the calls already waiting join this one: the backend gets runs of reads / writes as one batch
+          batch.clear();
+          batch.push_back(call);
+          bool more = true;
+          while (more && running && batch.size() < kMaxBatch) {
+            receive([&](store_atom, const store_call_ptr& c) { batch.push_back(c); }, on_remote, on_exit,
+                    caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
           }
-          if (op == StoreOp::Close) running = false;
+          // after an exit message, fail_state has failed every registered call, these included
+          if (running && run_batch(batch)) running = false;
         },
-        [&](store_atom, const store_request& req) -> store_response {
-          // another process: it may not close the owner's store (its own close just disconnects)
-          if (static_cast<StoreOp>(req.op) == StoreOp::Close) {
-            return error_response({ErrorCode::Value, "store: only the owner closes a store; a client disconnects", -1});
-          }
-          try {
-            return apply(state_, req, nullptr).response;
-          } catch (...) {
-            return error_response(map_detail::carry_current_exception(-1));
-          }
-        },
-        [&](caf::exit_msg& m) {
-          fail_state(m.reason);
-          running = false;
-        });
+        on_remote, on_exit);
   }
 
  private:
+  static constexpr size_t kMaxBatch = 256;
+
+  //! runs the calls in order, handing consecutive Read (or Write) calls to the backend at once; true when a
+  //! Close was among them
+  bool run_batch(const std::vector<store_call_ptr>& calls) {
+    bool closed = false;
+    size_t i = 0;
+    while (i < calls.size()) {
+      const auto op = static_cast<StoreOp>(calls[i]->req.op);
+      size_t j = i + 1;
+      if (op == StoreOp::Read || op == StoreOp::Write) {
+        while (j < calls.size() && static_cast<StoreOp>(calls[j]->req.op) == op) ++j;
+      }
+      if (j - i > 1) {
+        run_rows(calls, i, j, op);
+      } else {
+        run_one(calls[i]);
+        if (op == StoreOp::Close) closed = true;
+      }
+      i = j;
+    }
+    return closed;
+  }
+
+  void run_one(const store_call_ptr& call) {
+    const auto op = static_cast<StoreOp>(call->req.op);
+    if (op == StoreOp::Read || op == StoreOp::Write) state_.shared->count_batch(1);
+    try {
+      call->reply.set_value(apply(state_, call->req, call.get()));
+    } catch (...) {
+      call->reply.set_error(map_detail::carry_current_exception(-1));
+    }
+  }
+
+  //! calls[i, j) are all reads or all writes: one backend batch; when the batch fails as a whole, each call
+  //! is run alone so that every caller gets its own result or error
+  void run_rows(const std::vector<store_call_ptr>& calls, size_t i, size_t j, StoreOp op) {
+    try {
+      if (op == StoreOp::Read) {
+        std::vector<const Index*> idx;
+        for (size_t k = i; k < j; ++k) idx.push_back(&calls[k]->index);
+        std::vector<TensorDict> out = state_.backend->read_batch(idx);
+        if (out.size() != j - i) throw RuntimeError("store: the backend's read_batch returned a wrong count");
+        state_.shared->count_batch(static_cast<int64_t>(j - i));
+        for (size_t k = i; k < j; ++k) {
+          StoreResult r;
+          r.td = out[k - i];
+          calls[k]->reply.set_value(std::move(r));
+        }
+      } else {
+        std::vector<std::pair<const Index*, const TensorDict*>> w;
+        for (size_t k = i; k < j; ++k) w.emplace_back(&calls[k]->index, &calls[k]->value);
+        state_.backend->write_batch(w);
+        state_.shared->count_batch(static_cast<int64_t>(j - i));
+        for (size_t k = i; k < j; ++k) calls[k]->reply.set_value(StoreResult());
+      }
+    } catch (...) {
+      for (size_t k = i; k < j; ++k) run_one(calls[k]);
+    }
+  }
+
   StoreState state_;
 };
 
@@ -265,6 +333,16 @@ bool StoreShared::begin(const store_call_ptr& call, std::string* why) {
 void StoreShared::end(const store_call_ptr& call) {
   std::lock_guard<std::mutex> lock(mu_);
   calls_.erase(call);
+}
+StoreShared::BatchStats StoreShared::batch_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+void StoreShared::count_batch(int64_t calls) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.calls += calls;
+  stats_.batches += 1;
+  stats_.largest = std::max(stats_.largest, calls);
 }
 void StoreShared::fail_all(const std::string& why) {
   std::set<store_call_ptr> calls;
@@ -375,7 +453,7 @@ void StoreClient::adopt_remote(const store_response& r) {
     next = current.shallow_copy();  // same files: map only the leaves that are new
     next.memmap_refresh_();
   } else {
-    next = map_detail::open_storage(map_detail::StorageHandle{r.kind, r.handle}, true);
+    next = open_storage(StorageSpec::parse(r.spec));
   }
   shared_->publish(relock(next), r.version);
 }

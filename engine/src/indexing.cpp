@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "huge_page_allocator.hpp"
+#include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
 #include "torch_errors.hpp"
 #include "tensordict/index_math.hpp"
@@ -62,6 +63,18 @@ struct Prepared {
   BatchSize batch;     //!< the result batch size at the top level
   size_t src_dims = 0; //!< batch dims of the indexed TensorDict (sub-TensorDicts add theirs after)
   bool preserve = true;  //!< upstream _index_preserve_data_ptr
+
+  //! the index as libtorch's: what a sub-node of another kind is indexed with
+  Index as_index() const {
+    switch (kind) {
+      case Kind::Identity: return {};
+      case Kind::Int: return {i};
+      case Kind::Slice: return {at::indexing::Slice(sl.start, sl.stop, sl.step)};
+      case Kind::Take: return {take};
+      case Kind::General: break;
+    }
+    return index;
+  }
 
   at::Tensor get(const at::Tensor& t) const {
     switch (kind) {
@@ -288,7 +301,12 @@ TensorDict index_impl(const TensorDictImpl& src, const Prepared& p, BatchSize ne
         out->entries.emplace_back(kv.first, Entry(p.get(e.tensor())));
         break;
       case Entry::Kind::TensorDict: {
-        const TensorDictImpl& child = *e.tensordict().impl();
+        TensorDict sub = e.tensordict();
+        if (!sub.is_dense()) {  // another node kind indexes itself
+          out->entries.emplace_back(kv.first, Entry(p.kind == Prepared::Kind::Identity ? sub : sub.index(p.as_index())));
+          break;
+        }
+        const TensorDictImpl& child = *sub.impl();
         out->entries.emplace_back(kv.first, Entry(index_impl(child, p, sub_batch(p.batch, child.batch_size, p.src_dims))));
         break;
       }
@@ -489,7 +507,7 @@ void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, c
 
 void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const TensorDict& value_in,
             const Index& orig) {
-  TensorDict value = broadcast_value(dst, ibs, value_in, orig);
+  TensorDict value = broadcast_value(dst, ibs, value_in.is_dense() ? value_in : value_in.contiguous(), orig);
   const TensorDictImpl& vimpl = *value.impl();
   const size_t n = vimpl.entries.size();
   for (size_t j = 0; j < n; ++j) {
@@ -515,6 +533,10 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
                           Entry::kind_name(ve.kind()));
         }
         TensorDict sub = de->tensordict();
+        if (!sub.is_dense()) {
+          sub.index_put_(p.as_index(), ve.tensordict());
+          break;
+        }
         put_td(*sub.impl(), p, sub_batch(p.batch, sub.batch_size(), p.src_dims), ve.tensordict(), orig);
         break;
       }
@@ -543,36 +565,49 @@ void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn) {
 
 // ============================================================================ public API
 TensorDict TensorDict::index(const Index& index) const {
-  Prepared p = prepare(impl_->batch_size, index);
+  if (!dense_) return TensorDict(node_ ? node_->index(index) : TensorDict::undefined().node());
+  Prepared p = prepare(d()->batch_size, index);
   if (p.kind == Prepared::Kind::Identity) return *this;
   try {
     BatchSize b = p.batch;
-    return index_impl(*impl_, p, std::move(b));
+    return index_impl(*d(), p, std::move(b));
   } catch (const c10::Error& e) {
     detail::rethrow_torch_error(e,
-                                "td.index(" + index_repr(index) + ") on batch size " + shape_str(impl_->batch_size));
+                                "td.index(" + index_repr(index) + ") on batch size " + shape_str(d()->batch_size));
   }
 }
 
 TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) {
   if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined TensorDict");
-  Prepared p = prepare(impl_->batch_size, index);
+  if (auto* lz = detail::lazy_node(*this)) {
+    lz->index_put(index, &value, nullptr, nullptr);
+    return *this;
+  }
+  Prepared p = prepare(d()->batch_size, index);
   TensorDict v = value;
-  if (impl_->device && v.device() != impl_->device) v = v.to(*impl_->device);
-  put_td(*impl_, p, p.batch, v, index);
+  if (d()->device && v.device() != d()->device) v = v.to(*d()->device);
+  put_td(*d(), p, p.batch, v, index);
   return *this;
 }
 
 TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) {
   if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined tensor");
-  Prepared p = prepare(impl_->batch_size, index);
-  for_each_tensor_leaf(*impl_, [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); });
+  if (auto* lz = detail::lazy_node(*this)) {
+    lz->index_put(index, nullptr, &value, nullptr);
+    return *this;
+  }
+  Prepared p = prepare(d()->batch_size, index);
+  for_each_tensor_leaf(*d(), [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); });
   return *this;
 }
 
 TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) {
-  Prepared p = prepare(impl_->batch_size, index);
-  for_each_tensor_leaf(*impl_, [&](const std::string& key, const at::Tensor& t) {
+  if (auto* lz = detail::lazy_node(*this)) {
+    lz->index_put(index, nullptr, nullptr, &value);
+    return *this;
+  }
+  Prepared p = prepare(d()->batch_size, index);
+  for_each_tensor_leaf(*d(), [&](const std::string& key, const at::Tensor& t) {
     try {
       p.fill(t, value);
     } catch (const c10::Error& e) {

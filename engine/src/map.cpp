@@ -118,6 +118,8 @@ std::shared_ptr<MapBackend> require_backend(const char* what) {
 
 TensorDict TensorDict::map(const MapFn& fn, const MapOptions& options) const {
   if (!fn) throw ValueError("map: fn is empty");
+  // a lazy stack (or one nested below) is mapped on its dense form: the chunks are dense TensorDicts
+  if (defined() && !detail::is_dense_tree(*this)) return detail::dense_tree(*this).map(fn, options);
   return require_backend("TensorDict::map")->map(*this, fn, options);
 }
 
@@ -135,58 +137,6 @@ TensorDict TensorDict::map(const std::string& fn_name, const MapOptions& options
 MapIter TensorDict::map_iter(const MapFn& fn, const MapOptions& options) const {
   if (!fn) throw ValueError("map_iter: fn is empty");
   return require_backend("TensorDict::map_iter")->map_iter(*this, fn, options);
-}
-
-LazyStackedTensorDict TensorDict::map_lazy(const MapFn& fn, const MapOptions& options) const {
-  // map_lazy's own rules first (before any worker or backend): per element, in order, nothing written
-  if (!fn) throw ValueError("map_lazy: fn is empty");
-  if (!defined()) throw ValueError("map_lazy: the TensorDict is undefined");
-  if (!options.chunksize() || *options.chunksize() != 0) {
-    throw ValueError("map_lazy stacks the per-element results (dim removed) and needs MapOptions().chunksize(0), "
-                     "got " + (options.chunksize() ? "chunksize " + std::to_string(*options.chunksize())
-                                                   : std::string("no chunksize")) +
-                     (options.num_chunks() ? " and num_chunks " + std::to_string(*options.num_chunks()) : "") +
-                     "; use map for chunked results");
-  }
-  if (options.out()) {
-    throw ValueError("map_lazy does not accept out: results written into out leave nothing to stack (use "
-                     "map(fn, MapOptions().out(...)))");
-  }
-  if (options.shuffle()) throw ValueError("map_lazy: shuffle is a map_iter option (map_lazy keeps the order)");
-  if (options.worker_processes() > 0) {
-    throw ValueError("map_lazy runs in-process workers only (worker_processes " +
-                     std::to_string(options.worker_processes()) + "): worker processes write into a memmap/"
-                     "shared out, use map(\"fn name\", MapOptions().out(...).worker_processes(n))");
-  }
-  const int64_t nd = batch_dims();
-  // an out-of-range dim is map_iter's IndexError below
-  const int64_t dim = options.dim() < 0 ? options.dim() + nd : options.dim();
-  // the results in chunk order through map_iter (the backend's validation names map_iter: rename it)
-  MapIter it;
-  try {
-    it = require_backend("TensorDict::map_lazy")->map_iter(*this, fn, options);
-  } catch (...) {
-    map_detail::CarriedError ce = map_detail::carry_current_exception(-1);
-    const std::string pre = "map_iter";
-    if (ce.message.compare(0, pre.size(), pre) == 0) ce.message = "map_lazy" + ce.message.substr(pre.size());
-    map_detail::rethrow(ce);
-  }
-  std::vector<TensorDict> results;
-  while (std::optional<TensorDict> r = it.next()) {
-    if (r->defined()) results.push_back(std::move(*r));  // upstream collects the non-None results
-  }
-  if (results.empty()) {
-    const int64_t n = batch_size()[static_cast<size_t>(dim)];
-    throw ValueError(n == 0 ? "map_lazy: nothing to stack: the TensorDict has no element along dim " +
-                                  std::to_string(dim) + " (batch_size " + detail::shape_str(batch_size()) + ")"
-                            : "map_lazy: fn returned no result (every one of the " + std::to_string(n) +
-                                  " results is an undefined TensorDict): nothing to stack");
-  }
-  try {
-    return LazyStackedTensorDict(std::move(results), dim);
-  } catch (...) {
-    rethrow_with_prefix("map_lazy: cannot stack the results of fn lazily: ", -1);
-  }
 }
 
 // ============================================================================ MapIter
@@ -387,18 +337,22 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan) {
     }
   }
   if (defined.empty()) return TensorDict(std::shared_ptr<TensorDictImpl>());
+  // chunksize 0: upstream's maybe_dense_stack (a lazy stack when the per-element results differ in leaf
+  // shapes, keys or batch sizes); chunks: concatenated
   auto combine = [&](const std::vector<TensorDict>& tds) {
-    return plan.stack ? stack(tds, plan.dim) : cat(tds, plan.dim);
+    if (!plan.stack) return cat(tds, plan.dim);
+    try {
+      return stack(tds, plan.dim);
+    } catch (const Error&) {
+      return TensorDict(LazyStackedTensorDict(tds, plan.dim));
+    }
   };
   try {
     return combine(defined);
   } catch (...) {
     // find the first chunk that does not combine with the first one, and name it
     const char* op = plan.stack ? "stack" : "concatenate";
-    // per-element results that differ in leaf shapes or keys: upstream returns a lazy stack, here map_lazy
-    const std::string hint = plan.stack ? std::string(" (use td.map_lazy(fn, options) to get the per-element results "
-                                                      "as a LazyStackedTensorDict)")
-                                        : std::string();
+    const std::string hint;
     for (size_t j = 1; j < defined.size(); ++j) {
       try {
         combine({defined[0], defined[j]});
@@ -426,28 +380,6 @@ TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan
     return TensorDict(std::shared_ptr<TensorDictImpl>());
   }
   return result;
-}
-
-StorageHandle storage_handle(const TensorDict& td, const std::string& what) {
-  if (!td.defined()) throw ValueError("map: " + what + " is an undefined TensorDict");
-  if (td.is_memmap()) {
-    std::string prefix = td.memmap_prefix();
-    if (prefix.empty()) {
-      throw ValueError("map: worker processes cannot reach " + what +
-                       ": it is a memmap TensorDict without a directory (memmap_() with a prefix, or load_memmap)");
-    }
-    return {"memmap", prefix};
-  }
-  if (td.is_shared()) return {"shared", td.share_handle()};
-  throw ValueError("map: worker processes cannot reach " + what +
-                   ": it must be a memmap TensorDict saved to a directory or a shared one (share_memory_()); "
-                   "it is an in-memory TensorDict");
-}
-
-TensorDict open_storage(const StorageHandle& h, bool writable) {
-  if (h.kind == "memmap") return TensorDict::load_memmap(h.handle, LoadOptions().writable(writable));
-  if (h.kind == "shared") return TensorDict::from_share_handle(h.handle);
-  throw ValueError("map: unknown storage kind '" + h.kind + "' (expected memmap or shared)");
 }
 
 CarriedError carry_current_exception(int64_t chunk) {

@@ -273,12 +273,13 @@ Entry entry_from_child(const DirNode& child, const TensorDictImpl& parent, const
       return Entry(st);
     }
     case NodeKind::LazyStackedTensorDict: {
+      // densified when the members stack (what re-writing and the dense fast paths want); a ragged stack
+      // stays a lazy stack inside the TensorDict, as upstream loads it
       LazyStackedTensorDict lazy = lazy_from_node(child, o);
       try {
         return Entry(lazy.contiguous());
-      } catch (const Error& e) {
-        throw TypeError("the lazy stack in '" + child.path +
-                        "' has ragged members and cannot be held inside a TensorDict yet (" + e.what() + ")");
+      } catch (const Error&) {
+        return Entry(TensorDict(lazy));
       }
     }
   }
@@ -384,7 +385,7 @@ TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
 
 // ============================================================================ TensorDict methods
 TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& options) {
-  if (impl_->is_shared) {
+  if (d()->is_shared) {
     throw ValueError("memmap_ and share_memory_ are mutually exclusive: this TensorDict is in shared memory");
   }
   if (prefix.empty()) {  // anonymous shared memory
@@ -401,28 +402,28 @@ TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& 
         }
       }
     };
-    anon(*impl_);
-    mark_memmap(impl_, "");
+    anon(*d());
+    mark_memmap(impl(), "");
     lock_();
     return *this;
   }
   check_prefix(prefix, options);
   WritePlan plan;
-  plan_tree(*impl_, prefix, options, /*like=*/false, /*replace=*/true, plan);
+  plan_tree(*d(), prefix, options, /*like=*/false, /*replace=*/true, plan);
   run_jobs(plan.leaves, options.num_threads());
   for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
-  mark_memmap(impl_, prefix);
+  mark_memmap(impl(), prefix);
   lock_();
   return *this;
 }
 
 TensorDict TensorDict::memmap(const std::string& prefix, const MemmapOptions& options) const {
   TensorDict out = copy();
-  out.impl()->type_repr = impl_->type_repr;
-  out.impl()->class_fields = impl_->class_fields;
-  out.impl()->class_pickle = impl_->class_pickle;
+  out.impl()->type_repr = d()->type_repr;
+  out.impl()->class_fields = d()->class_fields;
+  out.impl()->class_pickle = d()->class_pickle;
   // the copy's leaves are this TensorDict's: re-writing them elsewhere is what memmap() means
   MemmapOptions o = options;
   o.copy_existing(true);
@@ -441,8 +442,8 @@ TensorDict TensorDict::save(const std::string& prefix, const MemmapOptions& opti
 
 TensorDict TensorDict::memmap_like(const std::string& prefix, const MemmapOptions& options) const {
   TensorDict out = copy();
-  out.impl()->type_repr = impl_->type_repr;
-  out.impl()->class_fields = impl_->class_fields;
+  out.impl()->type_repr = d()->type_repr;
+  out.impl()->class_fields = d()->class_fields;
   if (prefix.empty()) {
     std::function<void(TensorDictImpl&)> anon = [&](TensorDictImpl& impl) {
       for (auto& kv : impl.entries) {
@@ -481,18 +482,18 @@ TensorDict TensorDict::load(const std::string& prefix, const LoadOptions& option
 
 TensorDict& TensorDict::load_memmap_(const std::string& prefix, const LoadOptions& options) {
   TensorDict loaded = load_tree(prefix, options);
-  if (impl_->locked) {
+  if (d()->locked) {
     throw LockedError("Cannot modify locked TensorDict: load_memmap_ replaces the entries; unlock it first");
   }
-  impl_->entries = loaded.impl()->entries;
-  impl_->batch_size = loaded.impl()->batch_size;
-  impl_->device = loaded.impl()->device;
-  impl_->type_repr = loaded.impl()->type_repr;
-  impl_->class_fields = loaded.impl()->class_fields;
-  impl_->class_pickle = loaded.impl()->class_pickle;
-  for (auto& kv : impl_->entries)
+  d()->entries = loaded.impl()->entries;
+  d()->batch_size = loaded.impl()->batch_size;
+  d()->device = loaded.impl()->device;
+  d()->type_repr = loaded.impl()->type_repr;
+  d()->class_fields = loaded.impl()->class_fields;
+  d()->class_pickle = loaded.impl()->class_pickle;
+  for (auto& kv : d()->entries)
     if (kv.second.is_tensordict()) kv.second.tensordict().impl()->locked_parents.clear();
-  mark_memmap(impl_, prefix);
+  mark_memmap(impl(), prefix);
   lock_();
   return *this;
 }
@@ -532,27 +533,27 @@ static void refresh_impl(TensorDictImpl& impl, const DirNode& node, const LoadOp
 }
 
 TensorDict& TensorDict::memmap_refresh_() {
-  if (!impl_->is_memmap || impl_->memmap_prefix.empty()) {
+  if (!d()->is_memmap || d()->memmap_prefix.empty()) {
     throw ValueError("memmap_refresh_ needs a memmap TensorDict saved to a directory");
   }
-  DirNode node = backends::read_dir(impl_->memmap_prefix);
-  refresh_impl(*impl_, node, LoadOptions());
+  DirNode node = backends::read_dir(d()->memmap_prefix);
+  refresh_impl(*d(), node, LoadOptions());
   report_warnings(node, LoadOptions());
-  if (impl_->locked) lock_();  // register the lock on new children
+  if (d()->locked) lock_();  // register the lock on new children
   return *this;
 }
 
 TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype) {
-  if (!impl_->is_memmap || impl_->memmap_prefix.empty()) {
+  if (!d()->is_memmap || d()->memmap_prefix.empty()) {
     throw ValueError("make_memmap needs a memmap TensorDict saved to a directory (call memmap_(prefix) first)");
   }
   if (contains(key)) throw KeyError("make_memmap: key " + key.repr() + " already exists");
-  if (shape.size() < impl_->batch_size.size() ||
-      !std::equal(impl_->batch_size.begin(), impl_->batch_size.end(), shape.begin())) {
+  if (shape.size() < d()->batch_size.size() ||
+      !std::equal(d()->batch_size.begin(), d()->batch_size.end(), shape.begin())) {
     throw BatchSizeError("make_memmap: shape " + detail::shape_str(shape) + " does not start with the batch size " +
-                         detail::shape_str(impl_->batch_size));
+                         detail::shape_str(d()->batch_size));
   }
-  TensorDictImpl* parent = impl_.get();
+  TensorDictImpl* parent = d();
   for (size_t i = 0; i + 1 < key.size(); ++i) {
     Entry* e = parent->find(key[i]);
     if (!e) throw KeyError("make_memmap: intermediate key '" + key[i] + "' is missing");
@@ -577,12 +578,13 @@ TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape
   return *this;
 }
 
-std::string TensorDict::memmap_prefix() const { return impl_->memmap_prefix; }
+std::string TensorDict::memmap_prefix() const { return d()->memmap_prefix; }
 
 std::string TensorDict::type_name() const {
-  if (impl_->type_repr.empty()) return "TensorDict";
+  if (!is_dense() && node() && !node()->dense_view()) return node()->type_name();
+  if (d()->type_repr.empty()) return "TensorDict";
   // "<class 'pkg.mod.Name'>" -> "Name"
-  std::string r = impl_->type_repr;
+  std::string r = d()->type_repr;
   auto q1 = r.find('\'');
   auto q2 = r.rfind('\'');
   if (q1 != std::string::npos && q2 != std::string::npos && q2 > q1) r = r.substr(q1 + 1, q2 - q1 - 1);
@@ -595,11 +597,12 @@ std::string TensorDict::type_name() const {
 LazyStackedTensorDict& LazyStackedTensorDict::memmap_(const std::string& prefix, const MemmapOptions& options) {
   if (prefix.empty()) throw ValueError("LazyStackedTensorDict::memmap_ needs a prefix");
   make_dirs(prefix);
-  for (size_t i = 0; i < tds_.size(); ++i) tds_[i].memmap_(join_path(prefix, std::to_string(i)), options);
+  const auto& tds = tensordicts();
+  for (size_t i = 0; i < tds.size(); ++i) TensorDict(tds[i]).memmap_(join_path(prefix, std::to_string(i)), options);
   DirNode node;
   node.kind = NodeKind::LazyStackedTensorDict;
   node.type_repr = backends::type_repr::kLazyStackedTensorDict;
-  node.stack_dim = stack_dim_;
+  node.stack_dim = stack_dim();
   backends::write_meta(prefix, node);
   return *this;
 }
@@ -613,14 +616,6 @@ LazyStackedTensorDict LazyStackedTensorDict::load_memmap(const std::string& pref
   LazyStackedTensorDict lazy = lazy_from_node(root, options);
   report_warnings(root, options);
   return lazy;
-}
-
-bool LazyStackedTensorDict::is_memmap() const {
-  bool first = tds_[0].is_memmap();
-  for (const auto& td : tds_) {
-    if (td.is_memmap() != first) throw RuntimeError("the members of the lazy stack disagree on is_memmap()");
-  }
-  return first;
 }
 
 bool is_lazy_stack_dir(const std::string& prefix) {

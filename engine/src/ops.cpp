@@ -17,6 +17,7 @@
 
 #include <ATen/MemoryOverlap.h>
 
+#include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
 #include "torch_errors.hpp"
 
@@ -76,7 +77,12 @@ void for_each_leaf(const TensorDictImpl& impl, const NestedKey& prefix,
     if (kv.second.is_tensor()) {
       f(full, kv.second.tensor());
     } else if (kv.second.is_tensordict()) {
-      for_each_leaf(*kv.second.tensordict().impl(), full, f);
+      TensorDict sub = kv.second.tensordict();
+      if (!sub.is_dense() && !sub.node()->dense_view()) {
+        throw NotImplementedError("this operation reaches the leaves of " + full.repr() + ", a " +
+                                  sub.node()->type_name() + ", which has no dense leaves to visit");
+      }
+      for_each_leaf(*sub.impl(), full, f);
     }
   }
 }
@@ -164,8 +170,9 @@ enum class NonTensorPolicy { Carry, CarryOrDrop, Drop };
 
 //! a new TensorDict with td's structure: tensor leaves replaced by fn (an undefined result drops the
 //! key), every level's batch size mapped by batch_map, non-tensor leaves handled by `policy`
-TensorDict transform(const TensorDict& td, const NestedKey& prefix, const BatchMap& batch_map, const LeafMap& fn,
+TensorDict transform(const TensorDict& td_in, const NestedKey& prefix, const BatchMap& batch_map, const LeafMap& fn,
                      NonTensorPolicy policy, const char* op) {
+  const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
   const TensorDictImpl& s = *td.impl();
   BatchSize nb = batch_map(s.batch_size);
   TensorDict out = detail::make_empty(s, nb);
@@ -254,7 +261,18 @@ std::optional<TensorDict> apply_level(const TensorDict& self, const std::vector<
         }
         sub[i] = oe[i]->tensordict();
       }
-      auto r = apply_level(e.tensordict(), sub, full, c, false);
+      std::optional<TensorDict> r;
+      TensorDict child = e.tensordict();
+      if (!child.is_dense() && c.unary && others.empty()) {  // another node kind applies itself
+        if (c.inplace) {
+          child.apply_(*c.unary);
+          r = child;
+        } else {
+          r = child.apply(*c.unary, ApplyOptions().keep_empty(o.keep_empty()));
+        }
+      } else {
+        r = apply_level(child, sub, full, c, false);
+      }
       if (r) {
         put(result, name, full, Entry(*r), c.op);
         any_set = true;
@@ -403,6 +421,7 @@ BatchSize broadcast_batch(const BatchSize& a, const BatchSize& b, const char* op
 }
 
 TensorDict binary_td(const TensorDict& self, const TensorDict& other, Bin op) {
+  if (!detail::is_dense_tree(self) || !detail::is_dense_tree(other)) return binary_td(detail::dense_tree(self), detail::dense_tree(other), op);
   const char* name = bin_name(op);
   check_same_leaves(self, other, name);
   BatchSize bs = broadcast_batch(self.batch_size(), other.batch_size(), name, "the other TensorDict's batch size");
@@ -415,6 +434,7 @@ TensorDict binary_td(const TensorDict& self, const TensorDict& other, Bin op) {
 }
 
 TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op) {
+  if (!detail::is_dense_tree(self)) return binary_tensor(detail::dense_tree(self), other, op);
   const char* name = bin_name(op);
   if (!other.defined()) throw ValueError(std::string(name) + ": the other tensor is undefined");
   if (other.dim() == 0) {
@@ -441,6 +461,7 @@ TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op
 }
 
 TensorDict binary_scalar(const TensorDict& self, const at::Scalar& other, Bin op) {
+  if (!detail::is_dense_tree(self)) return binary_scalar(detail::dense_tree(self), other, op);
   TensorDict out = transform(
       self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return bin(op, x, other); },
       NonTensorPolicy::Carry, bin_name(op));
@@ -550,11 +571,13 @@ TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op, c
 }
 
 TensorDict compare_td_top(const TensorDict& self, const TensorDict& other, Cmp op) {
+  if (!detail::is_dense_tree(self) || !detail::is_dense_tree(other)) return compare_td_top(detail::dense_tree(self), detail::dense_tree(other), op);
   if (!other.defined()) throw ValueError(std::string(cmp_name(op)) + ": the other TensorDict is undefined");
   return compare_td(self, other, op, NestedKey());
 }
 
 TensorDict compare_scalar(const TensorDict& self, const at::Scalar& other, Cmp op) {
+  if (!detail::is_dense_tree(self)) return compare_scalar(detail::dense_tree(self), other, op);
   return transform(
       self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return cmp(op, x, other); },
       NonTensorPolicy::Drop, cmp_name(op));
@@ -596,6 +619,7 @@ bool is_integral_like(const at::Tensor& t) { return at::isIntegralType(t.scalar_
 at::ScalarType default_float() { return at::typeMetaToScalarType(at::get_default_dtype()); }
 
 TensorDict all_any_dim(const TensorDict& self, int64_t dim, bool is_all) {
+  if (!detail::is_dense_tree(self)) return all_any_dim(detail::dense_tree(self), dim, is_all);
   const char* op = is_all ? "all" : "any";
   std::vector<int64_t> dims = reduce_dims(self, dim, op);
   const int64_t d = dims[0];
@@ -606,6 +630,7 @@ TensorDict all_any_dim(const TensorDict& self, int64_t dim, bool is_all) {
 }
 
 bool all_any(const TensorDict& self, bool is_all) {
+  if (!detail::is_dense_tree(self)) return all_any(detail::dense_tree(self), is_all);
   bool result = is_all;
   for_each_leaf(*self.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
     if (result != is_all) return;
@@ -637,7 +662,10 @@ bool equal_entries(const Entry& a, const Entry& b) {
     return non_tensor_values(a, a.shape()) == non_tensor_values(b, b.shape());
   }
   if (a.kind() != b.kind()) return false;
-  if (a.is_tensordict()) return equal_impl(*a.tensordict().impl(), *b.tensordict().impl());
+  if (a.is_tensordict()) {
+    if (!a.tensordict().is_dense() || !b.tensordict().is_dense()) return a.tensordict().equal(b.tensordict());
+    return equal_impl(*a.tensordict().impl(), *b.tensordict().impl());
+  }
   const at::Tensor& x = a.tensor();
   const at::Tensor& y = b.tensor();
   if (x.scalar_type() != y.scalar_type() || x.device() != y.device() || !x.sizes().equals(y.sizes())) return false;
@@ -649,6 +677,12 @@ bool equal_entries(const Entry& a, const Entry& b) {
 // ================================================================================================ apply family
 TensorDict TensorDict::apply(const LeafFn& fn, const ApplyOptions& options) const {
   if (!fn) throw ValueError("apply: fn is empty");
+  if (auto* lz = detail::lazy_node(*this)) {  // member by member: a lazy stack again (upstream test_stack_apply)
+    if (options.batch_size()) throw NotImplementedError("apply with batch_size on a LazyStackedTensorDict");
+    std::vector<TensorDict> out;
+    for (const auto& m : lz->members) out.push_back(m.apply(fn, options));
+    return detail::make_lazy(std::move(out), lz->stack_dim);
+  }
   ApplyCall c;
   c.unary = &fn;
   c.opts = options;
@@ -666,6 +700,10 @@ TensorDict TensorDict::apply(const MultiLeafFn& fn, const std::vector<TensorDict
 
 TensorDict& TensorDict::apply_(const LeafFn& fn) {
   if (!fn) throw ValueError("apply_: fn is empty");
+  if (auto* lz = detail::lazy_node(*this)) {
+    for (auto& m : lz->members) m.apply_(fn);
+    return *this;
+  }
   ApplyCall c;
   c.unary = &fn;
   c.inplace = true;
@@ -687,6 +725,7 @@ TensorDict& TensorDict::apply_(const MultiLeafFn& fn, const std::vector<TensorDi
 }
 
 TensorDict TensorDict::named_apply(const NamedLeafFn& fn, const ApplyOptions& options) const {
+  if (!is_dense()) return contiguous().named_apply(fn, options);  // another node kind: on its dense form
   if (!fn) throw ValueError("named_apply: fn is empty");
   ApplyCall c;
   c.named = &fn;
@@ -697,8 +736,15 @@ TensorDict TensorDict::named_apply(const NamedLeafFn& fn, const ApplyOptions& op
 
 // ================================================================================================ fills
 TensorDict& TensorDict::zero_() {
-  for_each_leaf(*impl_, NestedKey(), [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
-  for_each_leaf(*impl_, NestedKey(), [](const NestedKey& k, const at::Tensor& t) {
+  if (!detail::is_dense_tree(*this) && !detail::lazy_node(*this)) {  // a node of another kind below: its own apply_
+    return apply_([](const at::Tensor& t) { return at::zeros_like(t); });
+  }
+  if (auto* lz = detail::lazy_node(*this)) {
+    for (auto& m : lz->members) m.zero_();
+    return *this;
+  }
+  for_each_leaf(*d(), NestedKey(), [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
+  for_each_leaf(*d(), NestedKey(), [](const NestedKey& k, const at::Tensor& t) {
     try {
       at::Tensor(t).zero_();
     } catch (...) {
@@ -709,6 +755,7 @@ TensorDict& TensorDict::zero_() {
 }
 
 TensorDict TensorDict::masked_fill(const at::Tensor& mask, const at::Scalar& value) const {
+  if (!is_dense()) return contiguous().masked_fill(mask, value);  // another node kind: on its dense form
   check_batch_mask(*this, mask, "masked_fill", "mask");
   TensorDict out = clone();
   out.masked_fill_(mask, value);
@@ -716,10 +763,11 @@ TensorDict TensorDict::masked_fill(const at::Tensor& mask, const at::Scalar& val
 }
 
 TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& value) {
+  if (detail::lazy_node(*this)) return index_put_({mask.to(at::kBool)}, value);
   check_batch_mask(*this, mask, "masked_fill_", "mask");
-  for_each_leaf(*impl_, NestedKey(),
+  for_each_leaf(*d(), NestedKey(),
                 [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "masked_fill_"); });
-  for_each_leaf(*impl_, NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
+  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
     try {
       at::Tensor(t).masked_fill_(right_view(mask, t), value);
     } catch (...) {
@@ -771,12 +819,14 @@ TensorDict where_level(const TensorDict& self, const TensorDict& other, const at
 }  // namespace
 
 TensorDict TensorDict::where(const at::Tensor& condition, const TensorDict& other) const {
+  if (!is_dense()) return contiguous().where(condition, other);  // another node kind: on its dense form
   check_batch_mask(*this, condition, "where", "condition");
   if (!other.defined()) throw ValueError("where: the other TensorDict is undefined");
   return where_level(*this, other, condition, NestedKey());
 }
 
 TensorDict TensorDict::where(const at::Tensor& condition, const at::Scalar& other) const {
+  if (!is_dense()) return contiguous().where(condition, other);  // another node kind: on its dense form
   check_batch_mask(*this, condition, "where", "condition");
   TensorDict out = transform(
       *this, NestedKey(), same_batch,
@@ -800,6 +850,15 @@ TensorDict TensorDict::div(const at::Tensor& other) const { return binary_tensor
 TensorDict TensorDict::div(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::Div); }
 
 TensorDict& TensorDict::add_(const TensorDict& other) {
+  if (auto* lz = detail::lazy_node(*this)) {  // member by member, other split along the stack dim
+    std::vector<TensorDict> parts = other.unbind(lz->stack_dim);
+    if (parts.size() != lz->members.size()) {
+      throw BatchSizeError("add_: the other TensorDict has batch size " + detail::shape_str(other.batch_size()) +
+                           ", the lazy stack " + detail::shape_str(batch_size()));
+    }
+    for (size_t i = 0; i < parts.size(); ++i) lz->members[i].add_(parts[i]);
+    return *this;
+  }
   check_same_leaves(*this, other, "add_");
   BatchSize bs = broadcast_batch(batch_size(), other.batch_size(), "add_", "the other TensorDict's batch size");
   if (bs != batch_size()) {
@@ -808,7 +867,7 @@ TensorDict& TensorDict::add_(const TensorDict& other) {
                          " (an in-place result cannot change the batch size)");
   }
   TensorDict b = expand_to(other, bs);
-  for_each_leaf(*impl_, NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
     check_writable(x, k, "add_");
     at::Tensor y = b.get(k);
     auto s = broadcast_shapes(sizes_of(x), sizes_of(y));
@@ -818,7 +877,7 @@ TensorDict& TensorDict::add_(const TensorDict& other) {
     }
     check_castable(at::result_type(x, y), x, k, "add_");
   });
-  for_each_leaf(*impl_, NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
     try {
       at::Tensor(x).add_(b.get(k));
     } catch (...) {
@@ -849,11 +908,19 @@ void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is
 }  // namespace
 
 TensorDict& TensorDict::add_(const at::Scalar& other) {
+  if (auto* lz = detail::lazy_node(*this)) {
+    for (auto& m : lz->members) m.add_(other);
+    return *this;
+  }
   scalar_inplace(*this, other, "add_", true);
   return *this;
 }
 
 TensorDict& TensorDict::mul_(const at::Scalar& other) {
+  if (auto* lz = detail::lazy_node(*this)) {
+    for (auto& m : lz->members) m.mul_(other);
+    return *this;
+  }
   scalar_inplace(*this, other, "mul_", false);
   return *this;
 }
@@ -879,6 +946,7 @@ TensorDict TensorDict::all(int64_t dim) const { return all_any_dim(*this, dim, t
 TensorDict TensorDict::any(int64_t dim) const { return all_any_dim(*this, dim, false); }
 
 TensorDict TensorDict::sum(std::optional<int64_t> dim, bool keepdim) const {
+  if (!is_dense()) return contiguous().sum(dim, keepdim);  // another node kind: on its dense form
   std::vector<int64_t> dims = reduce_dims(*this, dim, "sum");
   return transform(
       *this, NestedKey(), reduce_batch(dims, keepdim),
@@ -891,6 +959,7 @@ TensorDict TensorDict::sum(std::optional<int64_t> dim, bool keepdim) const {
 
 //! integer and bool leaves are averaged in torch's default float dtype (torch.mean itself refuses them)
 TensorDict TensorDict::mean(std::optional<int64_t> dim, bool keepdim) const {
+  if (!is_dense()) return contiguous().mean(dim, keepdim);  // another node kind: on its dense form
   std::vector<int64_t> dims = reduce_dims(*this, dim, "mean");
   return transform(
       *this, NestedKey(), reduce_batch(dims, keepdim),
@@ -905,7 +974,22 @@ TensorDict TensorDict::mean(std::optional<int64_t> dim, bool keepdim) const {
 
 bool TensorDict::equal(const TensorDict& other) const {
   if (!other.defined()) return false;
-  return equal_impl(*impl_, *other.impl());
+  if (!dense_ || !other.is_dense()) {
+    if (batch_size() != other.batch_size()) return false;
+    auto* a = detail::lazy_node(*this);
+    auto* b = detail::lazy_node(other);
+    if (a && b && a->stack_dim == b->stack_dim && a->members.size() == b->members.size()) {
+      for (size_t i = 0; i < a->members.size(); ++i)
+        if (!a->members[i].equal(b->members[i])) return false;
+      return true;
+    }
+    try {
+      return contiguous().equal(other.contiguous());
+    } catch (const Error&) {
+      return false;  // ragged members that do not densify: not equal to anything dense
+    }
+  }
+  return equal_impl(*d(), *other.impl());
 }
 
 // ================================================================================================ operators

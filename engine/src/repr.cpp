@@ -9,6 +9,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 
@@ -256,7 +257,96 @@ std::string non_tensor_stack_repr(const NonTensorStack& s, const std::optional<a
          ",\n" + py_indent("device=" + device_str(device), ind) + ")";
 }
 
+std::string td_repr(const TensorDict& td);
+
+//! "key: value" lines of some keys of a lazy stack, sorted and indented as upstream's _td_fields
+std::string lazy_fields(const LazyStackNode& lz, const TensorDict& td, const std::vector<std::string>& keys) {
+  std::vector<std::string> strs;
+  for (const auto& k : keys) {
+    std::optional<Entry> first = lz.members.empty() ? std::nullopt : lz.members[0].node()->read(k);
+    std::string v;
+    if (first && first->is_tensor()) {
+      // ragged dims show as -1 (upstream get_item_shape); no stacked copy is made for the repr
+      BatchSize shape(first->tensor().sizes().begin(), first->tensor().sizes().end());
+      for (const auto& m : lz.members) {
+        at::Tensor t = m.node()->read(k)->tensor();
+        if (t.dim() != static_cast<int64_t>(shape.size())) continue;
+        for (size_t i = 0; i < shape.size(); ++i)
+          if (t.size(static_cast<int64_t>(i)) != shape[i]) shape[i] = -1;
+      }
+      shape.insert(shape.begin() + lz.stack_dim, static_cast<int64_t>(lz.members.size()));
+      const at::Tensor& t = first->tensor();
+      bool shared = t.is_cuda() || backends::mapping_of(t).has_value() ||
+                    (t.has_storage() && at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr);
+      v = std::string(backends::mapping_of(t) && !backends::mapping_of(t)->filename.empty() ? "MemoryMappedTensor"
+                                                                                            : "Tensor") +
+          "(shape=" + shape_str(shape) + ", device=" + t.device().str() + ", dtype=" +
+          detail::dtype_str(t.scalar_type()) + ", is_shared=" + (shared ? "True" : "False") + ")";
+    } else {
+      std::optional<Entry> e = td.node()->read(k);
+      if (!e) continue;
+      switch (e->kind()) {
+        case Entry::Kind::TensorDict: v = td_repr(e->tensordict()); break;
+        case Entry::Kind::NonTensorData: v = non_tensor_data_repr(e->non_tensor_data(), lz.device); break;
+        case Entry::Kind::NonTensorStack: v = non_tensor_stack_repr(e->non_tensor_stack(), lz.device); break;
+        default: v = Entry::kind_name(e->kind()); break;
+      }
+    }
+    strs.push_back(k + ": " + v);
+  }
+  std::sort(strs.begin(), strs.end());
+  std::string joined;
+  for (size_t i = 0; i < strs.size(); ++i) joined += (i ? ",\n" : "") + strs[i];
+  return py_indent("\n" + joined, std::string(4, ' '));
+}
+
+std::string lazy_repr(const TensorDict& td, const LazyStackNode& lz) {
+  const std::string ind(4, ' ');
+  std::string excl;
+  std::vector<std::vector<std::string>> only = lz.exclusive_keys();
+  for (size_t i = 0; i < only.size(); ++i) {
+    if (only[i].empty()) continue;
+    const LazyStackNode* member_lz = detail::lazy_node(lz.members[i]);
+    std::string f;
+    if (member_lz) {
+      f = lazy_fields(*member_lz, lz.members[i], only[i]);
+    } else {
+      // a dense member: its own field lines for the exclusive keys
+      std::vector<std::string> strs;
+      for (const auto& k : only[i]) {
+        Entry e = lz.members[i].get_entry(k);
+        std::string v;
+        switch (e.kind()) {
+          case Entry::Kind::Tensor: v = tensor_repr(e.tensor(), *lz.members[i].impl()); break;
+          case Entry::Kind::TensorDict: v = td_repr(e.tensordict()); break;
+          case Entry::Kind::NonTensorData: v = non_tensor_data_repr(e.non_tensor_data(), lz.device); break;
+          case Entry::Kind::NonTensorStack: v = non_tensor_stack_repr(e.non_tensor_stack(), lz.device); break;
+          default: v = Entry::kind_name(e.kind()); break;
+        }
+        strs.push_back(k + ": " + v);
+      }
+      std::sort(strs.begin(), strs.end());
+      std::string joined;
+      for (size_t j = 0; j < strs.size(); ++j) joined += (j ? ",\n" : "") + strs[j];
+      f = py_indent("\n" + joined, ind);
+    }
+    excl += (excl.empty() ? "" : ",\n") + std::to_string(i) + " ->" + f;
+  }
+  const bool shared = td.is_shared();
+  return "LazyStackedTensorDict(\n" + py_indent("fields={" + lazy_fields(lz, td, lz.keys()) + "}", ind) + ",\n" +
+         py_indent("exclusive_fields={" + py_indent("\n" + excl, ind) + "}", ind) + ",\n" +
+         py_indent("batch_size=" + shape_str(lz.batch_size), ind) + ",\n" +
+         py_indent("device=" + device_str(lz.device), ind) + ",\n" +
+         py_indent(std::string("is_shared=") + (shared ? "True" : "False"), ind) + ",\n" +
+         py_indent("stack_dim=" + std::to_string(lz.stack_dim), ind) + ")";
+}
+
 std::string td_repr(const TensorDict& td) {
+  if (const LazyStackNode* lz = detail::lazy_node(td)) return lazy_repr(td, *lz);
+  if (!td.is_dense()) {
+    if (auto view = td.node()->dense_view()) return td_repr(TensorDict(view));  // a store: its storage
+    return td.node()->type_name() + "(batch_size=" + shape_str(td.batch_size()) + ")";
+  }
   const TensorDictImpl& impl = *td.impl();
   std::vector<std::string> strs;
   strs.reserve(impl.entries.size());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
 #include "torch_errors.hpp"
 
@@ -105,8 +106,9 @@ TensorDict map_keep_lock(const char* op, const TensorDict& td, const BatchSize& 
 
 //! the multi-output twin of map_batch: fn splits a tensor whose leading dims are the old batch dims into
 //! new_batches.size() tensors (unbind, split); sub-TensorDicts and non-tensors follow
-std::vector<TensorDict> map_batch_multi(const TensorDict& td, const std::vector<BatchSize>& new_batches,
+std::vector<TensorDict> map_batch_multi(const TensorDict& td_in, const std::vector<BatchSize>& new_batches,
                                         const MultiFn& fn, bool keep_flags) {
+  const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
   const TensorDictImpl& src = *td.impl();
   const size_t n = new_batches.size();
   const int64_t old_nd = static_cast<int64_t>(src.batch_size.size());
@@ -190,7 +192,8 @@ std::vector<TensorDict> map_batch_multi(const TensorDict& td, const std::vector<
 
 // ============================================================================ view / reshape / flatten
 TensorDict TensorDict::view(BatchSize shape) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().view(shape);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   shape = infer_sizes("view", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
   if (shape == bs) return *this;
   const int64_t nd = batch_dims();
@@ -199,7 +202,8 @@ TensorDict TensorDict::view(BatchSize shape) const {
 }
 
 TensorDict TensorDict::reshape(BatchSize shape) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().reshape(shape);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   shape = infer_sizes("reshape", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
   if (shape == bs) return *this;
   const int64_t nd = batch_dims();
@@ -208,7 +212,8 @@ TensorDict TensorDict::reshape(BatchSize shape) const {
 }
 
 TensorDict TensorDict::flatten(int64_t start_dim, int64_t end_dim) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().flatten(start_dim, end_dim);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   const int64_t s = norm_dim("flatten", start_dim, bs);
   const int64_t e = norm_dim("flatten", end_dim, bs);
   if (s > e) {
@@ -223,7 +228,8 @@ TensorDict TensorDict::flatten(int64_t start_dim, int64_t end_dim) const {
 }
 
 TensorDict TensorDict::unflatten(int64_t dim, BatchSize sizes) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().unflatten(dim, sizes);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   const int64_t d = norm_dim("unflatten", dim, bs);
   if (sizes.empty()) throw ValueError("unflatten: sizes must be non-empty");
   sizes = infer_sizes("unflatten", std::move(sizes), bs[static_cast<size_t>(d)],
@@ -238,7 +244,8 @@ TensorDict TensorDict::unflatten(int64_t dim, BatchSize sizes) const {
 
 // ============================================================================ squeeze / unsqueeze
 TensorDict TensorDict::squeeze() const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().squeeze();  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   std::vector<int64_t> dims;
   BatchSize nb;
   for (size_t i = 0; i < bs.size(); ++i) {
@@ -259,7 +266,8 @@ TensorDict TensorDict::squeeze() const {
 }
 
 TensorDict TensorDict::squeeze(int64_t dim) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().squeeze(dim);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   if (bs.empty()) {  // like a 0-dim tensor: dims -1 and 0 are accepted and change nothing
     if (dim < -1 || dim > 0) norm_dim("squeeze", dim, bs);
     return *this;
@@ -272,7 +280,8 @@ TensorDict TensorDict::squeeze(int64_t dim) const {
 }
 
 TensorDict TensorDict::unsqueeze(int64_t dim) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().unsqueeze(dim);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   const int64_t d = norm_dim("unsqueeze", dim, bs, /*allow_end=*/true);
   BatchSize nb = bs;
   nb.insert(nb.begin() + d, 1);
@@ -281,7 +290,8 @@ TensorDict TensorDict::unsqueeze(int64_t dim) const {
 
 // ============================================================================ permute / transpose / expand
 TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().permute(dims);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   const size_t nd = bs.size();
   if (dims.size() > nd) {
     throw ValueError("permute: got " + std::to_string(dims.size()) + " dims " + shape_list(dims) +
@@ -314,7 +324,8 @@ TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
 }
 
 TensorDict TensorDict::transpose(int64_t dim0, int64_t dim1) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().transpose(dim0, dim1);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   const int64_t d0 = norm_dim("transpose", dim0, bs);
   const int64_t d1 = norm_dim("transpose", dim1, bs);
   if (d0 == d1) return *this;
@@ -324,7 +335,8 @@ TensorDict TensorDict::transpose(int64_t dim0, int64_t dim1) const {
 }
 
 TensorDict TensorDict::expand(BatchSize shape) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().expand(shape);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   const size_t nd = bs.size();
   if (shape.size() < nd) {
     throw RuntimeError("expand: the number of sizes provided (" + std::to_string(shape.size()) +
@@ -361,7 +373,28 @@ TensorDict TensorDict::expand(BatchSize shape) const {
 
 // ============================================================================ unbind / split / chunk
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (auto* lz = detail::lazy_node(*this)) {
+    const int64_t dd = detail::normalize_dim(dim, batch_dims());
+    if (dd == lz->stack_dim) return lz->members;  // the members themselves (upstream test_unbind_lazystack)
+    const int64_t md = dd < lz->stack_dim ? dd : dd - 1;
+    const int64_t sd = dd < lz->stack_dim ? lz->stack_dim - 1 : lz->stack_dim;
+    std::vector<std::vector<TensorDict>> parts;
+    for (const auto& m : lz->members) parts.push_back(m.unbind(md));
+    const size_t count = parts.empty() ? 0 : parts[0].size();
+    for (const auto& p : parts) {
+      if (p.size() != count) {
+        throw RuntimeError("unbind: the members of the lazy stack differ in size along dim " + std::to_string(dim));
+      }
+    }
+    std::vector<TensorDict> out;
+    for (size_t j = 0; j < count; ++j) {
+      std::vector<TensorDict> col;
+      for (auto& p : parts) col.push_back(p[j]);
+      out.push_back(detail::make_lazy(std::move(col), sd));
+    }
+    return out;
+  }
+  const BatchSize& bs = d()->batch_size;
   const int64_t d = norm_dim("unbind", dim, bs);
   BatchSize nb = bs;
   nb.erase(nb.begin() + d);
@@ -370,7 +403,8 @@ std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
 }
 
 std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().split(split_size, dim);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   if (bs.empty()) throw RuntimeError("split: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("split", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];
@@ -391,7 +425,8 @@ std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const
 }
 
 std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int64_t dim) const {
-  const BatchSize& bs = impl_->batch_size;
+  if (!is_dense()) return contiguous().split(split_sizes, dim);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
   if (bs.empty()) throw RuntimeError("split: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("split", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];
@@ -420,8 +455,9 @@ std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int6
 }
 
 std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
+  if (!is_dense()) return contiguous().chunk(chunks, dim);  // another node kind: on its dense form
   if (chunks < 1) throw ValueError("chunks must be a strictly positive integer, got " + std::to_string(chunks) + ".");
-  const BatchSize& bs = impl_->batch_size;
+  const BatchSize& bs = d()->batch_size;
   if (bs.empty()) throw RuntimeError("chunk: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("chunk", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];
@@ -429,7 +465,9 @@ std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
 }
 
 TensorDict TensorDict::contiguous() const {
-  return map_keep_lock("contiguous", *this, impl_->batch_size, [](const at::Tensor& t) { return t.contiguous(); });
+  if (auto* lz = detail::lazy_node(*this)) return detail::lazy_contiguous(*lz);
+  if (!is_dense() && node() && !node()->dense_view()) return node()->to_dense();
+  return map_keep_lock("contiguous", *this, d()->batch_size, [](const at::Tensor& t) { return t.contiguous(); });
 }
 
 }  // namespace tensordict

@@ -50,34 +50,34 @@ std::string TensorDict::shm_prefix() {
 }
 
 TensorDict& TensorDict::share_memory_() {
-  if (impl_->is_memmap) {
+  if (d()->is_memmap) {
     throw ValueError("share_memory_ and memmap_ are mutually exclusive: this TensorDict is memory-mapped");
   }
-  if (impl_->is_shared) return *this;
+  if (d()->is_shared) return *this;
   std::vector<std::vector<std::string>> keys;
   std::vector<at::Tensor> tensors;
-  collect_leaves(*impl_, {}, keys, tensors);
+  collect_leaves(*d(), {}, keys, tensors);
   if (!tensors.empty()) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (!tensors[i].device().is_cpu()) {
         throw TypeError("share_memory_: leaf '" + NestedKey(keys[i]).join(".") + "' is not on the CPU");
       }
     }
-    backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, impl_->batch_size, shm_prefix());
-    for (size_t i = 0; i < keys.size(); ++i) swap_leaf(*impl_, keys[i], alloc.tensors[i]);
+    backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, d()->batch_size, shm_prefix());
+    for (size_t i = 0; i < keys.size(); ++i) swap_leaf(*d(), keys[i], alloc.tensors[i]);
   }
-  mark_shared(impl_);
+  mark_shared(impl());
   lock_();
   return *this;
 }
 
 std::string TensorDict::share_handle() const {
-  if (!impl_->is_shared) throw ValueError("share_handle needs a shared TensorDict (call share_memory_() first)");
+  if (!d()->is_shared) throw ValueError("share_handle needs a shared TensorDict (call share_memory_() first)");
   std::vector<std::vector<std::string>> keys;
   std::vector<at::Tensor> tensors;
-  collect_leaves(*impl_, {}, keys, tensors);
+  collect_leaves(*d(), {}, keys, tensors);
   backends::ShmTensorDictHandle h;
-  h.batch_size = impl_->batch_size;
+  h.batch_size = d()->batch_size;
   for (size_t i = 0; i < keys.size(); ++i) {
     auto th = backends::handle_of(tensors[i]);
     if (!th) {

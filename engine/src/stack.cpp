@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "tensor_dict_internal.hpp"
+#include "tensordict/lazy_stack.hpp"
 #include "torch_errors.hpp"
 
 namespace tensordict {
@@ -324,8 +325,33 @@ TensorDict like(const TensorDict& td, const std::function<at::Tensor(const at::T
 
 }  // namespace
 
+namespace {
+//! the dense form of every input (other node kinds densified)
+std::vector<TensorDict> densified(const std::vector<TensorDict>& tds) {
+  std::vector<TensorDict> out;
+  out.reserve(tds.size());
+  for (const auto& td : tds) out.push_back(td.is_dense() ? td : td.contiguous());
+  return out;
+}
+bool all_dense(const std::vector<TensorDict>& tds) {
+  for (const auto& td : tds)
+    if (td.defined() && !td.is_dense()) return false;
+  return true;
+}
+}  // namespace
+
 TensorDict stack(const std::vector<TensorDict>& tds, int64_t dim, std::optional<TensorDict> out) {
   check_inputs("stack", tds);
+  if (!all_dense(tds)) {
+    // lazy inputs stay lazy (a lazy stack of them, as upstream's torch.stack of lazy stacks); with out they
+    // are written densely
+    if (!out) return lazy_stack(tds, dim);
+    return stack(densified(tds), dim, out);
+  }
+  if (out && !out->is_dense()) {
+    throw NotImplementedError("stack(..., out=...) into a " + out->node()->type_name() +
+                              ": lazy stacks cannot be stacked onto. Make it dense first with contiguous()");
+  }
   const BatchSize& bs = tds[0].batch_size();
   const int64_t d = norm_dim("stack", dim, bs, static_cast<int64_t>(bs.size()) + 1);
   return run(Combiner{true, d, tds.size()}, tds, out);
@@ -333,6 +359,7 @@ TensorDict stack(const std::vector<TensorDict>& tds, int64_t dim, std::optional<
 
 TensorDict cat(const std::vector<TensorDict>& tds, int64_t dim, std::optional<TensorDict> out) {
   check_inputs("cat", tds);
+  if (!all_dense(tds)) return cat(densified(tds), dim, out);
   const BatchSize& bs = tds[0].batch_size();
   if (bs.empty()) {
     throw IndexError("cat: TensorDicts with batch_size " + shape_str(bs) +

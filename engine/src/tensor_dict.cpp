@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <sstream>
 
+#include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tensordict/index_math.hpp"
 
 namespace tensordict {
 
@@ -123,7 +125,9 @@ TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
       throw KeyError("key " + key.repr() + ": '" + key[i] + "' is a " + Entry::kind_name(e->kind()) +
                      ", not a TensorDict, so it cannot hold nested keys");
     }
-    cur = e->tensordict().impl().get();
+    TensorDict sub = e->tensordict();
+    if (!sub.is_dense()) throw NotDense{};
+    cur = sub.impl().get();
   }
   return cur;
 }
@@ -132,8 +136,28 @@ const TensorDictImpl* walk(const TensorDictImpl* root, const NestedKey& key) {
   return walk(const_cast<TensorDictImpl*>(root), key, false);
 }
 
-TensorDict map_batch(const TensorDict& td, const BatchSize& new_batch,
+bool is_dense_tree(const TensorDict& td) {
+  if (!td.is_dense() && !(td.node() && td.node()->dense_view())) return false;
+  for (const auto& kv : td.impl()->entries)
+    if (kv.second.is_tensordict() && !is_dense_tree(kv.second.tensordict())) return false;
+  return true;
+}
+
+TensorDict dense_tree(const TensorDict& td) {
+  if (is_dense_tree(td)) return td;
+  if (!td.is_dense() && !(td.node() && td.node()->dense_view())) return dense_tree(td.contiguous());
+  const TensorDictImpl& s = *td.impl();
+  auto out = std::make_shared<TensorDictImpl>(s);  // entries (leaves shared), flags
+  out->locked = false;
+  out->locked_parents.clear();
+  for (auto& kv : out->entries)
+    if (kv.second.is_tensordict()) kv.second = Entry(dense_tree(kv.second.tensordict()));
+  return TensorDict(out);
+}
+
+TensorDict map_batch(const TensorDict& td_in, const BatchSize& new_batch,
                      const std::function<at::Tensor(const at::Tensor&)>& fn, bool keep_flags) {
+  const TensorDict td = dense_tree(td_in);  // other node kinds below: on their dense form
   const TensorDictImpl& src = *td.impl();
   auto out = std::make_shared<TensorDictImpl>();
   out->batch_size = new_batch;
@@ -180,28 +204,24 @@ TensorDict map_batch(const TensorDict& td, const BatchSize& new_batch,
   return TensorDict(out);
 }
 
-static void lock_impl(const std::shared_ptr<TensorDictImpl>& impl) {
-  impl->locked = true;
-  lock_children(impl);
+static void lock_node(const std::shared_ptr<Node>& node) {
+  node->locked = true;
+  lock_children(node);
 }
 
-void lock_children(const std::shared_ptr<TensorDictImpl>& parent) {
-  for (auto& kv : parent->entries) {
-    if (!kv.second.is_tensordict()) continue;
-    auto child = kv.second.tensordict().impl();
+void lock_children(const std::shared_ptr<Node>& parent) {
+  for (const auto& child : parent->child_nodes()) {
     bool known = false;
     for (auto& w : child->locked_parents)
       if (w.lock() == parent) known = true;
     if (!known) child->locked_parents.push_back(parent);
-    lock_impl(child);
+    lock_node(child);
   }
 }
 
-bool contains_impl(const TensorDictImpl& impl, const TensorDictImpl* target) {
-  for (const auto& kv : impl.entries) {
-    if (!kv.second.is_tensordict()) continue;
-    auto child = kv.second.tensordict().impl();
-    if (child.get() == target || contains_impl(*child, target)) return true;
+bool contains_node(const Node& node, const Node* target) {
+  for (const auto& child : node.child_nodes()) {
+    if (child.get() == target || contains_node(*child, target)) return true;
   }
   return false;
 }
@@ -216,7 +236,7 @@ using detail::throw_missing_key;
 
 // ============================================================================ Entry
 Entry::Entry(at::Tensor t) : kind_(Kind::Tensor), tensor_(std::move(t)) {}
-Entry::Entry(TensorDict td) : kind_(Kind::TensorDict), td_(td.impl()) {
+Entry::Entry(TensorDict td) : kind_(Kind::TensorDict), td_(td.node()) {
   if (!td_) throw TypeError("cannot make an entry of an undefined TensorDict");
 }
 Entry::Entry(NonTensorData d) : kind_(Kind::NonTensorData), nt_(std::move(d)) {}
@@ -276,15 +296,182 @@ BatchSize Entry::shape() const {
   }
 }
 
+// ============================================================================ nodes
+std::vector<Entry> Node::read(const std::vector<std::string>& keys, const Index& index) const {
+  std::shared_ptr<Node> sub = this->index(index);
+  std::vector<Entry> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) {
+    std::optional<Entry> e = sub->read(k);
+    if (!e) throw KeyError("key \"" + k + "\" not found in " + type_name());
+    out.push_back(std::move(*e));
+  }
+  return out;
+}
+
+NodeCaps TensorDictImpl::caps() const {
+  NodeCaps c;
+  c.zero_copy_views = true;
+  c.add_keys = true;
+  c.memmap = is_memmap;
+  c.shared = is_shared;
+  return c;
+}
+
+std::vector<std::string> TensorDictImpl::keys() const {
+  std::vector<std::string> out;
+  out.reserve(entries.size());
+  for (const auto& kv : entries) out.push_back(kv.first);
+  return out;
+}
+
+std::optional<Entry> TensorDictImpl::read(const std::string& key) const {
+  if (const Entry* e = find(key)) return *e;
+  return std::nullopt;
+}
+
+bool TensorDictImpl::erase(const std::string& key) { return erase_entry(key); }
+
+TensorDict TensorDictImpl::to_dense() const {
+  return TensorDict(std::const_pointer_cast<Node>(shared_from_this()));
+}
+
+void TensorDictImpl::write(const Index& index, const TensorDict& value) {
+  TensorDict(std::static_pointer_cast<Node>(shared_from_this())).index_put_(index, value);
+}
+
+TensorDict Node::open_child(const std::string& key) {
+  if (auto e = read(key)) {
+    if (!e->is_tensordict()) {
+      throw KeyError("'" + key + "' is a " + std::string(Entry::kind_name(e->kind())) + ", not a TensorDict");
+    }
+    return e->tensordict();
+  }
+  if (kind() == NodeType::LazyStack && std::find(batch_size.begin(), batch_size.end(), -1) != batch_size.end()) {
+    // ragged members: each gets a sub-TensorDict of its own batch size
+    for (auto& m : static_cast<LazyStackNode*>(this)->members) m.set(NestedKey(key), Entry(TensorDict(m.batch_size(), m.device())));
+  } else {
+    put(key, Entry(TensorDict(batch_size, device)));
+  }
+  return read(key)->tensordict();
+}
+
+void Node::write(const Index& index, const TensorDict&) {
+  throw NotImplementedError("td[" + index_repr(index) + "] = value is not supported on a " + type_name());
+}
+
+std::shared_ptr<Node> TensorDictImpl::index(const Index& index) const {
+  return TensorDict(std::const_pointer_cast<Node>(shared_from_this())).index(index).node();
+}
+
+std::vector<std::shared_ptr<Node>> TensorDictImpl::child_nodes() const {
+  std::vector<std::shared_ptr<Node>> out;
+  for (const auto& kv : entries)
+    if (kv.second.is_tensordict()) out.push_back(kv.second.tensordict().node());
+  return out;
+}
+
+// ============================================================================ generic paths (any node)
+namespace {
+
+//! the handle holding the last part of key, through handles (any node kind); undefined when a level is
+//! missing and !create. KeyError when a level is not a TensorDict.
+TensorDict parent_of(const TensorDict& root, const NestedKey& key, bool create) {
+  TensorDict cur = root;
+  for (size_t i = 0; i + 1 < key.size(); ++i) {
+    std::optional<Entry> e = cur.node()->read(key[i]);
+    if (!e) {
+      if (!create) return TensorDict::undefined();
+      if (cur.is_locked()) {
+        throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+                          "method and make sure the key is present.");
+      }
+      cur = cur.node()->open_child(key[i]);
+      continue;
+    }
+    if (!e->is_tensordict()) {
+      throw KeyError("key " + key.repr() + ": '" + key[i] + "' is a " + Entry::kind_name(e->kind()) +
+                     ", not a TensorDict, so it cannot hold nested keys");
+    }
+    cur = e->tensordict();
+  }
+  return cur;
+}
+
+//! walks key through dense nodes only (detail::walk); false when the node is not dense or a level of another
+//! node kind is met: the caller takes its generic path
+bool dense_walk(TensorDictImpl* dense, const NestedKey& key, bool create, TensorDictImpl** out) {
+  if (!dense) return false;
+  try {
+    *out = detail::walk(dense, key, create);
+    return true;
+  } catch (const detail::NotDense&) {
+    return false;
+  }
+}
+
+[[noreturn]] void missing_in_node(const NestedKey& key, const TensorDict& where) {
+  std::string avail;
+  for (const auto& k : where.node()->keys()) avail += (avail.empty() ? "" : ", ") + std::string("'") + k + "'";
+  throw KeyError("key " + key.repr() + " not found in " + where.node()->type_name() + " with keys [" + avail + "]");
+}
+
+void collect_node_keys(const TensorDict& td, const NestedKey& prefix, const KeysOptions& o,
+                       std::vector<std::pair<NestedKey, Entry>>& out) {
+  for (const auto& k : td.node()->keys()) {
+    std::optional<Entry> e = td.node()->read(k);
+    if (!e) continue;
+    NestedKey full = prefix + NestedKey(k);
+    if (o.include_nested() && e->is_tensordict()) collect_node_keys(e->tensordict(), full, o, out);
+    bool leaf = e->is_tensor() || (o.non_tensor_leaves() && e->is_non_tensor());
+    if (!o.leaves_only() || leaf) out.emplace_back(std::move(full), *e);
+  }
+}
+
+void check_node_unlocked(const TensorDict& td) {
+  if (td.is_locked()) {
+    throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+                      "method and make sure the key is present.");
+  }
+}
+
+}  // namespace
+
 // ============================================================================ construction
-TensorDict::TensorDict() : impl_(std::make_shared<TensorDictImpl>()) {}
+static TensorDictImpl* as_dense(const std::shared_ptr<Node>& node) {
+  return node && node->kind() == NodeType::Dense ? static_cast<TensorDictImpl*>(node.get()) : nullptr;
+}
+
+TensorDict::TensorDict(std::shared_ptr<Node> node) : node_(std::move(node)), dense_(as_dense(node_)) {}
+TensorDict::TensorDict(std::shared_ptr<TensorDictImpl> impl) : node_(std::move(impl)), dense_(as_dense(node_)) {}
+
+std::shared_ptr<TensorDictImpl> TensorDict::impl() const {
+  if (dense_) return std::static_pointer_cast<TensorDictImpl>(node_);
+  if (node_) {
+    if (auto view = node_->dense_view()) return view;
+  }
+  d();
+  return nullptr;
+}
+
+TensorDictImpl* TensorDict::d(const char* what) const {
+  if (dense_) return dense_;
+  if (node_) {
+    if (auto view = node_->dense_view()) return view.get();  // the node keeps it alive
+  }
+  if (!node_) throw ValueError(std::string(what ? what : "this operation") + " on an undefined TensorDict");
+  throw NotImplementedError(std::string(what ? what : "this operation") + " is not supported on a " +
+                            node_->type_name() + " (dense TensorDicts only); densify it first with contiguous()");
+}
+
+TensorDict::TensorDict() : TensorDict(std::make_shared<TensorDictImpl>()) {}
 
 TensorDict::TensorDict(BatchSize batch_size, std::optional<at::Device> device)
-    : impl_(std::make_shared<TensorDictImpl>()) {
+    : TensorDict(std::make_shared<TensorDictImpl>()) {
   for (auto s : batch_size)
     if (s < 0) throw BatchSizeError("batch size " + shape_str(batch_size) + " has a negative dimension");
-  impl_->batch_size = std::move(batch_size);
-  impl_->device = device;
+  d()->batch_size = std::move(batch_size);
+  d()->device = device;
 }
 
 TensorDict::TensorDict(const Dict& source, BatchSize batch_size, std::optional<at::Device> device)
@@ -350,19 +537,33 @@ TensorDict TensorDict::fromkeys(const std::vector<NestedKey>& keys, double value
 }
 
 // ============================================================================ metadata
-const BatchSize& TensorDict::batch_size() const { return impl_->batch_size; }
-int64_t TensorDict::batch_dims() const { return static_cast<int64_t>(impl_->batch_size.size()); }
-int64_t TensorDict::numel() const { return detail::prod(impl_->batch_size); }
-int64_t TensorDict::size(int64_t dim) const { return impl_->batch_size[detail::normalize_dim(dim, batch_dims())]; }
-std::optional<at::Device> TensorDict::device() const { return impl_->device; }
-int64_t TensorDict::len() const { return impl_->batch_size.empty() ? 0 : impl_->batch_size[0]; }
-bool TensorDict::is_locked() const { return impl_->locked; }
-bool TensorDict::is_memmap() const { return impl_->is_memmap; }
-bool TensorDict::is_shared() const { return impl_->is_shared; }
+//! the node, or ValueError for an undefined handle
+static Node& node_of(const std::shared_ptr<Node>& node, const char* what) {
+  if (!node) throw ValueError(std::string(what) + " of an undefined TensorDict");
+  return *node;
+}
+const BatchSize& TensorDict::batch_size() const { return node_of(node_, "batch_size").batch_size; }
+int64_t TensorDict::batch_dims() const { return static_cast<int64_t>(batch_size().size()); }
+int64_t TensorDict::numel() const { return detail::prod(batch_size()); }
+int64_t TensorDict::size(int64_t dim) const { return batch_size()[detail::normalize_dim(dim, batch_dims())]; }
+std::optional<at::Device> TensorDict::device() const { return node_of(node_, "device").device; }
+int64_t TensorDict::len() const { return batch_size().empty() ? 0 : batch_size()[0]; }
+bool TensorDict::is_locked() const { return node_of(node_, "is_locked").locked; }
+bool TensorDict::is_memmap() const { return dense_ ? dense_->is_memmap : node_of(node_, "is_memmap").caps().memmap; }
+bool TensorDict::is_shared() const { return dense_ ? dense_->is_shared : node_of(node_, "is_shared").caps().shared; }
 
 int64_t TensorDict::bytes() const {
   int64_t n = 0;
-  for (const auto& kv : impl_->entries) {
+  if (!dense_) {
+    if (auto* lz = detail::lazy_node(*this)) {
+      for (const auto& m : lz->members) n += m.bytes();
+      return n;
+    }
+    for (const auto& e : values(KeysOptions().include_nested(true).leaves_only(true)))
+      n += e.tensor().numel() * static_cast<int64_t>(e.tensor().element_size());
+    return n;
+  }
+  for (const auto& kv : d()->entries) {
     if (kv.second.is_tensor()) n += kv.second.tensor().numel() * static_cast<int64_t>(kv.second.tensor().element_size());
     if (kv.second.is_tensordict()) n += kv.second.tensordict().bytes();
   }
@@ -370,7 +571,8 @@ int64_t TensorDict::bytes() const {
 }
 
 bool TensorDict::is_empty() const {
-  for (const auto& kv : impl_->entries) {
+  if (!dense_) return keys(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true)).empty();
+  for (const auto& kv : d()->entries) {
     if (!kv.second.is_tensordict()) return false;
     if (!kv.second.tensordict().is_empty()) return false;
   }
@@ -393,14 +595,19 @@ static void check_batch_size(const TensorDictImpl& impl, const BatchSize& bs) {
 }
 
 void TensorDict::set_batch_size(BatchSize batch_size) {
-  check_batch_size(*impl_, batch_size);
+  if (detail::lazy_node(*this)) {
+    throw RuntimeError("Modifying the batch size of a lazy representation of a tensordict is not permitted. Consider "
+                       "instantiating the tensordict first by calling `td = td.to_tensordict()` before resetting "
+                       "the batch size.");
+  }
+  check_batch_size(*d(), batch_size);
   // NonTensorData follows the batch size of its parent (it is broadcast)
-  for (auto& kv : impl_->entries) {
+  for (auto& kv : d()->entries) {
     if (kv.second.is_non_tensor_data()) {
       kv.second = Entry(NonTensorData(kv.second.non_tensor_data().value(), batch_size));
     }
   }
-  impl_->batch_size = std::move(batch_size);
+  d()->batch_size = std::move(batch_size);
 }
 
 // ============================================================================ keys
@@ -409,7 +616,11 @@ static void collect_keys(const TensorDictImpl& impl, const NestedKey& prefix, co
   for (const auto& kv : impl.entries) {
     NestedKey full = prefix + NestedKey(kv.first);
     const Entry& e = kv.second;
-    if (o.include_nested() && e.is_tensordict()) collect_keys(*e.tensordict().impl(), full, o, out);
+    if (o.include_nested() && e.is_tensordict()) {
+      TensorDict sub = e.tensordict();
+      if (!sub.is_dense()) throw detail::NotDense{};
+      collect_keys(*sub.impl(), full, o, out);
+    }
     bool leaf = e.is_tensor() || (o.non_tensor_leaves() && e.is_non_tensor());
     if (!o.leaves_only() || leaf) out.emplace_back(std::move(full), e);
   }
@@ -417,8 +628,17 @@ static void collect_keys(const TensorDictImpl& impl, const NestedKey& prefix, co
 
 std::vector<std::pair<NestedKey, Entry>> TensorDict::items(const KeysOptions& options) const {
   std::vector<std::pair<NestedKey, Entry>> out;
-  out.reserve(impl_->entries.size());
-  collect_keys(*impl_, NestedKey(), options, out);
+  bool dense_tree = dense_ != nullptr;
+  if (dense_tree) {
+    out.reserve(dense_->entries.size());
+    try {
+      collect_keys(*dense_, NestedKey(), options, out);
+    } catch (const detail::NotDense&) {
+      dense_tree = false;
+      out.clear();
+    }
+  }
+  if (!dense_tree) collect_node_keys(*this, NestedKey(), options, out);
   if (options.sort()) {
     std::stable_sort(out.begin(), out.end(),
                      [](const auto& a, const auto& b) { return a.first.join(".") < b.first.join("."); });
@@ -427,10 +647,15 @@ std::vector<std::pair<NestedKey, Entry>> TensorDict::items(const KeysOptions& op
 }
 
 std::vector<NestedKey> TensorDict::keys(const KeysOptions& options) const {
-  if (!options.include_nested() && !options.leaves_only() && !options.sort()) {
+  if (!dense_ && node_ && !options.include_nested() && !options.leaves_only()) {
     std::vector<NestedKey> out;
-    out.reserve(impl_->entries.size());
-    for (const auto& kv : impl_->entries) out.emplace_back(kv.first);
+    for (auto& k : node_->keys()) out.emplace_back(std::move(k));
+    return out;
+  }
+  if (dense_ && !options.include_nested() && !options.leaves_only() && !options.sort()) {
+    std::vector<NestedKey> out;
+    out.reserve(d()->entries.size());
+    for (const auto& kv : d()->entries) out.emplace_back(kv.first);
     return out;
   }
   std::vector<NestedKey> out;
@@ -446,19 +671,31 @@ std::vector<Entry> TensorDict::values(const KeysOptions& options) const {
 
 bool TensorDict::contains(const NestedKey& key) const {
   if (key.empty()) return false;
-  const TensorDictImpl* p = nullptr;
   try {
-    p = detail::walk(impl_.get(), key);
+    return get_entry_opt(key).has_value();
   } catch (const KeyError&) {
     return false;
   }
-  return p && p->find(key.back()) != nullptr;
 }
 
 // ============================================================================ reading
 std::optional<Entry> TensorDict::get_entry_opt(const NestedKey& key) const {
   if (key.empty()) throw KeyError("empty key");
-  const TensorDictImpl* p = detail::walk(impl_.get(), key);
+  if (!dense_ || key.size() > 1) {
+    try {
+      if (!dense_) throw detail::NotDense{};
+      const TensorDictImpl* p = detail::walk(dense_, key);
+      if (!p) return std::nullopt;
+      const Entry* e = p->find(key.back());
+      if (!e) return std::nullopt;
+      return *e;
+    } catch (const detail::NotDense&) {
+      TensorDict parent = parent_of(*this, key, false);
+      if (!parent.defined()) return std::nullopt;
+      return parent.node()->read(key.back());
+    }
+  }
+  const TensorDictImpl* p = dense_;
   if (!p) return std::nullopt;
   const Entry* e = p->find(key.back());
   if (!e) return std::nullopt;
@@ -467,8 +704,19 @@ std::optional<Entry> TensorDict::get_entry_opt(const NestedKey& key) const {
 
 Entry TensorDict::get_entry(const NestedKey& key) const {
   if (key.empty()) throw KeyError("empty key");
-  const TensorDictImpl* p = detail::walk(impl_.get(), key);
-  if (!p) throw_missing_key(key, *impl_);
+  const TensorDictImpl* p = nullptr;
+  try {
+    if (!dense_) throw detail::NotDense{};
+    p = detail::walk(dense_, key);
+  } catch (const detail::NotDense&) {
+    if (!node_) d("get");
+    TensorDict parent = parent_of(*this, key, false);
+    if (!parent.defined()) missing_in_node(key, *this);
+    std::optional<Entry> e = parent.node()->read(key.back());
+    if (!e) missing_in_node(key, parent);
+    return *e;
+  }
+  if (!p) throw_missing_key(key, *d());
   const Entry* e = p->find(key.back());
   if (!e) throw_missing_key(key, *p);
   return *e;
@@ -477,9 +725,9 @@ Entry TensorDict::get_entry(const NestedKey& key) const {
 Entry TensorDict::operator[](const NestedKey& key) const { return get_entry(key); }
 
 at::Tensor TensorDict::get(const NestedKey& key) const {
-  if (key.size() == 1) {  // fast path: no walk, no Entry copy
-    const Entry* e = impl_->find(key.front());
-    if (!e) throw_missing_key(key, *impl_);
+  if (key.size() == 1 && dense_) {  // fast path: no walk, no Entry copy
+    const Entry* e = d()->find(key.front());
+    if (!e) throw_missing_key(key, *d());
     return e->tensor();
   }
   return get_entry(key).tensor();
@@ -549,8 +797,29 @@ static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
 
 TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inplace) {
   if (key.empty()) throw KeyError("empty key");
-  TensorDictImpl* p = detail::walk(impl_.get(), key, /*create=*/!impl_->locked || !inplace);
-  if (!p) throw_missing_key(key, *impl_);
+  TensorDictImpl* p = nullptr;
+  if (!dense_walk(dense_, key, /*create=*/dense_ && (!dense_->locked || !inplace), &p)) {
+    if (!node_) d("set");
+    TensorDict parent = parent_of(*this, key, /*create=*/!is_locked() || !inplace);
+    if (!parent.defined()) missing_in_node(key, *this);
+    if (parent.is_dense()) {
+      parent.set(NestedKey(key.back()), value, inplace);
+      return *this;
+    }
+    LazyStackNode* lz = detail::lazy_node(parent);
+    if (inplace && parent.node()->read(key.back())) {
+      if (lz) {
+        lz->put_inplace(key.back(), value);
+      } else {
+        parent.node()->put(key.back(), value);  // other nodes write an existing key in place
+      }
+      return *this;
+    }
+    check_node_unlocked(parent);
+    parent.node()->put(key.back(), value);
+    return *this;
+  }
+  if (!p) throw_missing_key(key, *d());
   Entry* existing = p->find(key.back());
   if (existing && inplace) {
     copy_into(*existing, prepare_value(*p, key.back(), value), key);
@@ -564,7 +833,26 @@ TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inpla
 
 TensorDict& TensorDict::set_(const NestedKey& key, const Entry& value) {
   if (key.empty()) throw KeyError("empty key");
-  TensorDictImpl* p = detail::walk(impl_.get(), key, false);
+  TensorDictImpl* p = nullptr;
+  if (!dense_walk(dense_, key, false, &p)) {
+    if (!node_) d("set_");
+    TensorDict parent = parent_of(*this, key, false);
+    if (!parent.defined()) {
+      throw KeyError("key " + key.repr() + " not found in tensordict, call td.set(key, value) to add a new key");
+    }
+    if (parent.is_dense()) {
+      parent.set_(NestedKey(key.back()), value);
+      return *this;
+    }
+    if (LazyStackNode* lz = detail::lazy_node(parent)) {
+      lz->put_inplace(key.back(), value);
+    } else if (parent.node()->read(key.back())) {
+      parent.node()->put(key.back(), value);  // other nodes write an existing key in place
+    } else {
+      throw KeyError("key " + key.repr() + " not found in tensordict, call td.set(key, value) to add a new key");
+    }
+    return *this;
+  }
   Entry* existing = p ? p->find(key.back()) : nullptr;
   if (!existing) {
     throw KeyError("key " + key.repr() + " not found in tensordict, call td.set(key, value) to add a new key");
@@ -574,6 +862,11 @@ TensorDict& TensorDict::set_(const NestedKey& key, const Entry& value) {
 }
 
 TensorDict& TensorDict::set_at_(const NestedKey& key, const at::Tensor& value, const Index& index) {
+  if (!is_dense()) {  // get() of another node kind may be a copy: read, modify, write back in place
+    at::Tensor t = get(key);
+    t.index_put_(index, value);
+    return set_(key, t);
+  }
   at::Tensor t = get(key);
   t.index_put_(index, value);
   return *this;
@@ -584,7 +877,13 @@ TensorDict& TensorDict::set_non_tensor(const NestedKey& key, const JsonValue& va
 }
 
 static void update_impl(TensorDict& self, const TensorDict& other, const UpdateOptions& o, const NestedKey& prefix) {
-  for (const auto& kv : other.impl()->entries) {
+  std::vector<std::pair<std::string, Entry>> theirs;
+  if (other.is_dense()) {
+    theirs = other.impl()->entries;
+  } else {
+    for (const auto& k : other.node()->keys()) theirs.emplace_back(k, *other.node()->read(k));
+  }
+  for (const auto& kv : theirs) {
     NestedKey k(kv.first);
     NestedKey full = prefix + k;
     if (o.keys_to_update()) {
@@ -595,7 +894,7 @@ static void update_impl(TensorDict& self, const TensorDict& other, const UpdateO
         if (w == joined || joined.rfind(w + ".", 0) == 0 || w.rfind(joined + ".", 0) == 0) wanted = true;
       if (!wanted) continue;
     }
-    Entry* mine = self.impl()->find(kv.first);
+    std::optional<Entry> mine = self.node()->read(kv.first);
     if (kv.second.is_tensordict() && mine && mine->is_tensordict()) {
       TensorDict sub = mine->tensordict();
       update_impl(sub, kv.second.tensordict(), o, full);
@@ -609,15 +908,15 @@ static void update_impl(TensorDict& self, const TensorDict& other, const UpdateO
     if (o.inplace() && mine) {
       self.set(k, v, true);
     } else if (o.ignore_lock()) {
-      bool was = self.impl()->locked;
-      self.impl()->locked = false;
+      bool was = self.node()->locked;
+      self.node()->locked = false;
       try {
         self.set(k, v);
       } catch (...) {
-        self.impl()->locked = was;
+        self.node()->locked = was;
         throw;
       }
-      self.impl()->locked = was;
+      self.node()->locked = was;
     } else {
       self.set(k, v);
     }
@@ -649,6 +948,10 @@ TensorDict& TensorDict::update_(const TensorDict& other) {
 
 TensorDict& TensorDict::update_at_(const TensorDict& other, const Index& index) {
   check_all_exist(*this, other);
+  if (!dense_) {
+    this->index(index).update_(other);
+    return *this;
+  }
   for (const auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true))) {
     get(kv.first).index_put_(index, kv.second.tensor());
   }
@@ -668,27 +971,44 @@ Entry TensorDict::pop(const NestedKey& key, const Entry& default_value) {
 
 TensorDict& TensorDict::del(const NestedKey& key) {
   if (key.empty()) throw KeyError("empty key");
-  TensorDictImpl* p = detail::walk(impl_.get(), key, false);
-  if (!p || !p->find(key.back())) throw_missing_key(key, p ? *p : *impl_);
+  TensorDictImpl* p = nullptr;
+  if (!dense_walk(dense_, key, false, &p)) {
+    if (!node_) d("del");
+    TensorDict parent = parent_of(*this, key, false);
+    if (!parent.defined() || !parent.node()->read(key.back())) missing_in_node(key, parent.defined() ? parent : *this);
+    if (parent.is_dense()) {
+      parent.del(NestedKey(key.back()));
+      return *this;
+    }
+    check_node_unlocked(parent);
+    parent.node()->erase(key.back());
+    return *this;
+  }
+  if (!p || !p->find(key.back())) throw_missing_key(key, p ? *p : *d());
   check_unlocked(*p, "del " + key.repr());
   p->erase(key.back());
   return *this;
 }
 
 TensorDict& TensorDict::rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe) {
-  check_unlocked(*impl_, "rename_key_");
+  if (auto* lz = detail::lazy_node(*this)) {
+    check_node_unlocked(*this);
+    for (auto& m : lz->members) m.rename_key_(old_key, new_key, safe);
+    return *this;
+  }
+  check_unlocked(*d(), "rename_key_");
   if (old_key == new_key) return *this;
   if (safe && contains(new_key)) {
     throw KeyError("key " + new_key.repr() + " already present in TensorDict (rename_key_ with safe=true)");
   }
   Entry e = get_entry(old_key);
-  TensorDictImpl* op = detail::walk(impl_.get(), old_key, false);
+  TensorDictImpl* op = detail::walk(d(), old_key, false);
   check_unlocked(*op, "rename_key_");
   if (old_key.size() == 1 && new_key.size() == 1) {  // keep the position, like upstream's dict rename
-    for (auto& kv : impl_->entries)
+    for (auto& kv : d()->entries)
       if (kv.first == old_key.front()) {
-        impl_->erase(new_key.front());
-        for (auto& kv2 : impl_->entries)
+        d()->erase(new_key.front());
+        for (auto& kv2 : d()->entries)
           if (kv2.first == old_key.front()) kv2.first = new_key.front();
         return *this;
       }
@@ -704,12 +1024,16 @@ Entry TensorDict::setdefault(const NestedKey& key, const Entry& default_value) {
 }
 
 TensorDict& TensorDict::clear() {
-  check_unlocked(*impl_, "clear");
-  impl_->entries.clear();
+  check_unlocked(*d(), "clear");
+  d()->entries.clear();
   return *this;
 }
 
 TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
+  if (auto* lz = detail::lazy_node(*this)) {
+    for (auto& m : lz->members) m.fill_(key, value);
+    return *this;
+  }
   Entry e = get_entry(key);
   if (e.is_tensordict()) {
     e.tensordict().apply_([&](const at::Tensor& t) { return t.fill_(value); });
@@ -721,26 +1045,40 @@ TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
 
 // ============================================================================ key-structure ops
 TensorDict TensorDict::empty(bool recurse) const {
-  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  if (auto* lz = detail::lazy_node(*this)) {
+    std::vector<TensorDict> parts;
+    for (const auto& m : lz->members) parts.push_back(m.empty(recurse));
+    if (parts.empty()) return TensorDict(std::shared_ptr<Node>(std::make_shared<LazyStackNode>(lz->member_batch, lz->stack_dim, lz->device)));
+    return detail::make_lazy(std::move(parts), lz->stack_dim);
+  }
+  TensorDict out = make_empty(*d(), d()->batch_size);
   if (recurse) {
-    for (const auto& kv : impl_->entries)
+    for (const auto& kv : d()->entries)
       if (kv.second.is_tensordict()) out.impl()->put(kv.first, Entry(kv.second.tensordict().empty(true)));
   }
   return out;
 }
 
 TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, bool inplace) const {
-  if (inplace) check_unlocked(*impl_, "select(inplace=true)");
-  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  if (auto* lz = detail::lazy_node(*this); lz && !inplace) {  // member by member (upstream)
+    if (strict)
+      for (const auto& k : keys)
+        if (!contains(k)) missing_in_node(k, *this);
+    std::vector<TensorDict> parts;
+    for (const auto& m : lz->members) parts.push_back(m.select(keys, /*strict=*/false));
+    return detail::make_lazy(std::move(parts), lz->stack_dim);
+  }
+  if (inplace) check_unlocked(*d(), "select(inplace=true)");
+  TensorDict out = make_empty(*d(), d()->batch_size);
   for (const auto& k : keys) {
     auto e = get_entry_opt(k);
     if (!e) {
-      if (strict) throw_missing_key(k, *impl_);
+      if (strict) throw_missing_key(k, *d());
       continue;
     }
     // rebuild intermediate levels with their own batch sizes
     TensorDictImpl* dst = out.impl().get();
-    const TensorDictImpl* src = impl_.get();
+    const TensorDictImpl* src = d();
     for (size_t i = 0; i + 1 < k.size(); ++i) {
       const Entry* se = src->find(k[i]);
       src = se->tensordict().impl().get();
@@ -754,7 +1092,7 @@ TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, b
     dst->put(k.back(), *e);
   }
   if (inplace) {
-    impl_->entries = out.impl()->entries;
+    d()->entries = out.impl()->entries;
     return *this;
   }
   return out;
@@ -785,11 +1123,16 @@ static void exclude_into(const TensorDictImpl& src, TensorDictImpl& dst, const s
 }
 
 TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace) const {
-  if (inplace) check_unlocked(*impl_, "exclude(inplace=true)");
-  TensorDict out = make_empty(*impl_, impl_->batch_size);
-  exclude_into(*impl_, *out.impl(), keys);
+  if (auto* lz = detail::lazy_node(*this); lz && !inplace) {
+    std::vector<TensorDict> parts;
+    for (const auto& m : lz->members) parts.push_back(m.exclude(keys));
+    return detail::make_lazy(std::move(parts), lz->stack_dim);
+  }
+  if (inplace) check_unlocked(*d(), "exclude(inplace=true)");
+  TensorDict out = make_empty(*d(), d()->batch_size);
+  exclude_into(*d(), *out.impl(), keys);
   if (inplace) {
-    impl_->entries = out.impl()->entries;
+    d()->entries = out.impl()->entries;
     return *this;
   }
   return out;
@@ -812,7 +1155,8 @@ std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<Nes
 }
 
 TensorDict TensorDict::flatten_keys(const std::string& separator, bool inplace) const {
-  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  if (!is_dense()) return contiguous().flatten_keys(separator, inplace);  // another node kind: on its dense form
+  TensorDict out = make_empty(*d(), d()->batch_size);
   for (auto& kv : items(KeysOptions().include_nested(true))) {
     const Entry& e = kv.second;
     if (e.is_tensordict() && !e.tensordict().impl()->entries.empty()) continue;
@@ -823,18 +1167,19 @@ TensorDict TensorDict::flatten_keys(const std::string& separator, bool inplace) 
     out.impl()->entries.emplace_back(k, e.is_tensordict() ? Entry(e.tensordict().empty()) : e);
   }
   if (inplace) {
-    check_unlocked(*impl_, "flatten_keys(inplace=true)");
-    impl_->entries = out.impl()->entries;
+    check_unlocked(*d(), "flatten_keys(inplace=true)");
+    d()->entries = out.impl()->entries;
     return *this;
   }
   return out;
 }
 
 TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace) const {
+  if (!is_dense()) return contiguous().unflatten_keys(separator, inplace);  // another node kind: on its dense form
   if (separator.empty()) throw ValueError("unflatten_keys: empty separator");
-  TensorDict out = make_empty(*impl_, impl_->batch_size);
+  TensorDict out = make_empty(*d(), d()->batch_size);
   // plain keys first so that a collision is detected whatever the order
-  for (const auto& kv : impl_->entries) {
+  for (const auto& kv : d()->entries) {
     std::vector<std::string> parts;
     size_t start = 0;
     while (true) {
@@ -861,8 +1206,8 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace
     }
   }
   if (inplace) {
-    check_unlocked(*impl_, "unflatten_keys(inplace=true)");
-    impl_->entries = out.impl()->entries;
+    check_unlocked(*d(), "unflatten_keys(inplace=true)");
+    d()->entries = out.impl()->entries;
     return *this;
   }
   return out;
@@ -870,11 +1215,17 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace
 
 // ============================================================================ clone, to
 TensorDict TensorDict::clone(bool recurse) const {
+  if (auto* lz = detail::lazy_node(*this)) {
+    std::vector<TensorDict> members;
+    for (const auto& m : lz->members) members.push_back(m.clone(recurse));
+    if (members.empty()) return TensorDict(std::shared_ptr<Node>(std::make_shared<LazyStackNode>(lz->member_batch, lz->stack_dim, lz->device)));
+    return detail::make_lazy(std::move(members), lz->stack_dim);
+  }
   auto out = std::make_shared<TensorDictImpl>();
-  out->batch_size = impl_->batch_size;
-  out->device = impl_->device;
-  out->entries.reserve(impl_->entries.size());
-  for (const auto& kv : impl_->entries) {
+  out->batch_size = d()->batch_size;
+  out->device = d()->device;
+  out->entries.reserve(d()->entries.size());
+  for (const auto& kv : d()->entries) {
     const Entry& e = kv.second;
     if (e.is_tensor()) {
       out->entries.emplace_back(kv.first, recurse ? Entry(e.tensor().clone()) : e);
@@ -901,10 +1252,15 @@ std::shared_ptr<TensorDictImpl> copy_nodes(const TensorDictImpl& src) {
 }
 }  // namespace
 
-TensorDict TensorDict::shallow_copy() const { return TensorDict(copy_nodes(*impl_)); }
+TensorDict TensorDict::shallow_copy() const { return TensorDict(copy_nodes(*d())); }
 
 TensorDict TensorDict::to(at::Device device) const {
-  if (impl_->device && *impl_->device == device) return *this;
+  if (auto* lz = detail::lazy_node(*this)) {
+    std::vector<TensorDict> members;
+    for (const auto& m : lz->members) members.push_back(m.to(device));
+    return detail::make_lazy(std::move(members), lz->stack_dim);
+  }
+  if (d()->device && *d()->device == device) return *this;
   std::optional<at::Device> target = device;
   std::function<void(TensorDictImpl&)> set_dev = [&](TensorDictImpl& i) {
     i.device = target;
@@ -927,40 +1283,43 @@ TensorDict TensorDict::to(at::ScalarType dtype) const {
 
 // ============================================================================ lock
 TensorDict& TensorDict::lock_() {
-  impl_->locked = true;
-  detail::lock_children(impl_);
+  if (!node_) d("lock_");
+  node_->locked = true;
+  detail::lock_children(node_);
   return *this;
 }
 
-static void unlock_impl(const std::shared_ptr<TensorDictImpl>& impl) {
-  impl->locked = false;
-  impl->is_memmap = false;
-  impl->is_shared = false;
-  for (auto& kv : impl->entries) {
-    if (!kv.second.is_tensordict()) continue;
-    auto child = kv.second.tensordict().impl();
+static void unlock_node(const std::shared_ptr<Node>& node) {
+  node->locked = false;
+  if (node->kind() == NodeType::Dense) {
+    auto* impl = static_cast<TensorDictImpl*>(node.get());
+    impl->is_memmap = false;
+    impl->is_shared = false;
+  }
+  for (const auto& child : node->child_nodes()) {
     auto& lp = child->locked_parents;
     lp.erase(std::remove_if(lp.begin(), lp.end(),
-                            [&](const std::weak_ptr<TensorDictImpl>& w) {
+                            [&](const std::weak_ptr<Node>& w) {
                               auto s = w.lock();
-                              return !s || s == impl;
+                              return !s || s == node;
                             }),
              lp.end());
-    if (lp.empty()) unlock_impl(child);
+    if (lp.empty()) unlock_node(child);
   }
 }
 
 TensorDict& TensorDict::unlock_() {
-  for (auto& w : impl_->locked_parents) {
+  if (!node_) d("unlock_");
+  for (auto& w : node_->locked_parents) {
     auto parent = w.lock();
-    if (parent && parent->locked && detail::contains_impl(*parent, impl_.get())) {
+    if (parent && parent->locked && detail::contains_node(*parent, node_.get())) {
       throw LockedError("Cannot unlock a tensordict that is part of a locked graph. Unlock the root tensordict "
                         "first. If the tensordict is part of multiple graphs, group the graphs under a common "
                         "tensordict an unlock this root.");
     }
   }
-  impl_->locked_parents.clear();
-  unlock_impl(impl_);
+  node_->locked_parents.clear();
+  unlock_node(node_);
   return *this;
 }
 

@@ -8,20 +8,17 @@
 #include <utility>
 #include <vector>
 
+#include "tensordict/node.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace tensordict {
 
-struct TensorDictImpl {
-  BatchSize batch_size;
-  std::optional<at::Device> device;
+//! The dense node: leaves are at::Tensors (in memory, memory-mapped or in shared memory).
+struct TensorDictImpl : Node {
   //! entries in insertion order
   std::vector<std::pair<std::string, Entry>> entries;
-  bool locked = false;
   bool is_memmap = false;
   bool is_shared = false;
-  //! locked TensorDicts holding this one (a child cannot unlock while one of them lives)
-  std::vector<std::weak_ptr<TensorDictImpl>> locked_parents;
   //! memmap: the directory this TensorDict is stored in (empty when anonymous / not memmap)
   std::string memmap_prefix;
   //! the Python class recorded on disk for a tensorclass ("<class '__main__.Pair'>"); empty for a plain
@@ -30,6 +27,19 @@ struct TensorDictImpl {
   //! tensorclass records: the non-tensor fields stored in the class's meta.json, and its pickle, verbatim
   std::optional<JsonValue> class_fields;
   std::optional<JsonValue::Bytes> class_pickle;
+
+  NodeType kind() const override { return NodeType::Dense; }
+  std::string type_name() const override { return "TensorDict"; }
+  NodeCaps caps() const override;
+  std::vector<std::string> keys() const override;
+  std::optional<Entry> read(const std::string& key) const override;
+  using Node::read;
+  void put(const std::string& key, const Entry& value) override { put_entry(key, value); }
+  bool erase(const std::string& key) override;
+  std::shared_ptr<Node> index(const Index& index) const override;
+  std::vector<std::shared_ptr<Node>> child_nodes() const override;
+  TensorDict to_dense() const override;
+  void write(const Index& index, const TensorDict& value) override;
 
   Entry* find(const std::string& key) {
     for (auto& kv : entries)
@@ -42,14 +52,14 @@ struct TensorDictImpl {
     return nullptr;
   }
   //! replaces or appends (keeps the position of an existing key)
-  void put(const std::string& key, Entry value) {
+  void put_entry(const std::string& key, Entry value) {
     if (Entry* e = find(key)) {
       *e = std::move(value);
     } else {
       entries.emplace_back(key, std::move(value));
     }
   }
-  bool erase(const std::string& key) {
+  bool erase_entry(const std::string& key) {
     for (auto it = entries.begin(); it != entries.end(); ++it) {
       if (it->first == key) {
         entries.erase(it);
@@ -76,6 +86,8 @@ void check_unlocked(const TensorDictImpl& impl, const std::string& what);
 //! converts a value for insertion into `impl` at `key`: Dicts become TensorDicts, non-tensors get the
 //! batch size, tensors are moved to the device; checks the batch prefix (BatchSizeError otherwise)
 Entry prepare_value(const TensorDictImpl& impl, const std::string& key, const Entry& value);
+//! thrown by walk when a level is not a dense node: the caller takes its generic path
+struct NotDense {};
 //! walks a nested key to the TensorDict holding its last part; creates missing levels when `create`
 //! (KeyError when a level exists and is not a TensorDict); returns nullptr if missing and !create
 TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create);
@@ -89,10 +101,16 @@ const TensorDictImpl* walk(const TensorDictImpl* root, const NestedKey& key);
 TensorDict map_batch(const TensorDict& td, const BatchSize& new_batch,
                      const std::function<at::Tensor(const at::Tensor&)>& fn, bool keep_flags);
 
+//! true when td and every sub-TensorDict below it are dense nodes (or have a dense view)
+bool is_dense_tree(const TensorDict& td);
+//! td when is_dense_tree(td), else a copy of its structure (leaves shared) in which every node of another
+//! kind is replaced by its dense form (contiguous()): what read-only dense algorithms walk
+TensorDict dense_tree(const TensorDict& td);
+
 //! propagates the lock to children (registering `parent` as a locked parent)
-void lock_children(const std::shared_ptr<TensorDictImpl>& parent);
-//! true when `impl` holds a sub-TensorDict anywhere below whose impl is `target`
-bool contains_impl(const TensorDictImpl& impl, const TensorDictImpl* target);
+void lock_children(const std::shared_ptr<Node>& parent);
+//! true when `node` holds a sub-node anywhere below that is `target`
+bool contains_node(const Node& node, const Node* target);
 
 }  // namespace detail
 }  // namespace tensordict

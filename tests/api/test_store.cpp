@@ -94,6 +94,48 @@ BOOST_AUTO_TEST_CASE(memmap_rows_direct_add_key_through_the_actor) {
   store.close();
 }
 
+BOOST_AUTO_TEST_CASE(store_tensordict_is_a_tensordict) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  TensorDict td = store.tensordict();
+  BOOST_TEST(!td.is_dense());
+  BOOST_TEST(td.is_memmap());
+  BOOST_TEST(td.batch_size() == BatchSize({kRows}));
+  // rows: straight into the storage (a view of the mapping)
+  TensorDict row({{"x", at::full({4}, 3.0)}, {{"obs", "a"}, at::full({3}, 7, at::kLong)}}, {});
+  td.index_put_({5}, row);
+  BOOST_TEST(store.td().get("x")[5].equal(at::full({4}, 3.0)));
+  BOOST_TEST(td.index({5}).get({"obs", "a"}).equal(at::full({3}, 7, at::kLong)));
+  // a new key goes through the store actor: the directory holds it, the version moved
+  const int64_t v0 = store.version();
+  td.set("reward", at::arange(kRows).to(at::kFloat));
+  td.set({"obs", "b"}, at::ones({kRows, 2}));
+  // a store adds leaves to existing levels: a new sub-TensorDict is a KeyError naming the missing parent
+  BOOST_TEST(throws_with<KeyError>([&] { td.set({"next", "done"}, at::zeros({kRows}, at::kBool)); }, {"'next'", "missing"}));
+  BOOST_TEST(store.version() == v0 + 2);
+  TensorDict fresh = TensorDict::load_memmap(dir.path + "/buf");
+  BOOST_TEST(fresh.get("reward").equal(at::arange(kRows).to(at::kFloat)));
+  BOOST_TEST(fresh.get({"obs", "b"}).equal(at::ones({kRows, 2})));
+  BOOST_TEST(!fresh.contains("next"));
+  BOOST_TEST(td.get({"obs", "b"}).equal(at::ones({kRows, 2})));
+  // an existing key is written in place
+  td.set("reward", at::zeros({kRows}));
+  BOOST_TEST(TensorDict::load_memmap(dir.path + "/buf").get("reward").eq(0).all().item<bool>());
+  // generic operations work on it
+  BOOST_TEST(td.apply([](const at::Tensor& t) { return t.to(at::kDouble); }).get("x").scalar_type() == at::kDouble);
+  BOOST_TEST(td.clone().equal(store.td()));
+  BOOST_TEST(td.index({at::indexing::Slice(0, 8)}).batch_size() == BatchSize({8}));
+  BOOST_TEST(repr(td).find("reward: MemoryMappedTensor") != std::string::npos, repr(td));
+  // what a store cannot do, and bad values, lose nothing
+  BOOST_TEST(throws_with<NotImplementedError>([&] { td.del("reward"); }, {"cannot remove"}));
+  BOOST_TEST(throws_with<NotImplementedError>([&] { td.set_non_tensor("tag", JsonValue("x")); }, {"tensor leaves only"}));
+  BOOST_CHECK_THROW(td.set("bad", at::zeros({kRows + 1})), Error);
+  BOOST_TEST(!TensorDict::load_memmap(dir.path + "/buf").contains("bad"));
+  td.lock_();
+  BOOST_CHECK_THROW(td.set("late", at::zeros({kRows})), LockedError);
+  td.unlock_();
+}
+
 BOOST_AUTO_TEST_CASE(read_and_write_through_the_actor_are_one_message_per_call) {
   TempDir dir("store");
   Store store = Store::open(make_buffer(dir.path + "/buf"));
@@ -111,6 +153,45 @@ BOOST_AUTO_TEST_CASE(read_and_write_through_the_actor_are_one_message_per_call) 
   wrong.set("x", at::ones({3, 4}));
   BOOST_CHECK_THROW(store.write({Slice(0, 10)}, wrong), Error);
   BOOST_TEST(store.get({Slice(10, 20)}).get("x").equal(at::ones({10, 4})));  // nothing lost
+}
+
+BOOST_AUTO_TEST_CASE(concurrent_row_requests_are_drained_in_batches_and_all_answered) {
+  // many callers' reads and writes through the actor: it drains what waits in its mailbox and hands the
+  // backend runs of reads / writes at once; every caller still gets its own answer
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  const int kThreads = 8, kCalls = 100;
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0}, failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (int j = 0; j < kCalls; ++j) {
+          const int64_t row = (t * kCalls + j) % kRows;
+          TensorDict value(BatchSize{});
+          value.set("x", at::full({4}, static_cast<double>(t)));
+          value.set({"obs", "a"}, at::full({3}, t, at::kLong));
+          store.write({row}, value);
+          TensorDict back = store.read({at::indexing::Slice(row, row + 1)});
+          if (back.batch_size() != BatchSize({1})) ++wrong;  // rows may be overwritten by others: shape only
+        }
+      } catch (...) {
+        ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  BOOST_TEST(failures.load() == 0);
+  BOOST_TEST(wrong.load() == 0);
+  const auto stats = store.client()->batch_stats();
+  BOOST_TEST(stats.calls == 2 * kThreads * kCalls);  // every read and write reached the backend once
+  BOOST_TEST(stats.batches >= 1);
+  BOOST_TEST(stats.batches <= stats.calls);
+  BOOST_TEST_MESSAGE("row calls " << stats.calls << " in " << stats.batches << " batches, largest "
+                                  << stats.largest);
+  // a failing call inside a batch fails alone
+  BOOST_CHECK_THROW(store.read({kRows + 3}), IndexError);
+  BOOST_TEST(store.read({0}).batch_size() == BatchSize({}));
 }
 
 BOOST_AUTO_TEST_CASE(add_key_from_many_threads_loses_no_key) {

@@ -38,6 +38,12 @@ class Store {
   //! BackendError when nothing listens there or it does not answer within request_timeout_ms
   static Store connect(const std::string& host, uint16_t port, const std::shared_ptr<Engine>& engine = nullptr);
 
+  //! the store as a TensorDict (upstream's store-backed TensorDict): every operation works on it. Reads and
+  //! row writes go straight to the storage (zero-copy views of the current snapshot); setting a key the
+  //! store lacks adds it through the store actor (add_key), so every process sharing the store sees it;
+  //! removing keys is a NotImplementedError. Operations that produce a new TensorDict (apply, clone,
+  //! shape ops...) give ordinary in-memory results.
+  TensorDict tensordict() const;
   //! "memmap" | "shared"
   std::string kind() const;
   bool is_remote() const;

@@ -8,5 +8,8 @@
 #include "tensordict/tensor_dict.hpp"
 #include "tensordict/config.hpp"
 #include "tensordict/engine.hpp"
+#include "tensordict/lazy_stack.hpp"
 #include "tensordict/map.hpp"
+#include "tensordict/node.hpp"
+#include "tensordict/storage_spec.hpp"
 #include "tensordict/store.hpp"

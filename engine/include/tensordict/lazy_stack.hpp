@@ -1,10 +1,18 @@
 #pragma once
-//! LazyStackedTensorDict: a stack of TensorDicts kept as separate members (by reference), so members may
-//! differ in leaf shapes (ragged) or keys. This first version covers what persistence and td.map_lazy
-//! need: members (and member access), stack_dim, batch size (-1 for ragged dims), common keys,
-//! densification and the memmap format (members in `0/`, `1/`, ...). Indexing along other dims, get/set
-//! and the rest of upstream §3 are future work. In-memory parts: src/lazy_stack.cpp; persistence:
+//! LazyStackedTensorDict (upstream §3): a TensorDict whose node keeps a stack of member TensorDicts by
+//! reference, so members may differ in leaf shapes (ragged: -1 in the batch size) or keys (exclusive keys).
+//! It is a TensorDict everywhere (nested in another, indexed, applied, locked, printed); the class adds the
+//! member access of upstream's LazyStackedTensorDict. In-memory parts: src/lazy_stack.cpp; persistence:
 //! src/memmap.cpp.
+//! - keys(): the sorted intersection of the members' keys; exclusive keys are reached through members.
+//! - get(key): a new tensor, torch::stack of the members' leaves (a copy: writes to it are lost);
+//!   RuntimeError "Failed to stack tensors within a tensordict" when the leaves differ in shape.
+//!   A sub-TensorDict key gives a nested lazy stack of the members' sub-TensorDicts.
+//! - set(key, v): v unbound along the stack dim into the members; set_ needs the key in every member.
+//! - index: an int at the stack dim is the member itself; other indices are split per member (slices, index
+//!   lists and masks over the stack dim give a lazy stack of indexed members; masks over the stack dim and
+//!   the following dims concatenate); the rest densifies first (the members must then stack).
+//! - apply / clone / to: member by member, a lazy stack again; contiguous(): a dense TensorDict.
 #include <string>
 #include <vector>
 
@@ -12,38 +20,41 @@
 
 namespace tensordict {
 
-class LazyStackedTensorDict {
+class LazyStackedTensorDict : public TensorDict {
  public:
-  //! members must have the same number of batch dims (BatchSizeError otherwise)
+  //! members must be defined, have the same number of batch dims (BatchSizeError) and the same device
+  //! (ValueError); the stack dim may be negative (counted over members' dims + 1)
   explicit LazyStackedTensorDict(std::vector<TensorDict> tensordicts, int64_t stack_dim = 0);
+  //! the lazy stack behind a TensorDict handle (TypeError when its node is not a lazy stack)
+  explicit LazyStackedTensorDict(const TensorDict& td);
+  //! true when td's node is a lazy stack
+  static bool is_lazy_stack(const TensorDict& td);
 
-  const std::vector<TensorDict>& tensordicts() const { return tds_; }
-  int64_t stack_dim() const { return stack_dim_; }
+  const std::vector<TensorDict>& tensordicts() const;
+  int64_t stack_dim() const;
   //! number of members (the size of the stack dim)
-  size_t size() const { return tds_.size(); }
+  size_t size() const;
   //! member i (negative counts from the end), the member itself, not a copy (upstream: an int at
   //! stack_dim); IndexError out of range
   const TensorDict& member(int64_t i) const;
-  //! member(i)
   const TensorDict& operator[](size_t i) const { return member(static_cast<int64_t>(i)); }
-  //! members' batch with their count inserted at stack_dim; dims where members differ are -1
-  BatchSize batch_size() const;
-  //! sorted intersection of the members' top-level keys (upstream)
-  std::vector<NestedKey> keys() const;
-  //! dense stack of the members; on ragged members or differing keys, the error of stack() (same type)
-  //! naming the first member that does not stack with member 0
-  TensorDict contiguous() const;
+  using TensorDict::operator[];
+  //! upstream append / insert: td's batch size must equal the members' (ValueError "Batch sizes in
+  //! tensordicts differs"); LockedError when locked
+  void append(const TensorDict& td);
+  void insert(int64_t index, const TensorDict& td);
 
   //! writes `prefix`/meta.json ({"_type", "stack_dim"}) and every member in `prefix`/<i>/; members become
   //! memory-mapped and locked
   LazyStackedTensorDict& memmap_(const std::string& prefix, const MemmapOptions& options = {});
   static LazyStackedTensorDict load_memmap(const std::string& prefix, const LoadOptions& options = {});
-  bool is_memmap() const;
-
- private:
-  std::vector<TensorDict> tds_;
-  int64_t stack_dim_;
 };
+
+//! upstream lazy_stack / LazyStackedTensorDict.lazy_stack: members kept by reference along `dim`
+LazyStackedTensorDict lazy_stack(const std::vector<TensorDict>& tds, int64_t dim = 0);
+//! upstream maybe_dense_stack: a dense stack when the members stack (same keys and leaf shapes), else a
+//! lazy stack
+TensorDict maybe_dense_stack(const std::vector<TensorDict>& tds, int64_t dim = 0);
 
 //! true when the directory holds a LazyStackedTensorDict (by its meta.json _type); false when meta.json is
 //! missing, unreadable, a symlink or not a regular file (load_memmap then reports why)

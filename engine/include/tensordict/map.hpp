@@ -119,16 +119,6 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan);
 //! runs fn on one chunk inside a worker: sets the thread-local context and torch threads
 TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan, size_t chunk_index,
                      MapWorkerContext& ctx);
-//! how a worker process reaches a TensorDict: kind "memmap" (handle = the directory) or "shared" (handle =
-//! share_handle() bytes). ValueError (naming `what`, e.g. "out") when td is neither a memmap TensorDict
-//! saved to a directory nor a shared one
-struct StorageHandle {
-  std::string kind;
-  std::string handle;
-};
-StorageHandle storage_handle(const TensorDict& td, const std::string& what);
-//! opens a StorageHandle in this process (memmap: load_memmap, writable as asked; shared: from_share_handle)
-TensorDict open_storage(const StorageHandle& h, bool writable);
 //! an exception from a worker, as it crosses the actor boundary: its ErrorCode and its bare message
 //! (Error::message(), without the "Name: " prefix; never parsed back out of what())
 struct CarriedError {

@@ -23,6 +23,7 @@ namespace tensordict {
 
 class Entry;
 class TensorDict;
+class Node;
 struct TensorDictImpl;
 struct MapOptions;
 class MapIter;
@@ -107,11 +108,11 @@ class TensorDict {
   //! bytes of every tensor leaf, nested included
   int64_t bytes() const;
   bool is_empty() const;   //!< no leaf at any depth (non-tensor leaves count as leaves)
-  bool defined() const { return impl_ != nullptr; }
+  bool defined() const { return node_ != nullptr; }
   //! number of elements along dim 0 (0 for 0-dim), upstream's len(td)
   int64_t len() const;
   //! same underlying object (Python's `is`)
-  bool is_same(const TensorDict& other) const { return impl_ == other.impl_; }
+  bool is_same(const TensorDict& other) const { return node_ == other.node_; }
 
   // ---------------------------------------------------------------- keys
   std::vector<NestedKey> keys(const KeysOptions& options = {}) const;
@@ -330,25 +331,34 @@ class TensorDict {
 
   // ---------------------------------------------------------------- map (parallel, see tensordict/map.hpp)
   //! upstream map: splits along options.dim(), runs fn on worker actors, restacks in order (or writes into
-  //! options.out()); an undefined TensorDict when out is memmap/shared or every fn result is undefined
+  //! options.out()); an undefined TensorDict when out is memmap/shared or every fn result is undefined.
+  //! chunksize(0) restacks with maybe_dense_stack: a LazyStackedTensorDict when the per-element results
+  //! differ in leaf shapes, keys or batch sizes (upstream test_map_unbind)
   TensorDict map(const MapFn& fn, const MapOptions& options) const;
   //! map with a function registered by name (register_map_fn): the form worker processes can run
   //! (MapOptions().worker_processes(n)); KeyError when no function has that name
   TensorDict map(const std::string& fn_name, const MapOptions& options) const;
   //! upstream map_iter: the results one by one (in chunk order, or as completed with shuffle)
   MapIter map_iter(const MapFn& fn, const MapOptions& options) const;
-  //! map with chunksize(0) that never densifies: the defined per-element results in order as a
-  //! LazyStackedTensorDict (stack_dim = the map dim), so ragged or key-differing results are kept
-  //! (upstream's map returns maybe_dense_stack's lazy stack). ValueError without chunksize(0), with out
-  //! or shuffle, or when fn returned no result
-  LazyStackedTensorDict map_lazy(const MapFn& fn, const MapOptions& options) const;
 
-  //! internal: the implementation object (engine and upper layers only)
-  const std::shared_ptr<TensorDictImpl>& impl() const { return impl_; }
-  explicit TensorDict(std::shared_ptr<TensorDictImpl> impl) : impl_(std::move(impl)) {}
+  // ---------------------------------------------------------------- the node behind the handle
+  //! the undefined handle (upstream's None): defined() is false
+  static TensorDict undefined() { return TensorDict(std::shared_ptr<Node>()); }
+  //! a handle over any node (tensordict/node.hpp)
+  explicit TensorDict(std::shared_ptr<Node> node);
+  const std::shared_ptr<Node>& node() const { return node_; }
+  //! the node is the dense kind (in-memory, memmap or shared leaves)
+  bool is_dense() const { return dense_ != nullptr; }
+  //! internal (engine and upper layers): the dense node; NotImplementedError naming the node's type when
+  //! the node is of another kind
+  std::shared_ptr<TensorDictImpl> impl() const;
+  explicit TensorDict(std::shared_ptr<TensorDictImpl> impl);
 
  private:
-  std::shared_ptr<TensorDictImpl> impl_;
+  //! the dense node, or NotImplementedError naming `what` and the node's type
+  TensorDictImpl* d(const char* what = nullptr) const;
+  std::shared_ptr<Node> node_;
+  TensorDictImpl* dense_ = nullptr;  //!< node_ when it is dense (the fast paths), else nullptr
 };
 
 //! the value at a key: a tensor, a sub-TensorDict, a NonTensorData, a NonTensorStack, or (only as
@@ -390,7 +400,7 @@ class Entry {
  private:
   Kind kind_ = Kind::None;
   at::Tensor tensor_;
-  std::shared_ptr<TensorDictImpl> td_;
+  std::shared_ptr<Node> td_;
   NonTensorData nt_;
   NonTensorStack nts_;
   std::shared_ptr<Dict> dict_;

@@ -74,15 +74,13 @@ inline map_detail::CarriedError from_wire(const map_error& e) {
   return map_detail::CarriedError{error_code_from_int(e.code), e.message, e.chunk};
 }
 
-//! what a worker process needs to run its chunks: where the source and `out` live (memmap directory or
-//! share_handle() bytes), the registered fn name and the plan's chunk table (start, length per chunk,
+//! what a worker process needs to run its chunks: where the source and `out` live (storage specs, JSON:
+//! tensordict/storage_spec.hpp), the registered fn name and the plan's chunk table (start, length per chunk,
 //! along `dim`; drop_dim for chunksize 0)
 struct map_job_desc {
   std::string fn_name;
-  std::string src_kind;
-  std::string src_handle;
-  std::string out_kind;
-  std::string out_handle;
+  std::string src_spec;
+  std::string out_spec;
   int64_t dim = 0;
   int64_t seed = 0;
   int64_t worker_threads = 1;
@@ -94,8 +92,7 @@ struct map_job_desc {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, map_job_desc& x) {
-  return f(caf::meta::type_name("tensordict::map_job_desc"), x.fn_name, x.src_kind, x.src_handle, x.out_kind,
-           x.out_handle, x.dim, x.seed, x.worker_threads, x.drop_dim, x.starts, x.lengths, x.log_level);
+  return f(caf::meta::type_name("tensordict::map_job_desc"), x.fn_name, x.src_spec, x.out_spec, x.dim, x.seed, x.worker_threads, x.drop_dim, x.starts, x.lengths, x.log_level);
 }
 
 //! the reply slot of a facade request (in-process only)
@@ -144,8 +141,8 @@ typename Inspector::result_type inspect(Inspector& f, store_request& x) {
 struct store_response {
   bool ok = true;
   map_error error;
-  std::string kind;    // "memmap" | "shared"
-  std::string handle;  // the directory, or share_handle() bytes
+  std::string kind;  // the storage spec's driver: "memmap" | "shared"
+  std::string spec;  // the storage spec (JSON) another process opens with open_storage
   std::vector<int64_t> batch_size;
   std::vector<store_leaf> leaves;
   int64_t version = 0;  // bumped by every structural change
@@ -153,7 +150,7 @@ struct store_response {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_response& x) {
-  return f(caf::meta::type_name("tensordict::store_response"), x.ok, x.error, x.kind, x.handle, x.batch_size,
+  return f(caf::meta::type_name("tensordict::store_response"), x.ok, x.error, x.kind, x.spec, x.batch_size,
            x.leaves, x.version);
 }
 

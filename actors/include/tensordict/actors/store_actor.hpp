@@ -17,6 +17,7 @@
 #include <caf/all.hpp>
 
 #include "tensordict/actors/messages.hpp"
+#include "tensordict/storage_spec.hpp"
 
 namespace tensordict {
 namespace actors {
@@ -38,10 +39,22 @@ class StoreBackend {
   virtual TensorDict read(const Index& index) { return td().index(index); }
   //! td[index] = value for every leaf (one request)
   virtual void write(const Index& index, const TensorDict& value) { td().index_put_(index, value); }
+  //! many reads at once: the calls the actor found waiting in its mailbox, in arrival order (a remote store
+  //! turns them into one round trip, e.g. one Redis pipeline for many producers). Default: one by one
+  virtual std::vector<TensorDict> read_batch(const std::vector<const Index*>& indices) {
+    std::vector<TensorDict> out;
+    out.reserve(indices.size());
+    for (const Index* i : indices) out.push_back(read(*i));
+    return out;
+  }
+  //! many writes at once, in arrival order (later writes win where they overlap). Default: one by one
+  virtual void write_batch(const std::vector<std::pair<const Index*, const TensorDict*>>& writes) {
+    for (const auto& w : writes) write(*w.first, *w.second);
+  }
   virtual void flush() = 0;
   virtual void refresh() = 0;
-  //! what another process opens (map_detail::open_storage): the directory, or share_handle() bytes
-  virtual std::string handle() const = 0;
+  //! the storage spec another process opens (open_storage): memmap directory or shared-memory handle
+  virtual StorageSpec spec() const = 0;
   virtual void close() = 0;
 };
 
@@ -63,6 +76,14 @@ class StoreShared {
   void end(const store_call_ptr& call);
   //! the actor terminated: fails every registered call, refuses new ones
   void fail_all(const std::string& why);
+  //! row reads / writes the actor handed its backend, and in how many batches (drained together)
+  struct BatchStats {
+    int64_t calls = 0;
+    int64_t batches = 0;
+    int64_t largest = 0;
+  };
+  BatchStats batch_stats() const;
+  void count_batch(int64_t calls);
 
  private:
   mutable std::mutex mu_;
@@ -71,6 +92,7 @@ class StoreShared {
   bool alive_ = true;
   std::string why_dead_;
   std::set<store_call_ptr> calls_;
+  BatchStats stats_;
 };
 
 //! spawns the store actor for `backend` (a HotActor: a thread of its own, spinning `spin` on its empty
@@ -108,6 +130,7 @@ class StoreClient {
   const caf::actor& actor() const { return actor_; }
   TensorDict snapshot() const { return shared_->snapshot(); }
   int64_t version() const { return shared_->version(); }
+  StoreShared::BatchStats batch_stats() const { return shared_->batch_stats(); }
   //! one request: in-process through the reply slot, remote through a scoped_actor request (no payload)
   StoreResult call(const store_request& req, const Index& index = {},
                    const TensorDict& value = TensorDict(std::shared_ptr<TensorDictImpl>()),

@@ -1,0 +1,50 @@
+#pragma once
+//! A resolved index: what td[index] selects, computed once from (batch size, index) as a public value that
+//! can be inspected, sent to another process and composed without reading any data. Remote nodes (HDF5,
+//! Redis) keep (storage, ResolvedIndex) and read on demand; td[a][b] is resolve(a).compose(b).
+//! The value is the tensor of linear source positions (row-major over the whole source batch) with the
+//! result's batch shape, so every libtorch index kind (ints, slices, None, Ellipsis, index tensors, masks)
+//! follows torch's own rules and errors, and composing is indexing the positions.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "tensordict/index_math.hpp"
+
+namespace tensordict {
+
+class ResolvedIndex {
+ public:
+  //! the whole batch (td[...]); IndexError / TypeError as torch for a bad index
+  static ResolvedIndex identity(const BatchSize& source_batch);
+  static ResolvedIndex resolve(const BatchSize& source_batch, const Index& index);
+
+  //! this index followed by `index` on its result (td[a][b]); no data is read
+  ResolvedIndex compose(const Index& index) const;
+  const BatchSize& source_batch() const { return source_; }
+  BatchSize result_batch() const;
+  int64_t numel() const { return positions_.numel(); }
+  //! linear positions into the source batch (int64, shape = result batch)
+  const at::Tensor& positions() const { return positions_; }
+  //! the source rows along dim 0 each result element lies in (what a row store reads), in result order
+  std::vector<int64_t> rows() const;
+  //! when the selection is a run of whole consecutive source rows [start, start + count) in order
+  //! (td[i], td[a:b]): (start, count); the fast path of byte-range reads
+  std::optional<std::pair<int64_t, int64_t>> row_range() const;
+
+  //! compact JSON: {"source":[...],"shape":[...],"positions":[...]} (what travels to another process)
+  std::string to_json() const;
+  //! FormatError for malformed text, ValueError for positions outside the source batch
+  static ResolvedIndex from_json(const std::string& text);
+  bool operator==(const ResolvedIndex& o) const;
+
+ private:
+  ResolvedIndex(BatchSize source, at::Tensor positions) : source_(std::move(source)), positions_(std::move(positions)) {}
+  BatchSize source_;
+  at::Tensor positions_;
+};
+
+}  // namespace tensordict

@@ -1,0 +1,108 @@
+#pragma once
+// The conformance zoo: every kind of TensorDict node the generic tests run on, in-memory kinds of the engine
+// zoo plus memmap, shared memory, a store-backed TensorDict, a lazy stack, a nested lazy stack and a lazy
+// stack of heterogeneous members (exclusive keys). Every member has batch_size [4, 3, 2, 1] and the tensor
+// leaves "a" [..,5] f32, "b" [..,1,10] f32, "c" [..,3] i64 (common to every member of a lazy stack).
+// A new node kind joins the suite with one line in members().
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/fixtures.hpp"
+#include "engine/zoo.hpp"
+#include "tensordict/index_math.hpp"
+#include "tensordict/lazy_stack.hpp"
+#include "tensordict/node.hpp"
+#include "tensordict/tensordict.hpp"
+
+namespace conformance {
+
+using tensordict::BatchSize;
+using tensordict::TensorDict;
+
+struct Member {
+  std::string name;
+  std::function<TensorDict()> make;
+  //! in-place writes reach distinct memory (false for expanded stride-0 leaves)
+  bool writable = true;
+  //! setting a key under a missing level creates the level (false: KeyError naming the missing parent)
+  bool new_levels = true;
+};
+
+//! the directory memmap and store members live in (one per test process)
+inline const std::string& workdir() {
+  static fixtures::TempDir dir("conformance");
+  return dir.path;
+}
+
+//! a fresh directory name under workdir()
+inline std::string fresh_dir(const std::string& tag) {
+  static std::atomic<int> n{0};
+  return workdir() + "/" + tag + std::to_string(n++);
+}
+
+inline std::vector<Member> members() {
+  using tensordict::lazy_stack;
+  const BatchSize bs{4, 3, 2, 1};
+  std::vector<Member> out;
+  for (const auto& k : zoo::kinds()) out.push_back({k.name, k.make, k.writable});
+  out.push_back({"memmap_td", [=] { return zoo::plain(bs, 31).memmap(fresh_dir("memmap")); }, true});
+  out.push_back({"shared_td",
+                 [=] {
+                   TensorDict td = zoo::plain(bs, 33);
+                   td.share_memory_();
+                   return td;
+                 },
+                 true});
+  out.push_back({"store_td",
+                 [=] {
+                   TensorDict buf = zoo::plain(bs, 35).memmap(fresh_dir("store"));
+                   return tensordict::Store::open(buf).tensordict();
+                 },
+                 true, /*new_levels=*/false});
+  out.push_back({"lazy_stacked_td",
+                 [] {
+                   std::vector<TensorDict> parts;
+                   for (int i = 0; i < 4; ++i) parts.push_back(zoo::plain({3, 2, 1}, 40 + i));
+                   return TensorDict(lazy_stack(parts, 0));
+                 },
+                 true});
+  out.push_back({"lazy_stacked_td_dim2",
+                 [] {
+                   std::vector<TensorDict> parts;
+                   for (int i = 0; i < 2; ++i) parts.push_back(zoo::plain({4, 3, 1}, 50 + i));
+                   return TensorDict(lazy_stack(parts, 2));
+                 },
+                 true});
+  out.push_back({"nested_lazy_td",
+                 [=] {
+                   TensorDict td = zoo::plain(bs, 60);
+                   std::vector<TensorDict> parts;
+                   for (int i = 0; i < 4; ++i) {
+                     parts.push_back(TensorDict({{"x", zoo::randn({3, 2, 1, 2, 3}, 61 + i)}}, {3, 2, 1, 2}));
+                   }
+                   td.set("nested", lazy_stack(parts, 0));
+                   return td;
+                 },
+                 true});
+  out.push_back({"hetero_lazy_td",
+                 [] {
+                   std::vector<TensorDict> parts;
+                   for (int i = 0; i < 4; ++i) {
+                     TensorDict p = zoo::plain({3, 2, 1}, 70 + i);
+                     // exclusive keys: a ragged one in odd members, another in member 0
+                     if (i % 2 == 1) p.set("ragged", zoo::randn({3, 2, 1, i + 1}, 80 + i));
+                     if (i == 0) p.set("only0", zoo::randn({3, 2, 1}, 90));
+                     parts.push_back(p);
+                   }
+                   return TensorDict(lazy_stack(parts, 0));
+                 },
+                 true});
+  return out;
+}
+
+}  // namespace conformance

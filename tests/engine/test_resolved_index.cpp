@@ -1,0 +1,80 @@
+// ResolvedIndex: the public, composable, serialisable form of an index on the batch dims.
+#include <boost/test/unit_test.hpp>
+
+#include "tensordict/errors.hpp"
+#include "tensordict/resolved_index.hpp"
+
+using namespace tensordict;
+using namespace at::indexing;
+
+namespace {
+at::Tensor grid(const BatchSize& bs) {
+  int64_t n = 1;
+  for (auto s : bs) n *= s;
+  return at::arange(n, at::kLong).view(bs);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(resolved_index)
+
+BOOST_AUTO_TEST_CASE(resolve_follows_torch_for_every_index_kind) {
+  const BatchSize bs{5, 4, 3};
+  const std::vector<Index> indices = {
+      {},         {1},          {-1, 2},          {Slice(1, 4)},         {Slice(None, None, 2), 1},
+      {None, 0},  {Ellipsis, 1}, {at::tensor({4, 0, 2}, at::kLong)}, {Slice(), at::tensor({1,0,1,1}, at::kLong).to(at::kBool)},
+      {at::rand({5, 4}) > 0.5},
+  };
+  for (const auto& idx : indices) {
+    BOOST_TEST_CONTEXT(index_repr(idx)) {
+      ResolvedIndex r = ResolvedIndex::resolve(bs, idx);
+      at::Tensor want = idx.empty() ? grid(bs) : grid(bs).index(idx);
+      BOOST_TEST(r.result_batch() == BatchSize(want.sizes().begin(), want.sizes().end()));
+      BOOST_TEST(at::equal(r.positions(), want));
+      BOOST_TEST(r.source_batch() == bs);
+    }
+  }
+  BOOST_CHECK_THROW(ResolvedIndex::resolve(bs, {7}), IndexError);
+  BOOST_CHECK_THROW(ResolvedIndex::resolve(bs, {0, 0, 0, 0}), IndexError);
+  BOOST_CHECK_THROW(ResolvedIndex::resolve(bs, {at::tensor({0.5})}), Error);
+}
+
+BOOST_AUTO_TEST_CASE(compose_equals_indexing_twice) {
+  const BatchSize bs{6, 5};
+  const std::vector<std::pair<Index, Index>> pairs = {
+      {{Slice(1, 5)}, {2}},
+      {{Slice(None, None, 2)}, {Slice(), 3}},
+      {{at::tensor({5, 1, 3}, at::kLong)}, {Slice(0, 2)}},
+      {{2}, {at::tensor({4, 0}, at::kLong)}},
+      {{None}, {0, 1}},
+  };
+  for (const auto& [a, b] : pairs) {
+    BOOST_TEST_CONTEXT(index_repr(a) << " then " << index_repr(b)) {
+      ResolvedIndex r = ResolvedIndex::resolve(bs, a).compose(b);
+      BOOST_TEST(at::equal(r.positions(), grid(bs).index(a).index(b)));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(rows_and_row_ranges) {
+  const BatchSize bs{10, 3};
+  ResolvedIndex one = ResolvedIndex::resolve(bs, {4});
+  BOOST_TEST((one.row_range() == std::make_pair(int64_t{4}, int64_t{1})));
+  ResolvedIndex run = ResolvedIndex::resolve(bs, {Slice(2, 7)});
+  BOOST_TEST((run.row_range() == std::make_pair(int64_t{2}, int64_t{5})));
+  BOOST_TEST(!ResolvedIndex::resolve(bs, {Slice(None, None, 2)}).row_range().has_value());
+  BOOST_TEST(!ResolvedIndex::resolve(bs, {Slice(), 1}).row_range().has_value());
+  ResolvedIndex picked = ResolvedIndex::resolve(bs, {at::tensor({7, 7, 1}, at::kLong)});
+  BOOST_TEST(picked.rows() == std::vector<int64_t>({7, 7, 7, 7, 7, 7, 1, 1, 1}));
+}
+
+BOOST_AUTO_TEST_CASE(json_round_trip_and_bad_input) {
+  ResolvedIndex r = ResolvedIndex::resolve({4, 3}, {Slice(1, 3), at::tensor({2, 0}, at::kLong)});
+  ResolvedIndex back = ResolvedIndex::from_json(r.to_json());
+  BOOST_TEST((back == r));
+  BOOST_CHECK_THROW(ResolvedIndex::from_json("not json"), FormatError);
+  BOOST_CHECK_THROW(ResolvedIndex::from_json(R"({"source":[4],"shape":[2],"positions":[1]})"), FormatError);
+  BOOST_CHECK_THROW(ResolvedIndex::from_json(R"({"source":[4],"shape":[1],"positions":[9]})"), ValueError);
+  BOOST_CHECK_THROW(ResolvedIndex::from_json(R"({"source":[4],"shape":[1]})"), FormatError);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
