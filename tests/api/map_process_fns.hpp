@@ -15,6 +15,14 @@ inline tensordict::TensorDict affine(const tensordict::TensorDict& c) {
   return c.apply([](const at::Tensor& t) { return t * 2 + 1; });
 }
 
+//! set by the mixed-workers test in the test process only (null in td_map_worker): the shared `out` the
+//! worker processes write into. The in-process worker 0 of mp_context waits (bounded) until a process has
+//! written a chunk there, so the test does not depend on how fast processes start on a loaded machine.
+inline std::atomic<const tensordict::TensorDict*>& mixed_out() {
+  static std::atomic<const tensordict::TensorDict*> p{nullptr};
+  return p;
+}
+
 inline bool has_row(const tensordict::TensorDict& c, int64_t row) {
   return (c.get("idx") == row).any().item<bool>();
 }
@@ -54,6 +62,12 @@ inline void register_fns() {
   tensordict::register_map_fn("mp_context", [](const TensorDict& c) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    if (const TensorDict* out = mixed_out().load(); out && w && w->worker_index == 0) {
+      // a process worker writes seed 41 or 42 (base 40 + its index); at most 30 s
+      for (int i = 0; i < 6000 && !(out->get("seed") > 40).any().item<bool>(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
     TensorDict r(c.batch_size());
     r.set("w", at::full(c.batch_size(), w ? w->worker_index : -1, at::kLong));
     r.set("seed", at::full(c.batch_size(), w ? w->seed : -1, at::kLong));

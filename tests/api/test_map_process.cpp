@@ -129,7 +129,12 @@ BOOST_FIXTURE_TEST_CASE(mixed_in_process_and_process_workers, Fixture) {
   TensorDict td = dataset(600);
   td.memmap_(tmp.sub("src"));
   TensorDict out = TensorDict::from_schema({{"w", {{}, at::kLong}}, {"seed", {{}, at::kLong}}}, {600}, "shared");
-  // 3 workers: worker 0 in-process, workers 1 and 2 are processes
+  // 3 workers: worker 0 in-process, workers 1 and 2 are processes; worker 0 waits until a process has
+  // written a chunk (mixed_out), however slowly the processes start
+  map_process_test::mixed_out() = &out;
+  struct Reset {
+    ~Reset() { map_process_test::mixed_out() = nullptr; }
+  } reset;
   td.map("mp_context", procs(2).num_workers(3).chunksize(4).seed(40).out(out));  // 150 chunks of 20 ms
   auto w = out.get("w");
   BOOST_TEST((w >= 0).all().item<bool>());
