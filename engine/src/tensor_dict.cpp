@@ -733,6 +733,14 @@ at::Tensor TensorDict::get(const NestedKey& key) const {
   return get_entry(key).tensor();
 }
 
+at::Tensor TensorDict::get(const char* key) const {
+  if (dense_) {
+    for (const auto& kv : dense_->entries)
+      if (kv.first == key) return kv.second.tensor();
+  }
+  return get(NestedKey(key));  // missing, or another node kind: the general path and its errors
+}
+
 at::Tensor TensorDict::get(const NestedKey& key, const at::Tensor& default_value) const {
   auto e = get_entry_opt(key);
   if (!e) return default_value;
@@ -829,6 +837,16 @@ TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inpla
   Entry v = prepare_value(*p, key.back(), value);
   p->put(key.back(), std::move(v));
   return *this;
+}
+
+TensorDict& TensorDict::set(const char* key, const Entry& value, bool inplace) {
+  // an unlocked dense node, not in place: what the general path does for a one-part key, without the NestedKey
+  if (dense_ && !inplace && !dense_->locked && key && *key) {
+    std::string k(key);
+    dense_->put_entry(k, prepare_value(*dense_, k, value));
+    return *this;
+  }
+  return set(NestedKey(key), value, inplace);
 }
 
 TensorDict& TensorDict::set_(const NestedKey& key, const Entry& value) {

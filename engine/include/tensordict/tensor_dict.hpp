@@ -123,6 +123,8 @@ class TensorDict {
   // ---------------------------------------------------------------- reading
   //! the tensor at key: KeyError if missing, TypeError if it is not a tensor
   at::Tensor get(const NestedKey& key) const;
+  //! get of one top-level key without building a NestedKey (the hot path of td.get("obs")); same results
+  at::Tensor get(const char* key) const;
   //! the tensor at key, or `default_value` when the key is missing
   at::Tensor get(const NestedKey& key, const at::Tensor& default_value) const;
   //! the sub-TensorDict at key (KeyError / TypeError)
@@ -142,6 +144,8 @@ class TensorDict {
   //! adds or replaces the value at key (no copy), creating intermediate TensorDicts; with
   //! inplace=true copies into the existing leaf when there is one. Locked: only in-place works.
   TensorDict& set(const NestedKey& key, const Entry& value, bool inplace = false);
+  //! set of one top-level key without building a NestedKey (the hot path of td.set("obs", t)); same results
+  TensorDict& set(const char* key, const Entry& value, bool inplace = false);
   //! strict in-place copy into an existing leaf (KeyError if missing); allowed when locked
   TensorDict& set_(const NestedKey& key, const Entry& value);
   //! in-place write of value into get(key)[index]
