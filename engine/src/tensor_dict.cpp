@@ -647,7 +647,7 @@ std::vector<std::pair<NestedKey, Entry>> TensorDict::items(const KeysOptions& op
 }
 
 std::vector<NestedKey> TensorDict::keys(const KeysOptions& options) const {
-  if (!dense_ && node_ && !options.include_nested() && !options.leaves_only()) {
+  if (!dense_ && node_ && !options.include_nested() && !options.leaves_only() && !options.sort()) {
     std::vector<NestedKey> out;
     for (auto& k : node_->keys()) out.emplace_back(std::move(k));
     return out;

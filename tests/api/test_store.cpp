@@ -118,6 +118,10 @@ BOOST_AUTO_TEST_CASE(store_tensordict_is_a_tensordict) {
   BOOST_TEST(fresh.get({"obs", "b"}).equal(at::ones({kRows, 2})));
   BOOST_TEST(!fresh.contains("next"));
   BOOST_TEST(td.get({"obs", "b"}).equal(at::ones({kRows, 2})));
+  // keys in the storage's order, or sorted on request
+  BOOST_TEST(td.keys() == std::vector<NestedKey>({NestedKey("x"), NestedKey("obs"), NestedKey("reward")}));
+  BOOST_TEST(td.keys(KeysOptions().sort(true)) ==
+             std::vector<NestedKey>({NestedKey("obs"), NestedKey("reward"), NestedKey("x")}));
   // an existing key is written in place
   td.set("reward", at::zeros({kRows}));
   BOOST_TEST(TensorDict::load_memmap(dir.path + "/buf").get("reward").eq(0).all().item<bool>());
