@@ -22,3 +22,7 @@ if(NOT TARGET CAF::io)
   add_library(CAF::io UNKNOWN IMPORTED)
   set_target_properties(CAF::io PROPERTIES IMPORTED_LOCATION "${CAF_IO_LIBRARY}" INTERFACE_LINK_LIBRARIES CAF::core)
 endif()
+# HDF5 (serial flavour, C API) -> hdf5::hdf5; hiredis 0.14 (pkg-config) -> PkgConfig::HIREDIS
+find_package(HDF5 REQUIRED COMPONENTS C)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET GLOBAL hiredis)

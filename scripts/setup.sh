@@ -8,6 +8,7 @@ PKGS=(
   libboost-dev libboost-test-dev
   libspdlog-dev rapidjson-dev libcli11-dev
   clang libclang-rt-14-dev
+  python3-h5py hdf5-tools
 )
 missing=()
 for p in "${PKGS[@]}"; do
