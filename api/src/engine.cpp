@@ -100,8 +100,14 @@ void Engine::shutdown_default() {
 }
 
 namespace detail {
+void register_h5_storage();     // persistent.cpp
 bool link_default_engine() {
   set_default_map_backend_factory(&default_backend);
+  static const bool drivers = [] {
+    register_h5_storage();
+    return true;
+  }();
+  (void)drivers;
   return true;
 }
 }  // namespace detail

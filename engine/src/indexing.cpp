@@ -561,6 +561,11 @@ void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn) {
   }
 }
 
+//! a node with neither dense leaves nor a dense view (HDF5, Redis): it reads and writes through requests
+bool remote_node(const TensorDict& td) {
+  return !td.is_dense() && td.node() && td.node()->kind() != NodeType::LazyStack && !td.node()->dense_view();
+}
+
 }  // namespace
 
 // ============================================================================ public API
@@ -583,6 +588,10 @@ TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) 
     lz->index_put(index, &value, nullptr, nullptr);
     return *this;
   }
+  if (remote_node(*this)) {  // a node whose leaves live elsewhere (HDF5, Redis) writes itself: one request
+    node_->write(index, value);
+    return *this;
+  }
   Prepared p = prepare(d()->batch_size, index);
   TensorDict v = value;
   if (d()->device && v.device() != d()->device) v = v.to(*d()->device);
@@ -596,6 +605,12 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) 
     lz->index_put(index, nullptr, &value, nullptr);
     return *this;
   }
+  if (remote_node(*this)) {  // read the rows, write the value into them, write them back (one request each)
+    TensorDict rows = this->index(index).contiguous();
+    rows.index_put_(Index{}, value);
+    node_->write(index, rows);
+    return *this;
+  }
   Prepared p = prepare(d()->batch_size, index);
   for_each_tensor_leaf(*d(), [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); });
   return *this;
@@ -604,6 +619,12 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) 
 TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) {
   if (auto* lz = detail::lazy_node(*this)) {
     lz->index_put(index, nullptr, nullptr, &value);
+    return *this;
+  }
+  if (remote_node(*this)) {
+    TensorDict rows = this->index(index).contiguous();
+    rows.index_put_(Index{}, value);
+    node_->write(index, rows);
     return *this;
   }
   Prepared p = prepare(d()->batch_size, index);

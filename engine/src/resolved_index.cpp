@@ -1,6 +1,8 @@
 // ResolvedIndex: linear source positions with the result's batch shape.
 #include "tensordict/resolved_index.hpp"
 
+#include <algorithm>
+
 #include "tensor_dict_internal.hpp"
 
 #include "tensordict/backends/json_value.hpp"
@@ -39,13 +41,62 @@ ResolvedIndex ResolvedIndex::identity(const BatchSize& source_batch) {
   return ResolvedIndex(source_batch, at::arange(detail::prod(source_batch), at::kLong).view(source_batch));
 }
 
+namespace {
+
+//! td[i] / td[a:b:s] on dim 0 (the row stores' hot path): the positions without building the whole batch's;
+//! nullopt for every other index (and for a step <= 0, which torch refuses with its own message)
+std::optional<at::Tensor> row_positions(const BatchSize& source, const Index& index) {
+  if (index.size() != 1 || source.empty()) return std::nullopt;
+  const at::indexing::TensorIndex& i = index[0];
+  const int64_t n = source[0];
+  const BatchSize rest(source.begin() + 1, source.end());
+  const int64_t inner = detail::prod(rest);
+  if (i.is_integer()) {
+    int64_t k = i.integer();
+    if (k < -n || k >= n) return std::nullopt;  // torch's IndexError, through the general path
+    if (k < 0) k += n;
+    return at::arange(k * inner, (k + 1) * inner, at::kLong).view(rest);
+  }
+  if (i.is_slice()) {
+    const auto& sl = i.slice();
+    const int64_t step = sl.step();
+    if (step <= 0) return std::nullopt;
+    auto clamp = [n](int64_t v) { return v < 0 ? std::max<int64_t>(v + n, 0) : std::min(v, n); };
+    const int64_t start = clamp(sl.start()), stop = clamp(sl.stop());
+    const int64_t count = stop > start ? (stop - start + step - 1) / step : 0;
+    BatchSize shape = source;
+    shape[0] = count;
+    if (step == 1) return at::arange(start * inner, (start + count) * inner, at::kLong).view(shape);
+    at::Tensor rows = at::arange(start, start + count * step, step, at::kLong);
+    return (rows.unsqueeze(1) * inner + at::arange(inner, at::kLong).unsqueeze(0)).view(shape);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 ResolvedIndex ResolvedIndex::resolve(const BatchSize& source_batch, const Index& index) {
+  for (auto s : source_batch)
+    if (s < 0) throw ValueError("ResolvedIndex: the batch " + detail::shape_list(source_batch) + " has a negative size");
+  if (auto fast = row_positions(source_batch, index)) return ResolvedIndex(source_batch, std::move(*fast));
   ResolvedIndex id = identity(source_batch);
   return ResolvedIndex(source_batch, index_positions(id.positions_, index));
 }
 
 ResolvedIndex ResolvedIndex::compose(const Index& index) const {
   return ResolvedIndex(source_, index_positions(positions_, index));
+}
+
+ResolvedIndex ResolvedIndex::extend(const BatchSize& extra) const {
+  if (extra.empty()) return *this;
+  for (auto s : extra)
+    if (s < 0) throw ValueError("ResolvedIndex: the batch " + detail::shape_list(extra) + " has a negative size");
+  const int64_t inner = detail::prod(extra);
+  BatchSize source = source_, shape = result_batch();
+  source.insert(source.end(), extra.begin(), extra.end());
+  shape.insert(shape.end(), extra.begin(), extra.end());
+  at::Tensor p = positions_.reshape({-1, 1}) * inner + at::arange(inner, at::kLong).view({1, -1});
+  return ResolvedIndex(std::move(source), p.view(shape));
 }
 
 BatchSize ResolvedIndex::result_batch() const { return BatchSize(positions_.sizes().begin(), positions_.sizes().end()); }
@@ -70,6 +121,58 @@ std::optional<std::pair<int64_t, int64_t>> ResolvedIndex::row_range() const {
   for (int64_t i = 1; i < n; ++i)
     if (p[i] != p[0] + i) return std::nullopt;
   return std::make_pair(p[0] / per_row, n / per_row);
+}
+
+ResolvedIndex::RowPlan ResolvedIndex::row_plan() const {
+  RowPlan plan;
+  if (source_.empty()) {  // a 0-dim source: one element, no rows
+    plan.in_order = plan.all = true;
+    return plan;
+  }
+  plan.per_row = detail::prod(BatchSize(source_.begin() + 1, source_.end()));
+  const int64_t per_row = plan.per_row;
+  at::Tensor flat = positions_.reshape({-1}).contiguous();
+  const int64_t n = flat.numel();
+  const int64_t* p = flat.data_ptr<int64_t>();
+  if (n == 0 || per_row == 0) {
+    plan.in_order = true;
+    plan.all = n == detail::prod(source_);
+    return plan;
+  }
+  // the common cases first: whole consecutive rows in order (td[i], td[a:b], td[...])
+  if (n % per_row == 0 && p[0] % per_row == 0) {
+    bool run = true;
+    for (int64_t i = 1; i < n && run; ++i) run = p[i] == p[0] + i;
+    if (run) {
+      const int64_t first = p[0] / per_row, count = n / per_row;
+      plan.rows.resize(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) plan.rows[static_cast<size_t>(i)] = first + i;
+      plan.in_order = true;
+      plan.all = first == 0 && count == source_[0];
+      return plan;
+    }
+  }
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  bool ascending = true;
+  for (int64_t i = 0; i < n; ++i) {
+    rows[static_cast<size_t>(i)] = p[i] / per_row;
+    if (i && rows[static_cast<size_t>(i)] < rows[static_cast<size_t>(i - 1)]) ascending = false;
+  }
+  if (!ascending) std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  at::Tensor local = at::empty({n}, at::kLong);
+  int64_t* l = local.data_ptr<int64_t>();
+  bool in_order = static_cast<int64_t>(rows.size()) * per_row == n;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = p[i] / per_row;
+    const int64_t rank = std::lower_bound(rows.begin(), rows.end(), r) - rows.begin();
+    l[i] = rank * per_row + p[i] % per_row;
+    if (l[i] != i) in_order = false;
+  }
+  plan.rows = std::move(rows);
+  plan.in_order = in_order;
+  if (!in_order) plan.local = local.view(positions_.sizes());
+  return plan;
 }
 
 std::string ResolvedIndex::to_json() const {

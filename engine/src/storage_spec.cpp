@@ -2,6 +2,7 @@
 #include "tensordict/storage_spec.hpp"
 
 #include "tensordict/node.hpp"
+#include "tensor_dict_internal.hpp"
 
 #include <algorithm>
 #include <map>
@@ -137,6 +138,49 @@ TensorDict open_storage(const StorageSpec& spec, const OpenOptions& options) {
     throw ValueError("storage spec: unknown driver '" + spec.driver() + "' (registered: " + known + ")");
   }
   return opener(spec, options);
+}
+
+namespace {
+struct SchemaRegistry {
+  std::mutex mu;
+  std::map<std::string, SchemaCreator> creators;
+};
+SchemaRegistry& schema_registry() {
+  static SchemaRegistry r;
+  return r;
+}
+}  // namespace
+
+void register_schema_storage(const std::string& storage, SchemaCreator creator) {
+  if (storage.empty() || !creator) throw ValueError("register_schema_storage: empty storage name or creator");
+  std::lock_guard<std::mutex> lock(schema_registry().mu);
+  schema_registry().creators[storage] = std::move(creator);
+}
+
+std::vector<std::string> schema_storages() {
+  std::lock_guard<std::mutex> lock(schema_registry().mu);
+  std::vector<std::string> out;
+  for (const auto& kv : schema_registry().creators) out.push_back(kv.first);
+  return out;
+}
+
+TensorDict TensorDict::from_schema(const Schema& schema, const BatchSize& batch_size, const std::string& storage,
+                                   const StorageOptions& options) {
+  SchemaCreator creator;
+  {
+    std::lock_guard<std::mutex> lock(schema_registry().mu);
+    auto it = schema_registry().creators.find(storage);
+    if (it != schema_registry().creators.end()) creator = it->second;
+  }
+  if (!creator) {
+    std::string known = "memmap, shared";
+    for (const auto& d : schema_storages()) known += ", " + d;
+    throw ValueError("from_schema: unknown storage '" + storage + "' (known: " + known +
+                     "; h5 and redis are registered by the api library)");
+  }
+  for (auto b : batch_size)
+    if (b < 0) throw BatchSizeError("from_schema: negative batch size " + detail::shape_str(batch_size));
+  return creator(schema, batch_size, options.fields());
 }
 
 }  // namespace tensordict

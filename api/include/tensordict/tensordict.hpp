@@ -11,5 +11,6 @@
 #include "tensordict/lazy_stack.hpp"
 #include "tensordict/map.hpp"
 #include "tensordict/node.hpp"
+#include "tensordict/persistent.hpp"
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/store.hpp"

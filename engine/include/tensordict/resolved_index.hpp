@@ -24,6 +24,9 @@ class ResolvedIndex {
 
   //! this index followed by `index` on its result (td[a][b]); no data is read
   ResolvedIndex compose(const Index& index) const;
+  //! the same selection over a source with `extra` trailing batch dims, all of them selected (a nested
+  //! level whose batch is longer than its parent's: result batch = this result batch + extra)
+  ResolvedIndex extend(const BatchSize& extra) const;
   const BatchSize& source_batch() const { return source_; }
   BatchSize result_batch() const;
   int64_t numel() const { return positions_.numel(); }
@@ -34,6 +37,19 @@ class ResolvedIndex {
   //! when the selection is a run of whole consecutive source rows [start, start + count) in order
   //! (td[i], td[a:b]): (start, count); the fast path of byte-range reads
   std::optional<std::pair<int64_t, int64_t>> row_range() const;
+
+  //! what a store addressing leaves by rows along dim 0 (HDF5, Redis) reads for this selection: the
+  //! ascending unique rows (h5py refuses unsorted or repeated ones), and how the rows read map to the result
+  struct RowPlan {
+    std::vector<int64_t> rows;  //!< ascending, unique source rows along dim 0 (empty for a 0-dim source)
+    //! int64 of the result batch shape: positions into the rows read, flattened over the batch dims
+    //! ([rows.size() * per_row]); undefined when in_order
+    at::Tensor local;
+    bool in_order = false;  //!< the rows read, in order, ARE the result (no re-indexing)
+    bool all = false;       //!< every source element in order: read the whole leaf
+    int64_t per_row = 1;    //!< batch elements per row (the product of the source batch after dim 0)
+  };
+  RowPlan row_plan() const;
 
   //! compact JSON: {"source":[...],"shape":[...],"positions":[...]} (what travels to another process)
   std::string to_json() const;

@@ -50,4 +50,18 @@ std::vector<std::string> storage_drivers();
 //! opens the storage a spec names in this process; ValueError for an unknown driver (listing the known ones)
 TensorDict open_storage(const StorageSpec& spec, const OpenOptions& options = {});
 
+//! the options of a from_schema storage an upper layer registers (api/'s H5Options, RedisOptions):
+//! TensorDict::from_schema(schema, batch, "h5", H5Options().filename(f))
+struct StorageOptions {
+  virtual ~StorageOptions() = default;
+  //! the options as JSON fields (what the registered creator reads)
+  virtual JsonValue fields() const = 0;
+};
+
+using SchemaCreator = std::function<TensorDict(const Schema&, const BatchSize&, const JsonValue& fields)>;
+//! registers (or replaces) the from_schema creator of `storage` ("h5", "redis"); thread-safe
+void register_schema_storage(const std::string& storage, SchemaCreator creator);
+//! the registered creators' names, sorted (memory, memmap and shared are built in)
+std::vector<std::string> schema_storages();
+
 }  // namespace tensordict

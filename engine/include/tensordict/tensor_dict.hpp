@@ -28,6 +28,7 @@ struct TensorDictImpl;
 struct MapOptions;
 class MapIter;
 class LazyStackedTensorDict;
+struct StorageOptions;
 //! fn for map/map_iter: gets one chunk, returns its result (undefined TensorDict = upstream's None)
 using MapFn = std::function<TensorDict(const TensorDict&)>;
 
@@ -332,6 +333,10 @@ class TensorDict {
   //! zero-filled; storage "" / "none" (memory), "memmap" (needs options.prefix), "shared"
   static TensorDict from_schema(const Schema& schema, const BatchSize& batch_size,
                                 const std::string& storage = "", const MemmapOptions& options = {});
+  //! from_schema on a storage an upper layer registered (register_schema_storage): "h5" with H5Options,
+  //! "redis" with RedisOptions (api/)
+  static TensorDict from_schema(const Schema& schema, const BatchSize& batch_size, const std::string& storage,
+                                const StorageOptions& options);
 
   // ---------------------------------------------------------------- map (parallel, see tensordict/map.hpp)
   //! upstream map: splits along options.dim(), runs fn on worker actors, restacks in order (or writes into

@@ -1,0 +1,696 @@
+// RemoteTree / RemoteNode: TensorDicts over a backends::LeafStore (HDF5, Redis) through its store actor.
+#include "remote_node.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "tensordict/errors.hpp"
+#include "tensordict/non_tensor.hpp"
+
+namespace tensordict {
+namespace remote {
+
+namespace {
+
+std::string shape_str(const BatchSize& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+std::string path_str(const LeafPath& p) {
+  std::string r;
+  for (const auto& k : p) r += (r.empty() ? "" : "/") + k;
+  return "'" + r + "'";
+}
+
+bool starts_with(const BatchSize& shape, const BatchSize& prefix) {
+  return shape.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), shape.begin());
+}
+
+BatchSize common_prefix(const std::vector<BatchSize>& shapes) {
+  if (shapes.empty()) return {};
+  BatchSize out = shapes[0];
+  for (const auto& s : shapes) {
+    size_t n = 0;
+    while (n < out.size() && n < s.size() && out[n] == s[n]) ++n;
+    out.resize(n);
+  }
+  return out;
+}
+
+LeafPath concat_path(LeafPath p, const std::string& key) {
+  p.push_back(key);
+  return p;
+}
+
+LeafPath parent_of(const LeafPath& p) { return LeafPath(p.begin(), p.end() - (p.empty() ? 0 : 1)); }
+
+BatchSize concat(BatchSize a, const BatchSize& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+BatchSize tail(const BatchSize& s, size_t from) {
+  return from >= s.size() ? BatchSize{} : BatchSize(s.begin() + static_cast<long>(from), s.end());
+}
+
+BatchSize sizes_of(const at::Tensor& t) { return BatchSize(t.sizes().begin(), t.sizes().end()); }
+
+//! a tensor leaf to read (or to patch) at a selection
+struct LeafSel {
+  backends::LeafInfo info;
+  std::optional<ResolvedIndex> index;  //!< over the leaf's level batch; nullopt: the whole leaf
+  const ResolvedIndex::RowPlan* plan = nullptr;
+  BatchSize level_batch;
+};
+
+backends::LeafRead to_read(const LeafSel& s) {
+  backends::LeafRead r;
+  r.path = s.info.path;
+  r.whole = !s.plan || (s.plan->all && s.plan->in_order) || s.level_batch.empty();
+  if (!r.whole) r.rows = s.plan->rows;
+  return r;
+}
+
+//! the rows a store returned for s, as the selected values (result batch + feature shape)
+at::Tensor select_rows(const LeafSel& s, const at::Tensor& rows) {
+  if (!s.index || !s.plan) return rows;
+  const BatchSize feat = tail(s.info.shape, s.level_batch.size());
+  const BatchSize out_shape = concat(s.index->result_batch(), feat);
+  if (s.plan->in_order) return rows.reshape(out_shape);
+  at::Tensor flat = rows.reshape(concat({static_cast<int64_t>(s.plan->rows.size()) * s.plan->per_row}, feat));
+  return flat.index_select(0, s.plan->local.reshape({-1})).reshape(out_shape);
+}
+
+//! plans computed once per distinct level (many leaves share their level's selection)
+class PlanCache {
+ public:
+  const ResolvedIndex::RowPlan* get(const LeafPath& level, const std::optional<ResolvedIndex>& idx) {
+    if (!idx) return nullptr;
+    auto it = plans_.find(level);
+    if (it == plans_.end()) it = plans_.emplace(level, idx->row_plan()).first;
+    return &it->second;
+  }
+
+ private:
+  std::map<LeafPath, ResolvedIndex::RowPlan> plans_;
+};
+
+}  // namespace
+
+// ============================================================================ RemoteTree
+RemoteTree::RemoteTree(std::shared_ptr<actors::LeafStoreClient> client, std::optional<BatchSize> batch,
+                       std::optional<at::Device> device, std::string type_name)
+    : client_(std::move(client)), device_(device), type_name_(std::move(type_name)) {
+  auto listed = client_->run([](backends::LeafStore& s) {
+    return std::make_pair(s.stored_batch_size(), s.list());
+  });
+  if (!batch && listed.first) batch = BatchSize(listed.first->begin(), listed.first->end());
+  infer_ = !batch.has_value();
+  if (batch) {
+    for (auto b : *batch)
+      if (b < 0) throw BatchSizeError(type_name_ + ": negative batch size " + shape_str(*batch));
+    root_batch_ = *batch;
+  }
+  build(listed.second);
+}
+
+void RemoteTree::reload() {
+  auto infos = client_->run([](backends::LeafStore& s) { return s.list(); });
+  build(infos);
+}
+
+void RemoteTree::build(const std::vector<backends::LeafInfo>& infos) {
+  std::map<LeafPath, Level> levels;
+  std::map<LeafPath, backends::LeafInfo> leaves;
+  levels[{}];
+  for (const auto& info : infos) {
+    if (info.path.empty()) continue;
+    const LeafPath parent = parent_of(info.path);
+    for (size_t i = 1; i <= parent.size(); ++i) {  // levels implied by a path (redis "a.b")
+      LeafPath lp(parent.begin(), parent.begin() + static_cast<long>(i));
+      if (!levels.count(lp)) {
+        levels[lp];
+        auto& keys = levels[parent_of(lp)].keys;
+        if (std::find(keys.begin(), keys.end(), lp.back()) == keys.end()) keys.push_back(lp.back());
+      }
+    }
+    auto& keys = levels[parent].keys;
+    if (std::find(keys.begin(), keys.end(), info.path.back()) == keys.end()) keys.push_back(info.path.back());
+    if (info.kind == backends::LeafKind::Group) {
+      levels[info.path];
+    } else {
+      leaves[info.path] = info;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // batch sizes: decided once per level (fixed_), the rest inferred (h5 without a given batch) or the root's
+  std::function<BatchSize(const LeafPath&, const BatchSize&)> decide = [&](const LeafPath& p,
+                                                                          const BatchSize& parent_batch) {
+    Level& lv = levels[p];
+    std::vector<BatchSize> shapes;
+    std::vector<LeafPath> children;
+    for (const auto& k : lv.keys) {
+      LeafPath cp = concat_path(p, k);
+      auto it = leaves.find(cp);
+      if (it != leaves.end()) {
+        if (it->second.kind == backends::LeafKind::Tensor) shapes.push_back(it->second.shape);
+      } else if (levels.count(cp)) {
+        children.push_back(cp);
+      }
+    }
+    auto fx = fixed_.find(p);
+    if (fx != fixed_.end()) {
+      lv.batch = fx->second;
+    } else if (!infer_) {
+      lv.batch = p.empty() ? root_batch_ : parent_batch;
+    } else {
+      // upstream _set_max_batch_size: the longest common leading shape of the tensor leaves and of the
+      // children's batch sizes; a level with neither (only non-tensors) takes its parent's
+      std::vector<BatchSize> all = shapes;
+      for (const auto& c : children) all.push_back(decide(c, parent_batch));
+      lv.batch = all.empty() ? parent_batch : common_prefix(all);
+    }
+    for (const auto& c : children) {
+      BatchSize cb = decide(c, lv.batch);
+      if (!starts_with(cb, lv.batch)) {
+        throw BatchSizeError(type_name_ + " " + client_->describe() + ": the group " + path_str(c) + " has batch size " +
+                             shape_str(cb) + ", which does not start with its parent's " + shape_str(lv.batch));
+      }
+    }
+    for (const auto& k : lv.keys) {
+      auto it = leaves.find(concat_path(p, k));
+      if (it == leaves.end() || it->second.kind != backends::LeafKind::Tensor) continue;
+      if (!starts_with(it->second.shape, lv.batch)) {
+        throw BatchSizeError(type_name_ + " " + client_->describe() + ": the dataset " + path_str(it->first) +
+                             " has shape " + shape_str(it->second.shape) + ", whose leading dims disagree with the batch size " +
+                             shape_str(lv.batch));
+      }
+    }
+    fixed_[p] = lv.batch;
+    return lv.batch;
+  };
+  decide({}, {});
+  levels_ = std::move(levels);
+  leaves_ = std::move(leaves);
+}
+
+std::optional<RemoteTree::Level> RemoteTree::level(const LeafPath& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = levels_.find(path);
+  if (it == levels_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<backends::LeafInfo> RemoteTree::leaf(const LeafPath& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leaves_.find(path);
+  if (it == leaves_.end()) return std::nullopt;
+  return it->second;
+}
+
+BatchSize RemoteTree::batch_of(const LeafPath& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  LeafPath p = path;
+  while (true) {
+    auto fx = fixed_.find(p);
+    if (fx != fixed_.end()) return fx->second;
+    auto it = levels_.find(p);
+    if (it != levels_.end()) return it->second.batch;
+    if (p.empty()) return root_batch_;
+    p.pop_back();
+  }
+}
+
+void RemoteTree::set_batch(const LeafPath& path, const BatchSize& batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fixed_[path] = batch;
+}
+
+std::vector<backends::LeafInfo> RemoteTree::tensor_leaves_under(const LeafPath& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<backends::LeafInfo> out;
+  std::function<void(const LeafPath&)> walk = [&](const LeafPath& p) {
+    auto it = levels_.find(p);
+    if (it == levels_.end()) return;
+    for (const auto& k : it->second.keys) {
+      LeafPath cp = concat_path(p, k);
+      auto lf = leaves_.find(cp);
+      if (lf != leaves_.end()) {
+        if (lf->second.kind == backends::LeafKind::Tensor) out.push_back(lf->second);
+      } else {
+        walk(cp);
+      }
+    }
+  };
+  walk(path);
+  return out;
+}
+
+// ============================================================================ RemoteNode
+RemoteNode::RemoteNode(std::shared_ptr<RemoteTree> tree, LeafPath path, std::optional<ResolvedIndex> index)
+    : tree_(std::move(tree)), path_(std::move(path)), index_(std::move(index)) {
+  batch_size = index_ ? index_->result_batch() : tree_->batch_of(path_);
+  device = tree_->device();
+}
+
+NodeCaps RemoteNode::caps() const {
+  NodeCaps c;
+  c.add_keys = tree_->client()->writable();
+  return c;
+}
+
+LeafPath RemoteNode::child_path(const std::string& key) const { return concat_path(path_, key); }
+
+std::optional<ResolvedIndex> RemoteNode::index_for(const LeafPath& path) const {
+  if (!index_) return std::nullopt;
+  const BatchSize mine = tree_->batch_of(path_);
+  const BatchSize theirs = tree_->batch_of(path);
+  if (!starts_with(theirs, mine)) {
+    throw BatchSizeError(type_name() + ": the level " + path_str(path) + " has batch size " + shape_str(theirs) +
+                         ", which does not start with " + shape_str(mine));
+  }
+  return index_->extend(tail(theirs, mine.size()));
+}
+
+std::shared_ptr<RemoteNode> RemoteNode::child(const std::string& key) const {
+  LeafPath cp = child_path(key);
+  return std::make_shared<RemoteNode>(tree_, cp, index_for(cp));
+}
+
+std::vector<std::string> RemoteNode::keys() const {
+  auto lv = tree_->level(path_);
+  return lv ? lv->keys : std::vector<std::string>{};
+}
+
+Entry RemoteNode::read_non_tensor(const LeafPath& path) const {
+  backends::NonTensorValue v = tree_->client()->run([&](backends::LeafStore& s) { return s.read_non_tensor(path); });
+  const BatchSize level = tree_->batch_of(parent_of(path));
+  if (!v.stacked) return Entry(NonTensorData(v.value, batch_size));
+  // one value per row along dim 0, broadcast over the level's other batch dims
+  if (level.empty() || !v.value.is_array() || static_cast<int64_t>(v.value.as_array().size()) != level[0]) {
+    throw FormatError(tree_->client()->describe() + ": the non-tensor " + path_str(path) +
+                      " holds one value per row, but not " + (level.empty() ? "for a 0-dim batch" : std::to_string(level[0]) + " of them"));
+  }
+  const auto& rows = v.value.as_array();
+  int64_t per_row = 1;
+  for (size_t i = 1; i < level.size(); ++i) per_row *= level[i];
+  std::vector<JsonValue> values;
+  std::optional<ResolvedIndex> idx = index_for(parent_of(path));
+  if (!idx) {
+    values.reserve(rows.size() * static_cast<size_t>(per_row));
+    for (const auto& r : rows)
+      for (int64_t j = 0; j < per_row; ++j) values.push_back(r);
+    return Entry(NonTensorStack(std::move(values), level));
+  }
+  at::Tensor pos = idx->positions().reshape({-1}).contiguous();
+  const int64_t* p = pos.data_ptr<int64_t>();
+  for (int64_t i = 0; i < pos.numel(); ++i) values.push_back(rows[static_cast<size_t>(p[i] / per_row)]);
+  return Entry(NonTensorStack(std::move(values), idx->result_batch()));
+}
+
+std::optional<Entry> RemoteNode::read(const std::string& key) const {
+  const LeafPath cp = child_path(key);
+  if (auto info = tree_->leaf(cp)) {
+    if (info->kind == backends::LeafKind::NonTensor) return read_non_tensor(cp);
+    LeafSel s{*info, index_for(path_), nullptr, tree_->batch_of(path_)};
+    std::optional<ResolvedIndex::RowPlan> plan;
+    if (s.index) {
+      plan = s.index->row_plan();
+      s.plan = &*plan;
+    }
+    std::vector<at::Tensor> got = tree_->client()->read({to_read(s)});
+    at::Tensor t = select_rows(s, got.at(0));
+    if (tree_->device() && t.device() != *tree_->device()) t = t.to(*tree_->device());
+    return Entry(t);
+  }
+  if (tree_->level(cp)) return Entry(TensorDict(std::shared_ptr<Node>(child(key))));
+  return std::nullopt;
+}
+
+std::vector<Entry> RemoteNode::read(const std::vector<std::string>& keys, const Index& index) const {
+  auto node = std::static_pointer_cast<RemoteNode>(this->index(index));
+  TensorDict d = node->materialize(&keys);
+  std::vector<Entry> out;
+  for (const auto& k : keys) out.push_back(d.get_entry(NestedKey(k)));
+  return out;
+}
+
+TensorDict RemoteNode::materialize(const std::vector<std::string>* only) const {
+  // pass 1: every tensor leaf under this level (one request), pass 2: the TensorDict in key order
+  std::vector<LeafSel> sels;
+  PlanCache plans;
+  std::map<LeafPath, std::optional<ResolvedIndex>> level_index;
+  auto index_of_level = [&](const LeafPath& lp) -> const std::optional<ResolvedIndex>& {
+    auto it = level_index.find(lp);
+    if (it == level_index.end()) it = level_index.emplace(lp, index_for(lp)).first;
+    return it->second;
+  };
+  std::function<void(const LeafPath&)> collect = [&](const LeafPath& p) {
+    auto lv = tree_->level(p);
+    if (!lv) return;
+    for (const auto& k : lv->keys) {
+      if (p == path_ && only && std::find(only->begin(), only->end(), k) == only->end()) continue;
+      LeafPath cp = concat_path(p, k);
+      if (auto info = tree_->leaf(cp)) {
+        if (info->kind != backends::LeafKind::Tensor) continue;
+        const auto& idx = index_of_level(p);
+        sels.push_back(LeafSel{*info, idx, plans.get(p, idx), tree_->batch_of(p)});
+      } else {
+        collect(cp);
+      }
+    }
+  };
+  collect(path_);
+  std::vector<backends::LeafRead> reads;
+  reads.reserve(sels.size());
+  for (const auto& s : sels) reads.push_back(to_read(s));
+  std::vector<at::Tensor> got = reads.empty() ? std::vector<at::Tensor>{} : tree_->client()->read(std::move(reads));
+  std::map<LeafPath, at::Tensor> values;
+  for (size_t i = 0; i < sels.size(); ++i) {
+    at::Tensor t = select_rows(sels[i], got.at(i));
+    if (tree_->device() && t.device() != *tree_->device()) t = t.to(*tree_->device());
+    values[sels[i].info.path] = t;
+  }
+  std::function<TensorDict(const LeafPath&)> build = [&](const LeafPath& p) {
+    const auto& idx = index_of_level(p);
+    TensorDict td(idx ? idx->result_batch() : tree_->batch_of(p), tree_->device());
+    auto lv = tree_->level(p);
+    if (!lv) return td;
+    for (const auto& k : lv->keys) {
+      if (p == path_ && only && std::find(only->begin(), only->end(), k) == only->end()) continue;
+      LeafPath cp = concat_path(p, k);
+      if (auto info = tree_->leaf(cp)) {
+        if (info->kind == backends::LeafKind::Tensor) {
+          td.set(NestedKey(k), values.at(cp));
+        } else {
+          RemoteNode at_level(tree_, p, idx);
+          td.set(NestedKey(k), at_level.read_non_tensor(cp));
+        }
+      } else {
+        td.set(NestedKey(k), build(cp));
+      }
+    }
+    return td;
+  };
+  return build(path_);
+}
+
+TensorDict RemoteNode::to_dense() const { return materialize(nullptr); }
+
+std::shared_ptr<Node> RemoteNode::index(const Index& index) const {
+  ResolvedIndex r = index_ ? index_->compose(index) : ResolvedIndex::resolve(tree_->batch_of(path_), index);
+  auto n = std::make_shared<RemoteNode>(tree_, path_, std::move(r));
+  n->locked = locked;
+  return n;
+}
+
+TensorDict RemoteNode::open_child(const std::string& key) {
+  const LeafPath cp = child_path(key);
+  if (tree_->leaf(cp)) {
+    throw KeyError("'" + key + "' is a leaf of " + tree_->client()->describe() + ", not a TensorDict");
+  }
+  if (!tree_->level(cp)) {
+    if (index_) throw KeyError("cannot create the sub-TensorDict " + path_str(cp) + " through an indexed view of " +
+                               tree_->client()->describe());
+    tree_->client()->run([&](backends::LeafStore& s) { s.create_group(cp); });
+    tree_->set_batch(cp, tree_->batch_of(path_));
+    tree_->reload();
+  }
+  return TensorDict(std::shared_ptr<Node>(child(key)));
+}
+
+bool RemoteNode::erase(const std::string& key) {
+  const LeafPath cp = child_path(key);
+  if (!tree_->leaf(cp) && !tree_->level(cp)) return false;
+  bool gone = tree_->client()->run([&](backends::LeafStore& s) { return s.erase(cp); });
+  tree_->reload();
+  return gone;
+}
+
+namespace {
+
+//! uploads a whole value at path (a new or replaced key of an unindexed level): one request
+void upload(backends::LeafStore& s, const LeafPath& path, const Entry& value, bool replace,
+            const backends::CreateOptions& opts) {
+  if (replace) s.erase(path);
+  if (value.is_tensor()) {
+    at::Tensor t = value.tensor().detach().cpu().contiguous();
+    s.create(path, t.scalar_type(), sizes_of(t), t, opts);
+  } else if (value.is_tensordict()) {
+    TensorDict td = value.tensordict();
+    if (!td.is_dense()) td = td.contiguous();
+    s.create_group(path);
+    for (const auto& k : td.keys()) upload(s, concat_path(path, k[0]), td.get_entry(k), false, opts);
+  } else if (value.is_non_tensor_data()) {
+    s.write_non_tensor(path, backends::NonTensorValue{value.non_tensor_data().value(), false});
+  } else if (value.is_non_tensor_stack()) {
+    const NonTensorStack& st = value.non_tensor_stack();
+    if (st.batch_size().size() != 1) {
+      throw NotImplementedError("a NonTensorStack of batch " + shape_str(st.batch_size()) +
+                                " in a store (one value per row along dim 0 only)");
+    }
+    s.write_non_tensor(path, backends::NonTensorValue{JsonValue::array(st.values()), true});
+  } else {
+    throw TypeError(std::string("cannot store a ") + Entry::kind_name(value.kind()) + " at " + path_str(path));
+  }
+}
+
+}  // namespace
+
+void RemoteNode::put(const std::string& key, const Entry& value_in) {
+  const LeafPath cp = child_path(key);
+  Entry value = value_in;
+  if (value.is_dict()) value = Entry(TensorDict(value.dict(), batch_size, device));
+  if (value.is_tensordict() && !value.tensordict().is_dense()) value = Entry(value.tensordict().contiguous());
+  const BatchSize vb = value.shape();
+  if (!starts_with(vb, batch_size) && !value.is_non_tensor_data()) {
+    throw BatchSizeError("batch dimension mismatch, got self.batch_size=" + shape_str(batch_size) +
+                         " and value.shape=" + shape_str(vb) + " (key " + path_str(cp) + ")");
+  }
+  if (index_) {  // a view: the value is written at the view's selection (new keys are preallocated)
+    TensorDict one(batch_size, device);
+    one.set(NestedKey(key), value);
+    write(Index{}, one);
+    return;
+  }
+  auto info = tree_->leaf(cp);
+  if (info && info->kind == backends::LeafKind::Tensor && value.is_tensor() &&
+      sizes_of(value.tensor()) == info->shape && value.tensor().scalar_type() == info->dtype) {
+    backends::LeafWrite w;
+    w.path = cp;
+    w.data = value.tensor().detach().cpu().contiguous();
+    tree_->client()->write({std::move(w)});
+    return;
+  }
+  const bool replace = info.has_value() || tree_->level(cp).has_value();
+  if (value.is_tensordict()) tree_->set_batch(cp, value.tensordict().batch_size());
+  tree_->client()->run([&](backends::LeafStore& s) { upload(s, cp, value, replace, tree_->create_options); });
+  tree_->reload();
+}
+
+void RemoteNode::write(const Index& index, const TensorDict& value_in) {
+  const BatchSize level_batch = tree_->batch_of(path_);
+  ResolvedIndex sel = index_ ? index_->compose(index) : ResolvedIndex::resolve(level_batch, index);
+  const BatchSize rb = sel.result_batch();
+  TensorDict value = value_in.is_dense() ? value_in : value_in.contiguous();
+  if (value.batch_size() != rb) value = value.expand(rb);  // torch's broadcasting rules and errors
+
+  struct Item {
+    LeafPath path;
+    at::Tensor data;  // result batch + feature shape
+  };
+  std::vector<Item> tensors;
+  std::vector<std::pair<LeafPath, Entry>> non_tensors;
+  for (const auto& kv : value.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    LeafPath p = path_;
+    for (const auto& part : kv.first.parts()) p.push_back(part);
+    if (kv.second.is_tensor()) {
+      tensors.push_back(Item{p, kv.second.tensor()});
+    } else {
+      non_tensors.emplace_back(p, kv.second);
+    }
+  }
+  // sub-TensorDicts of the value that the store lacks: their levels take the value's batch sizes
+  for (const auto& k : value.keys(KeysOptions().include_nested(true))) {
+    Entry e = value.get_entry(k);
+    if (!e.is_tensordict()) continue;
+    LeafPath p = path_;
+    for (const auto& part : k.parts()) p.push_back(part);
+    if (!tree_->level(p)) {
+      BatchSize b = concat(level_batch, tail(e.tensordict().batch_size(), rb.size()));
+      tree_->set_batch(p, b);
+    }
+  }
+  auto level_sel = [&](const LeafPath& level) {
+    return sel.extend(tail(tree_->batch_of(level), level_batch.size()));
+  };
+  // keys the store lacks: preallocated zero-filled at the full batch size, as upstream's first indexed write
+  std::vector<std::pair<LeafPath, std::pair<at::ScalarType, BatchSize>>> missing;
+  for (const auto& it : tensors) {
+    if (auto info = tree_->leaf(it.path)) {
+      if (info->kind != backends::LeafKind::Tensor) {
+        throw TypeError("td[idx] = value: key " + path_str(it.path) + " holds a non-tensor in " +
+                        tree_->client()->describe() + " but the value holds a Tensor");
+      }
+      continue;
+    }
+    if (!tree_->client()->writable()) continue;  // the write below reports the read-only store
+    const LeafPath lv = parent_of(it.path);
+    const BatchSize lrb = level_sel(lv).result_batch();
+    BatchSize shape = concat(tree_->batch_of(lv), tail(sizes_of(it.data), lrb.size()));
+    missing.emplace_back(it.path, std::make_pair(it.data.scalar_type(), shape));
+  }
+  if (!missing.empty()) {
+    tree_->client()->run([&](backends::LeafStore& s) {
+      for (const auto& m : missing) s.create(m.first, m.second.first, m.second.second, at::Tensor(), tree_->create_options);
+    });
+    tree_->reload();
+  }
+
+  PlanCache plans;
+  std::map<LeafPath, ResolvedIndex> sels;
+  auto sel_of = [&](const LeafPath& level) -> const ResolvedIndex& {
+    auto it = sels.find(level);
+    if (it == sels.end()) it = sels.emplace(level, level_sel(level)).first;
+    return it->second;
+  };
+  std::vector<backends::LeafWrite> writes;
+  std::vector<std::pair<LeafSel, at::Tensor>> patches;  // partial rows: read, patch, write back
+  for (auto& it : tensors) {
+    auto info = tree_->leaf(it.path);
+    if (!info) {
+      throw ValueError(tree_->client()->describe() + " is read-only: cannot create " + path_str(it.path));
+    }
+    const LeafPath lv = parent_of(it.path);
+    const ResolvedIndex& ls = sel_of(lv);
+    const BatchSize lb = tree_->batch_of(lv);
+    const BatchSize feat = tail(info->shape, lb.size());
+    const BatchSize target = concat(ls.result_batch(), feat);
+    at::Tensor v = it.data.detach();
+    if (sizes_of(v) != target) {
+      try {
+        v = v.expand(target);
+      } catch (const c10::Error&) {
+        throw RuntimeError("td[idx] = value: the value of " + path_str(it.path) + " has shape " + shape_str(sizes_of(v)) +
+                           ", which cannot be broadcast to the indexed region " + shape_str(target));
+      }
+    }
+    v = v.to(at::kCPU, info->dtype).contiguous();
+    const ResolvedIndex::RowPlan* plan = plans.get(lv, ls);
+    LeafSel s{*info, ls, plan, lb};
+    backends::LeafWrite w;
+    w.path = it.path;
+    if (lb.empty() || (plan->all && plan->in_order)) {
+      w.whole = true;
+      w.data = v.reshape(info->shape);
+    } else if (plan->in_order) {
+      w.whole = false;
+      w.rows = plan->rows;
+      w.data = v.reshape(concat({static_cast<int64_t>(plan->rows.size())}, tail(info->shape, 1)));
+    } else if (static_cast<int64_t>(plan->rows.size()) * plan->per_row == ls.numel()) {
+      // whole rows in another order, no repeats: a permutation of the rows, no read needed
+      w.whole = false;
+      w.rows = plan->rows;
+      const BatchSize flat_shape = concat({static_cast<int64_t>(plan->rows.size()) * plan->per_row}, feat);
+      at::Tensor data = at::empty(flat_shape, v.options());
+      data.index_copy_(0, plan->local.reshape({-1}), v.reshape(concat({-1}, feat)));
+      w.data = data.reshape(concat({static_cast<int64_t>(plan->rows.size())}, tail(info->shape, 1)));
+    } else {
+      patches.emplace_back(s, v);
+      continue;
+    }
+    writes.push_back(std::move(w));
+  }
+  if (!patches.empty()) {
+    std::vector<backends::LeafRead> reads;
+    for (const auto& p : patches) reads.push_back(to_read(p.first));
+    std::vector<at::Tensor> rows = tree_->client()->read(std::move(reads));
+    for (size_t i = 0; i < patches.size(); ++i) {
+      const LeafSel& s = patches[i].first;
+      const BatchSize feat = tail(s.info.shape, s.level_batch.size());
+      at::Tensor r = rows.at(i).contiguous();
+      at::Tensor flat = r.view(concat({static_cast<int64_t>(s.plan->rows.size()) * s.plan->per_row}, feat));
+      flat.index_put_({s.plan->local.reshape({-1})}, patches[i].second.reshape(concat({-1}, feat)));
+      backends::LeafWrite w;
+      w.path = s.info.path;
+      w.whole = false;
+      w.rows = s.plan->rows;
+      w.data = r;
+      writes.push_back(std::move(w));
+    }
+  }
+  if (!writes.empty()) tree_->client()->write(std::move(writes));
+
+  // non-tensors: whole values, or one value per row (upstream's json_array) for a selection of rows
+  for (const auto& nt : non_tensors) {
+    const LeafPath lv = parent_of(nt.first);
+    const ResolvedIndex& ls = sel_of(lv);
+    const BatchSize lb = tree_->batch_of(lv);
+    const ResolvedIndex::RowPlan* plan = plans.get(lv, ls);
+    const bool whole = lb.empty() || (plan->all && plan->in_order);
+    auto info = tree_->leaf(nt.first);
+    if (whole) {
+      tree_->client()->run([&](backends::LeafStore& s) { upload(s, nt.first, nt.second, info.has_value(), tree_->create_options); });
+      if (!info) tree_->reload();
+      continue;
+    }
+    if (plan->per_row != 1) {
+      throw NotImplementedError("writing the non-tensor " + path_str(nt.first) + " at an index of a store with " +
+                                std::to_string(lb.size()) + " batch dims (one value per row along dim 0 only)");
+    }
+    tree_->client()->run([&](backends::LeafStore& s) {
+      // a key the store lacks, written at some rows: the other rows hold null (upstream's None)
+      backends::NonTensorValue cur = info ? s.read_non_tensor(nt.first) : backends::NonTensorValue{};
+      std::vector<JsonValue> rows;
+      if (cur.stacked && cur.value.is_array()) {
+        rows = cur.value.as_array();
+      } else {
+        rows.assign(static_cast<size_t>(lb[0]), cur.value);
+      }
+      rows.resize(static_cast<size_t>(lb[0]));
+      at::Tensor pos = ls.positions().reshape({-1}).contiguous();
+      const int64_t* p = pos.data_ptr<int64_t>();
+      for (int64_t i = 0; i < pos.numel(); ++i) {
+        const JsonValue& v = nt.second.is_non_tensor_data() ? nt.second.non_tensor_data().value()
+                                                             : nt.second.non_tensor_stack().at(i);
+        rows[static_cast<size_t>(p[i])] = v;
+      }
+      s.write_non_tensor(nt.first, backends::NonTensorValue{JsonValue::array(std::move(rows)), true});
+    });
+    if (!info) tree_->reload();
+  }
+}
+
+// ============================================================================ helpers
+void upload_all(RemoteTree& tree, const LeafPath& path, const TensorDict& td_in) {
+  TensorDict td = td_in.is_dense() ? td_in : td_in.contiguous();
+  for (const auto& k : td.keys(KeysOptions().include_nested(true))) {
+    Entry e = td.get_entry(k);
+    if (!e.is_tensordict()) continue;
+    LeafPath p = path;
+    for (const auto& part : k.parts()) p.push_back(part);
+    tree.set_batch(p, e.tensordict().batch_size());
+  }
+  const backends::CreateOptions opts = tree.create_options;
+  tree.client()->run([&](backends::LeafStore& s) {
+    for (const auto& k : td.keys()) upload(s, concat_path(path, k[0]), td.get_entry(k), false, opts);
+  });
+  tree.reload();
+}
+
+TensorDict make_remote(std::shared_ptr<RemoteTree> tree, const LeafPath& path) {
+  if (!path.empty() && !tree->level(path)) {
+    throw KeyError(tree->client()->describe() + " has no group " + path_str(path));
+  }
+  return TensorDict(std::shared_ptr<Node>(std::make_shared<RemoteNode>(std::move(tree), path, std::nullopt)));
+}
+
+RemoteNode* remote_node_of(const TensorDict& td) {
+  if (!td.defined() || !td.node()) return nullptr;
+  return dynamic_cast<RemoteNode*>(td.node().get());
+}
+
+}  // namespace remote
+}  // namespace tensordict

@@ -1,0 +1,114 @@
+#pragma once
+// (internal) The node of a TensorDict whose leaves live in a backends::LeafStore behind its store actor: an
+// HDF5 file or group (PersistentTensorDict), a Redis store (TensorDictStore). A node is (store, level path,
+// resolved index): indexing composes the index without I/O; reads and writes of one user call become ONE
+// request to the store actor covering every leaf, which reads whole rows along dim 0 (sorted, unique) and
+// re-indexes them in memory.
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensordict/actors/leaf_store_actor.hpp"
+#include "tensordict/node.hpp"
+#include "tensordict/resolved_index.hpp"
+
+namespace tensordict {
+namespace remote {
+
+using backends::LeafPath;
+
+//! the structure of one store as last listed: its levels (keys in order, batch size) and leaves (dtype,
+//! shape); shared by every node over the store and re-listed after each structural change
+class RemoteTree {
+ public:
+  //! lists the store. `batch`: the root batch size (nullopt: the store's recorded one, else inferred per
+  //! level from the leaves' shapes as upstream's from_h5 does). `nested_batch_root`: nested levels take the
+  //! root's batch (Redis; HDF5 with a given batch size) instead of their own inferred one.
+  RemoteTree(std::shared_ptr<actors::LeafStoreClient> client, std::optional<BatchSize> batch,
+             std::optional<at::Device> device, std::string type_name);
+
+  struct Level {
+    BatchSize batch;
+    std::vector<std::string> keys;
+  };
+  const std::shared_ptr<actors::LeafStoreClient>& client() const { return client_; }
+  const std::optional<at::Device>& device() const { return device_; }
+  const std::string& type_name() const { return type_name_; }
+  //! how the engine creates datasets in this store (h5: chunks / gzip / shuffle)
+  backends::CreateOptions create_options;
+
+  //! the level at path (nullopt when the store has none: a level whose first leaf will create it)
+  std::optional<Level> level(const LeafPath& path) const;
+  std::optional<backends::LeafInfo> leaf(const LeafPath& path) const;
+  //! the batch size of the level at path: its own, or its nearest existing ancestor's
+  BatchSize batch_of(const LeafPath& path) const;
+  //! records the batch size of a level the engine creates (a sub-TensorDict put into the store)
+  void set_batch(const LeafPath& path, const BatchSize& batch);
+  //! lists the store again (after a structural change)
+  void reload();
+  //! the tensor leaves under path, depth first in key order
+  std::vector<backends::LeafInfo> tensor_leaves_under(const LeafPath& path) const;
+
+ private:
+  void build(const std::vector<backends::LeafInfo>& infos);
+  std::shared_ptr<actors::LeafStoreClient> client_;
+  std::optional<at::Device> device_;
+  std::string type_name_;
+  bool infer_ = false;
+  BatchSize root_batch_;
+  mutable std::mutex mu_;
+  std::map<LeafPath, Level> levels_;
+  std::map<LeafPath, backends::LeafInfo> leaves_;
+  std::map<LeafPath, BatchSize> fixed_;  //!< batch sizes decided once (at open, or by set_batch)
+};
+
+class RemoteNode : public Node {
+ public:
+  RemoteNode(std::shared_ptr<RemoteTree> tree, LeafPath path, std::optional<ResolvedIndex> index);
+
+  NodeType kind() const override { return NodeType::Store; }
+  std::string type_name() const override { return tree_->type_name(); }
+  NodeCaps caps() const override;
+  std::vector<std::string> keys() const override;
+  std::optional<Entry> read(const std::string& key) const override;
+  std::vector<Entry> read(const std::vector<std::string>& keys, const Index& index) const override;
+  void put(const std::string& key, const Entry& value) override;
+  bool erase(const std::string& key) override;
+  std::shared_ptr<Node> index(const Index& index) const override;
+  std::vector<std::shared_ptr<Node>> child_nodes() const override { return {}; }
+  TensorDict to_dense() const override;
+  void write(const Index& index, const TensorDict& value) override;
+  TensorDict open_child(const std::string& key) override;
+
+  const std::shared_ptr<RemoteTree>& tree() const { return tree_; }
+  const LeafPath& path() const { return path_; }
+  const std::optional<ResolvedIndex>& resolved() const { return index_; }
+
+ private:
+  LeafPath child_path(const std::string& key) const;
+  //! the index over the level at `path` (a descendant of this level, whose batch may be longer)
+  std::optional<ResolvedIndex> index_for(const LeafPath& path) const;
+  std::shared_ptr<RemoteNode> child(const std::string& key) const;
+  //! dense TensorDict of this node's values: every tensor leaf in ONE request
+  TensorDict materialize(const std::vector<std::string>* only) const;
+  //! the non-tensor at path, selected by this node's index
+  Entry read_non_tensor(const LeafPath& path) const;
+
+  std::shared_ptr<RemoteTree> tree_;
+  LeafPath path_;
+  std::optional<ResolvedIndex> index_;  //!< over the level's batch; nullopt: all of it
+};
+
+//! writes every entry of td under path (a new file / store): ONE request, then one re-listing; nested
+//! levels keep td's batch sizes
+void upload_all(RemoteTree& tree, const LeafPath& path, const TensorDict& td);
+//! a TensorDict handle over the root (or a group) of a store
+TensorDict make_remote(std::shared_ptr<RemoteTree> tree, const LeafPath& path = {});
+//! the RemoteNode behind td (nullptr for other nodes)
+RemoteNode* remote_node_of(const TensorDict& td);
+
+}  // namespace remote
+}  // namespace tensordict
