@@ -412,8 +412,8 @@ TensorDict RemoteNode::open_child(const std::string& key) {
     throw KeyError("'" + key + "' is a leaf of " + tree_->client()->describe() + ", not a TensorDict");
   }
   if (!tree_->level(cp)) {
-    if (index_) throw KeyError("cannot create the sub-TensorDict " + path_str(cp) + " through an indexed view of " +
-                               tree_->client()->describe());
+    // through an indexed view too: the level is created in the storage at its full batch size, and the
+    // view's leaves under it are preallocated there by their first write (upstream's setitem on a view)
     tree_->client()->run([&](backends::LeafStore& s) { s.create_group(cp); });
     tree_->set_batch(cp, tree_->batch_of(path_));
     tree_->reload();

@@ -561,11 +561,6 @@ void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn) {
   }
 }
 
-//! a node with neither dense leaves nor a dense view (HDF5, Redis): it reads and writes through requests
-bool remote_node(const TensorDict& td) {
-  return !td.is_dense() && td.node() && td.node()->kind() != NodeType::LazyStack && !td.node()->dense_view();
-}
-
 }  // namespace
 
 // ============================================================================ public API
@@ -588,7 +583,7 @@ TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) 
     lz->index_put(index, &value, nullptr, nullptr);
     return *this;
   }
-  if (remote_node(*this)) {  // a node whose leaves live elsewhere (HDF5, Redis) writes itself: one request
+  if (detail::is_remote(*this)) {  // a node whose leaves live elsewhere (HDF5, Redis) writes itself: one request
     node_->write(index, value);
     return *this;
   }
@@ -605,7 +600,7 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) 
     lz->index_put(index, nullptr, &value, nullptr);
     return *this;
   }
-  if (remote_node(*this)) {  // read the rows, write the value into them, write them back (one request each)
+  if (detail::is_remote(*this)) {  // read the rows, write the value into them, write them back (one request each)
     TensorDict rows = this->index(index).contiguous();
     rows.index_put_(Index{}, value);
     node_->write(index, rows);
@@ -621,7 +616,7 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) 
     lz->index_put(index, nullptr, nullptr, &value);
     return *this;
   }
-  if (remote_node(*this)) {
+  if (detail::is_remote(*this)) {
     TensorDict rows = this->index(index).contiguous();
     rows.index_put_(Index{}, value);
     node_->write(index, rows);

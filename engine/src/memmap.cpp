@@ -385,6 +385,10 @@ TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
 
 // ============================================================================ TensorDict methods
 TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& options) {
+  if (detail::is_remote(*this)) {
+    throw NotImplementedError("memmap_ on a " + node_->type_name() +
+                              ": its leaves live in its storage; to_tensordict() (contiguous()) first, or memmap()");
+  }
   if (d()->is_shared) {
     throw ValueError("memmap_ and share_memory_ are mutually exclusive: this TensorDict is in shared memory");
   }
@@ -420,6 +424,7 @@ TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& 
 }
 
 TensorDict TensorDict::memmap(const std::string& prefix, const MemmapOptions& options) const {
+  if (detail::is_remote(*this)) return contiguous().memmap(prefix, options);  // a remote node: on its dense form
   TensorDict out = copy();
   out.impl()->type_repr = d()->type_repr;
   out.impl()->class_fields = d()->class_fields;
@@ -441,6 +446,7 @@ TensorDict TensorDict::save(const std::string& prefix, const MemmapOptions& opti
 }
 
 TensorDict TensorDict::memmap_like(const std::string& prefix, const MemmapOptions& options) const {
+  if (detail::is_remote(*this)) return contiguous().memmap_like(prefix, options);  // a remote node: on its dense form
   TensorDict out = copy();
   out.impl()->type_repr = d()->type_repr;
   out.impl()->class_fields = d()->class_fields;

@@ -677,6 +677,7 @@ bool equal_entries(const Entry& a, const Entry& b) {
 // ================================================================================================ apply family
 TensorDict TensorDict::apply(const LeafFn& fn, const ApplyOptions& options) const {
   if (!fn) throw ValueError("apply: fn is empty");
+  if (detail::is_remote(*this)) return contiguous().apply(fn, options);  // a remote node: on its dense form
   if (auto* lz = detail::lazy_node(*this)) {  // member by member: a lazy stack again (upstream test_stack_apply)
     if (options.batch_size()) throw NotImplementedError("apply with batch_size on a LazyStackedTensorDict");
     std::vector<TensorDict> out;
@@ -692,6 +693,7 @@ TensorDict TensorDict::apply(const LeafFn& fn, const ApplyOptions& options) cons
 TensorDict TensorDict::apply(const MultiLeafFn& fn, const std::vector<TensorDict>& others,
                              const ApplyOptions& options) const {
   if (!fn) throw ValueError("apply: fn is empty");
+  if (detail::is_remote(*this)) return contiguous().apply(fn, others, options);  // a remote node: on its dense form
   ApplyCall c;
   c.multi = &fn;
   c.opts = options;
@@ -700,6 +702,12 @@ TensorDict TensorDict::apply(const MultiLeafFn& fn, const std::vector<TensorDict
 
 TensorDict& TensorDict::apply_(const LeafFn& fn) {
   if (!fn) throw ValueError("apply_: fn is empty");
+  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
+    TensorDict dense = contiguous();
+    dense.apply_(fn);
+    detail::write_back(*this, dense);
+    return *this;
+  }
   if (auto* lz = detail::lazy_node(*this)) {
     for (auto& m : lz->members) m.apply_(fn);
     return *this;
@@ -715,6 +723,12 @@ TensorDict& TensorDict::apply_(const LeafFn& fn) {
 
 TensorDict& TensorDict::apply_(const MultiLeafFn& fn, const std::vector<TensorDict>& others) {
   if (!fn) throw ValueError("apply_: fn is empty");
+  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
+    TensorDict dense = contiguous();
+    dense.apply_(fn, others);
+    detail::write_back(*this, dense);
+    return *this;
+  }
   ApplyCall c;
   c.multi = &fn;
   c.inplace = true;
@@ -763,6 +777,12 @@ TensorDict TensorDict::masked_fill(const at::Tensor& mask, const at::Scalar& val
 }
 
 TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& value) {
+  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
+    TensorDict dense = contiguous();
+    dense.masked_fill_(mask, value);
+    detail::write_back(*this, dense);
+    return *this;
+  }
   if (detail::lazy_node(*this)) return index_put_({mask.to(at::kBool)}, value);
   check_batch_mask(*this, mask, "masked_fill_", "mask");
   for_each_leaf(*d(), NestedKey(),
@@ -850,6 +870,12 @@ TensorDict TensorDict::div(const at::Tensor& other) const { return binary_tensor
 TensorDict TensorDict::div(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::Div); }
 
 TensorDict& TensorDict::add_(const TensorDict& other) {
+  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
+    TensorDict dense = contiguous();
+    dense.add_(other);
+    detail::write_back(*this, dense);
+    return *this;
+  }
   if (auto* lz = detail::lazy_node(*this)) {  // member by member, other split along the stack dim
     std::vector<TensorDict> parts = other.unbind(lz->stack_dim);
     if (parts.size() != lz->members.size()) {
@@ -908,6 +934,12 @@ void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is
 }  // namespace
 
 TensorDict& TensorDict::add_(const at::Scalar& other) {
+  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
+    TensorDict dense = contiguous();
+    dense.add_(other);
+    detail::write_back(*this, dense);
+    return *this;
+  }
   if (auto* lz = detail::lazy_node(*this)) {
     for (auto& m : lz->members) m.add_(other);
     return *this;
@@ -917,6 +949,12 @@ TensorDict& TensorDict::add_(const at::Scalar& other) {
 }
 
 TensorDict& TensorDict::mul_(const at::Scalar& other) {
+  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
+    TensorDict dense = contiguous();
+    dense.mul_(other);
+    detail::write_back(*this, dense);
+    return *this;
+  }
   if (auto* lz = detail::lazy_node(*this)) {
     for (auto& m : lz->members) m.mul_(other);
     return *this;

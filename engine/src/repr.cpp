@@ -345,7 +345,11 @@ std::string td_repr(const TensorDict& td) {
   if (const LazyStackNode* lz = detail::lazy_node(td)) return lazy_repr(td, *lz);
   if (!td.is_dense()) {
     if (auto view = td.node()->dense_view()) return td_repr(TensorDict(view));  // a store: its storage
-    return td.node()->type_name() + "(batch_size=" + shape_str(td.batch_size()) + ")";
+    // a remote node (HDF5, Redis): its values as read now, under its own class name
+    std::string r = td_repr(td.contiguous());
+    const std::string dense = "TensorDict(";
+    if (r.compare(0, dense.size(), dense) == 0) r = td.node()->type_name() + "(" + r.substr(dense.size());
+    return r;
   }
   const TensorDictImpl& impl = *td.impl();
   std::vector<std::string> strs;

@@ -373,6 +373,7 @@ TensorDict TensorDict::expand(BatchSize shape) const {
 
 // ============================================================================ unbind / split / chunk
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
+  if (detail::is_remote(*this)) return contiguous().unbind(dim);  // a remote node: on its dense form
   if (auto* lz = detail::lazy_node(*this)) {
     const int64_t dd = detail::normalize_dim(dim, batch_dims());
     if (dd == lz->stack_dim) return lz->members;  // the members themselves (upstream test_unbind_lazystack)

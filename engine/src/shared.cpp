@@ -50,6 +50,10 @@ std::string TensorDict::shm_prefix() {
 }
 
 TensorDict& TensorDict::share_memory_() {
+  if (detail::is_remote(*this)) {
+    throw NotImplementedError("share_memory_ on a " + node_->type_name() +
+                              ": its leaves live in its storage; to_tensordict() (contiguous()) first");
+  }
   if (d()->is_memmap) {
     throw ValueError("share_memory_ and memmap_ are mutually exclusive: this TensorDict is memory-mapped");
   }

@@ -143,6 +143,12 @@ bool is_dense_tree(const TensorDict& td) {
   return true;
 }
 
+bool is_remote(const TensorDict& td) {
+  return !td.is_dense() && td.node() && td.node()->kind() != NodeType::LazyStack && !td.node()->dense_view();
+}
+
+void write_back(const TensorDict& self, const TensorDict& dense) { self.node()->write(Index{}, dense); }
+
 TensorDict dense_tree(const TensorDict& td) {
   if (is_dense_tree(td)) return td;
   if (!td.is_dense() && !(td.node() && td.node()->dense_view())) return dense_tree(td.contiguous());
@@ -1009,6 +1015,14 @@ TensorDict& TensorDict::del(const NestedKey& key) {
 }
 
 TensorDict& TensorDict::rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe) {
+  if (detail::is_remote(*this)) {  // the value copied to the new key, then the old one removed
+    check_node_unlocked(*this);
+    if (safe && contains(new_key)) throw KeyError("key " + new_key.repr() + " already present in TensorDict.");
+    Entry v = get_entry(old_key);
+    set(new_key, v);
+    del(old_key);
+    return *this;
+  }
   if (auto* lz = detail::lazy_node(*this)) {
     check_node_unlocked(*this);
     for (auto& m : lz->members) m.rename_key_(old_key, new_key, safe);
@@ -1042,12 +1056,26 @@ Entry TensorDict::setdefault(const NestedKey& key, const Entry& default_value) {
 }
 
 TensorDict& TensorDict::clear() {
+  if (detail::is_remote(*this)) {
+    check_node_unlocked(*this);
+    for (const auto& k : keys()) del(k);
+    return *this;
+  }
   check_unlocked(*d(), "clear");
   d()->entries.clear();
   return *this;
 }
 
 TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
+  if (detail::is_remote(*this)) {  // get() is a copy: fill it and write it back
+    Entry e = get_entry(key);
+    if (e.is_tensordict()) {
+      e.tensordict().apply_([&](const at::Tensor& t) { return at::full_like(t, value); });
+    } else {
+      set_(key, at::full_like(e.tensor(), value));
+    }
+    return *this;
+  }
   if (auto* lz = detail::lazy_node(*this)) {
     for (auto& m : lz->members) m.fill_(key, value);
     return *this;
@@ -1063,6 +1091,7 @@ TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
 
 // ============================================================================ key-structure ops
 TensorDict TensorDict::empty(bool recurse) const {
+  if (detail::is_remote(*this)) return contiguous().empty(recurse);  // a remote node: on its dense form
   if (auto* lz = detail::lazy_node(*this)) {
     std::vector<TensorDict> parts;
     for (const auto& m : lz->members) parts.push_back(m.empty(recurse));
@@ -1078,6 +1107,10 @@ TensorDict TensorDict::empty(bool recurse) const {
 }
 
 TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, bool inplace) const {
+  if (detail::is_remote(*this)) {
+    if (inplace) throw NotImplementedError("select(..., inplace=true) on a " + node_->type_name() + ": use exclude or del");
+    return contiguous().select(keys, strict);  // a remote node: on its dense form
+  }
   if (auto* lz = detail::lazy_node(*this); lz && !inplace) {  // member by member (upstream)
     if (strict)
       for (const auto& k : keys)
@@ -1141,6 +1174,13 @@ static void exclude_into(const TensorDictImpl& src, TensorDictImpl& dst, const s
 }
 
 TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace) const {
+  if (detail::is_remote(*this)) {
+    if (!inplace) return contiguous().exclude(keys);  // a remote node: on its dense form
+    TensorDict self = *this;
+    for (const auto& k : keys)
+      if (self.contains(k)) self.del(k);
+    return self;
+  }
   if (auto* lz = detail::lazy_node(*this); lz && !inplace) {
     std::vector<TensorDict> parts;
     for (const auto& m : lz->members) parts.push_back(m.exclude(keys));
@@ -1233,6 +1273,7 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace
 
 // ============================================================================ clone, to
 TensorDict TensorDict::clone(bool recurse) const {
+  if (detail::is_remote(*this)) return contiguous();  // a remote node: its dense form is a copy already
   if (auto* lz = detail::lazy_node(*this)) {
     std::vector<TensorDict> members;
     for (const auto& m : lz->members) members.push_back(m.clone(recurse));
@@ -1273,6 +1314,7 @@ std::shared_ptr<TensorDictImpl> copy_nodes(const TensorDictImpl& src) {
 TensorDict TensorDict::shallow_copy() const { return TensorDict(copy_nodes(*d())); }
 
 TensorDict TensorDict::to(at::Device device) const {
+  if (detail::is_remote(*this)) return contiguous().to(device);  // a remote node: on its dense form
   if (auto* lz = detail::lazy_node(*this)) {
     std::vector<TensorDict> members;
     for (const auto& m : lz->members) members.push_back(m.to(device));

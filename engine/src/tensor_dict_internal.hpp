@@ -106,6 +106,12 @@ bool is_dense_tree(const TensorDict& td);
 //! td when is_dense_tree(td), else a copy of its structure (leaves shared) in which every node of another
 //! kind is replaced by its dense form (contiguous()): what read-only dense algorithms walk
 TensorDict dense_tree(const TensorDict& td);
+//! a node whose leaves live elsewhere and are reached through requests (HDF5, Redis): neither dense, nor a
+//! lazy stack, nor a store with a dense view. Operations without a form of their own for it run on its
+//! dense form (contiguous(): one read request); in-place ones then write the result back (one request).
+bool is_remote(const TensorDict& td);
+//! self[...] = dense (every leaf of dense, one write request to self's node)
+void write_back(const TensorDict& self, const TensorDict& dense);
 
 //! propagates the lock to children (registering `parent` as a locked parent)
 void lock_children(const std::shared_ptr<Node>& parent);

@@ -64,6 +64,24 @@ inline std::vector<Member> members() {
                    return tensordict::Store::open(buf).tensordict();
                  },
                  true, /*new_levels=*/false});
+  // HDF5 (PersistentTensorDict): a file, a group of a file, an indexed view of a file
+  out.push_back({"h5_td",
+                 [=] { return TensorDict(tensordict::PersistentTensorDict::from_dict(zoo::plain(bs, 101), fresh_dir("h5") + ".h5")); },
+                 true});
+  out.push_back({"h5_group_td",
+                 [=] {
+                   TensorDict outer(BatchSize{4, 3});
+                   outer.set("grp", zoo::plain(bs, 103));
+                   auto f = tensordict::PersistentTensorDict::from_dict(outer, fresh_dir("h5g") + ".h5");
+                   return f.get_entry("grp").tensordict();
+                 },
+                 true});
+  out.push_back({"h5_view_td",
+                 [] {
+                   auto f = tensordict::PersistentTensorDict::from_dict(zoo::plain({6, 3, 2, 1}, 105), fresh_dir("h5v") + ".h5");
+                   return f.index({at::indexing::Slice(1, 5)});
+                 },
+                 true});
   out.push_back({"lazy_stacked_td",
                  [] {
                    std::vector<TensorDict> parts;
