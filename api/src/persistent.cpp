@@ -144,6 +144,11 @@ std::string PersistentTensorDict::group() const {
   return g;
 }
 
+PersistentTensorDict::StoreStats PersistentTensorDict::store_stats() const {
+  auto s = node_of(*this).tree()->client()->batch_stats();
+  return StoreStats{s.calls, s.batches, s.largest};
+}
+
 void PersistentTensorDict::close() const { node_of(*this).tree()->client()->close(); }
 
 void PersistentTensorDict::flush() const {

@@ -663,6 +663,28 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
   }
 }
 
+std::string RemoteNode::storage_spec() const {
+  if (index_) return "";
+  const auto& client = tree_->client();
+  JsonValue::Object o;
+  o.emplace_back("driver", JsonValue(client->driver()));
+  const JsonValue& f = client->spec_fields();
+  if (f.is_object()) {
+    for (const auto& kv : f.as_object()) {
+      if (kv.first == "group" && !path_.empty()) continue;
+      o.push_back(kv);
+    }
+  }
+  if (!path_.empty()) {
+    if (client->driver() != "h5") return "";  // a nested level of a Redis store: the root's spec only
+    const JsonValue* g = f.is_object() ? f.find("group") : nullptr;
+    std::string group = g && g->is_string() ? g->as_string() : "/";
+    for (const auto& p : path_) group += (group.empty() || group.back() != '/' ? "/" : "") + p;
+    o.emplace_back("group", JsonValue(group));
+  }
+  return JsonValue::object(std::move(o)).dump();
+}
+
 // ============================================================================ helpers
 void upload_all(RemoteTree& tree, const LeafPath& path, const TensorDict& td_in) {
   TensorDict td = td_in.is_dense() ? td_in : td_in.contiguous();

@@ -82,6 +82,8 @@ class RemoteNode : public Node {
   TensorDict to_dense() const override;
   void write(const Index& index, const TensorDict& value) override;
   TensorDict open_child(const std::string& key) override;
+  //! {"driver": "h5" | "redis", ...the store's fields} for an unindexed level ("group" names an h5 level)
+  std::string storage_spec() const override;
 
   const std::shared_ptr<RemoteTree>& tree() const { return tree_; }
   const LeafPath& path() const { return path_; }

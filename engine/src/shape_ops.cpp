@@ -465,6 +465,11 @@ std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
   return split(std::max<int64_t>(1, (n + chunks - 1) / chunks), d);
 }
 
+TensorDict TensorDict::to_tensordict() const {
+  if (is_dense() || (node() && node()->dense_view())) return clone();
+  return contiguous();  // a lazy stack or a remote node: a new dense TensorDict already
+}
+
 TensorDict TensorDict::contiguous() const {
   if (auto* lz = detail::lazy_node(*this)) return detail::lazy_contiguous(*lz);
   if (!is_dense() && node() && !node()->dense_view()) return node()->to_dense();

@@ -98,6 +98,10 @@ const std::string& StorageSpec::str(const std::string& field) const {
 
 StorageSpec StorageSpec::of(const TensorDict& td, const std::string& what) {
   if (!td.defined()) throw ValueError(what + " is an undefined TensorDict");
+  if (!td.is_dense() && td.node()) {
+    std::string s = td.node()->storage_spec();
+    if (!s.empty()) return StorageSpec::parse(s);
+  }
   if (td.is_memmap()) {
     std::string prefix = td.memmap_prefix();
     if (prefix.empty()) {

@@ -60,8 +60,6 @@ class PersistentTensorDict : public TensorDict {
   //! the handle of an existing PersistentTensorDict node (TypeError for another node kind)
   explicit PersistentTensorDict(const TensorDict& td);
 
-  //! a dense in-memory copy (one request)
-  TensorDict to_tensordict() const { return contiguous(); }
   const std::string& filename() const;
   std::string mode() const;
   //! the group this handle's root is ("/" for the file)
@@ -70,6 +68,13 @@ class PersistentTensorDict : public TensorDict {
   void close() const;
   //! msync-like: H5Fflush
   void flush() const;
+  //! row reads / writes the file's store actor ran, and in how many merged batches
+  struct StoreStats {
+    int64_t calls = 0;
+    int64_t batches = 0;
+    int64_t largest = 0;
+  };
+  StoreStats store_stats() const;
 };
 
 //! td written to an HDF5 file in h5py's layout (mode "w"), returned open; what td.to_h5(file) does

@@ -58,6 +58,9 @@ class Node : public std::enable_shared_from_this<Node> {
   //! a dense node over this node's own storage that the dense algorithms may read and write directly
   //! (a store's current snapshot); nullptr when there is none (lazy stacks). The node keeps it alive.
   virtual std::shared_ptr<TensorDictImpl> dense_view() const { return nullptr; }
+  //! the storage spec (JSON text, tensordict/storage_spec.hpp) that reopens this node's storage in another
+  //! process; empty when there is none (in-memory nodes; views of a store)
+  virtual std::string storage_spec() const { return ""; }
 
   //! shared state of every node
   BatchSize batch_size;

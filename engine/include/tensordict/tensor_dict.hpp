@@ -208,6 +208,9 @@ class TensorDict {
   std::vector<TensorDict> split(int64_t split_size, int64_t dim = 0) const;
   std::vector<TensorDict> split(std::vector<int64_t> split_sizes, int64_t dim = 0) const;
   std::vector<TensorDict> chunk(int64_t chunks, int64_t dim = 0) const;
+  //! a regular in-memory TensorDict with this one's values (upstream to_tensordict): a copy, for every node
+  //! kind (an HDF5 file or a Redis store: one read request)
+  TensorDict to_tensordict() const;
   TensorDict contiguous() const;
 
   // ---------------------------------------------------------------- apply family

@@ -1,0 +1,79 @@
+#pragma once
+//! TensorDictStore: a TensorDict whose node lives on a Redis server, in the key layout of Python's
+//! TensorDictStore (tensordict/store), so Python reads what we write with the same td_id and the reverse.
+//! One store actor per store owns its connection; one user call (td[idx], td[idx] = rows, to_tensordict)
+//! is ONE pipeline covering every leaf, and calls from many producers waiting at the actor share pipelines.
+//!
+//!   auto buf = TensorDict::from_schema(schema, {100000}, "redis", RedisOptions().port(port)); // zero-filled
+//!   buf.index_put_({i}, row);                                 // any thread / process with its own handle
+//!   auto again = TensorDictStore::from_store(id, RedisOptions().port(port));
+//!
+//! Thread-safety: as a TensorDict; the store actor serialises the connection.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tensordict/storage_spec.hpp"
+#include "tensordict/tensor_dict.hpp"
+
+namespace tensordict {
+
+class Engine;
+
+//! where a store lives; empty / negative fields take the engine config's redis.* values
+struct RedisOptions : StorageOptions {
+  TD_ARG(std::string, host) = "";
+  TD_ARG(int, port) = 0;
+  TD_ARG(int, db) = -1;
+  //! a unix socket path instead of host:port
+  TD_ARG(std::string, unix_socket) = "";
+  //! the key namespace ("tensordict" by default, as Python)
+  TD_ARG(std::string, prefix) = "";
+  TD_ARG(std::string, password) = "";
+  //! the store's id (empty: a new uuid4 for a new store)
+  TD_ARG(std::string, td_id) = "";
+  //! reconnect attempts after a lost connection, and the pause between them
+  TD_ARG(int, retries) = 3;
+  TD_ARG(int, retry_delay_ms) = 100;
+  TD_ARG(int, connect_timeout_ms) = 2000;
+  TD_ARG(std::optional<at::Device>, device) = std::nullopt;
+  //! the engine whose actor system runs the store actor (null: the default engine)
+  TD_ARG(std::shared_ptr<Engine>, engine) = nullptr;
+
+ public:
+  JsonValue fields() const override;
+  static RedisOptions from_fields(const JsonValue& fields);
+};
+
+class TensorDictStore : public TensorDict {
+ public:
+  //! a new empty store of `batch_size` (its keys are created by the first write to each, as upstream's
+  //! check=False pattern: buf[i] = row preallocates every leaf at the full batch size)
+  TensorDictStore(const BatchSize& batch_size, const RedisOptions& options = {});
+  //! a new store holding td's values (one pipeline); KeyError-free even for nested TensorDicts
+  static TensorDictStore from_tensordict(const TensorDict& td, const RedisOptions& options = {});
+  //! a new zero-filled store: SETRANGE at each leaf's last byte, no tensor data leaves the process
+  static TensorDictStore from_schema(const Schema& schema, const BatchSize& batch_size, const RedisOptions& options = {});
+  //! reconnects to an existing store from any process; KeyError when the td_id has no __batch_size__
+  static TensorDictStore from_store(const std::string& td_id, const RedisOptions& options = {});
+  //! the handle of an existing store node (TypeError for another node kind)
+  explicit TensorDictStore(const TensorDict& td);
+
+  const std::string& td_id() const;
+  //! "redis://HOST:PORT/DB?prefix=P&td_id=ID" (what tdx accepts)
+  std::string address() const;
+  //! disconnects; every handle and view over the store raises BackendError afterwards (the data stays)
+  void close() const;
+  //! deletes every key of the store on the server (upstream clear_redis)
+  void clear_redis() const;
+  struct StoreStats {
+    int64_t calls = 0;
+    int64_t batches = 0;
+    int64_t largest = 0;
+  };
+  //! row reads / writes the store actor ran, and in how many pipelines (merged batches)
+  StoreStats store_stats() const;
+};
+
+}  // namespace tensordict

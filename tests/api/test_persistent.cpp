@@ -1,0 +1,265 @@
+// PersistentTensorDict: HDF5 files as TensorDicts behind their store actor (api/persistent.hpp).
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include <boost/test/unit_test.hpp>
+
+#include "engine/fixtures.hpp"
+#include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/index_math.hpp"
+#include "tensordict/tensordict.hpp"
+
+using namespace tensordict;
+using namespace at::indexing;
+using fixtures::TempDir;
+
+namespace {
+
+TensorDict sample(int64_t n, int64_t seed = 0) {
+  at::manual_seed(seed);
+  TensorDict td({{"obs", at::randn({n, 4})}, {"idx", at::arange(n)}, {"flag", at::arange(n).remainder(3).eq(0)}}, {n});
+  td.set({"sub", "x"}, at::randn({n, 2, 3}));
+  return td;
+}
+
+bool same(const TensorDict& a, const TensorDict& b) {
+  if (a.batch_size() != b.batch_size()) return false;
+  auto ka = a.keys(KeysOptions().include_nested(true).leaves_only(true).sort(true));
+  auto kb = b.keys(KeysOptions().include_nested(true).leaves_only(true).sort(true));
+  if (ka != kb) return false;
+  for (const auto& k : ka)
+    if (!a.get(k).equal(b.get(k))) return false;
+  return true;
+}
+
+std::vector<Index> indices(int64_t n) {
+  at::Tensor mask = at::arange(n).remainder(4).eq(1);
+  return {{0},
+          {-1},
+          {Slice(3, 9)},
+          {Slice(None, None, 3)},
+          {at::tensor({7, 2, 7, 0}, at::kLong)},   // unsorted and repeated (h5py refuses these)
+          {mask},
+          {Slice(2, 12), at::indexing::Ellipsis},
+          {at::tensor({1, 5, 5, 0}, at::kLong).view({2, 2})}};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(persistent)
+
+BOOST_AUTO_TEST_CASE(python_fixture_loads_with_inferred_batch_sizes) {
+  const std::string file = fixtures::python_written("i_h5.h5");
+  JsonValue want = fixtures::read_json(fixtures::python_written("i_h5.expected.json"));
+  PersistentTensorDict h5 = PersistentTensorDict::from_h5(file);
+  BOOST_TEST(h5.type_name() == "PersistentTensorDict");
+  BOOST_TEST(h5.batch_size() == BatchSize({3}));
+  BOOST_TEST(h5.get_td("sub").batch_size() == BatchSize({3}));
+  TensorDict dense = h5.to_tensordict();
+  BOOST_TEST(dense.is_dense());
+  for (const auto& leaf : want.find("leaves")->as_array()) {
+    NestedKey key;
+    std::vector<std::string> parts;
+    for (const auto& p : leaf.find("key")->as_array()) parts.push_back(p.as_string());
+    key = NestedKey(parts);
+    at::Tensor t = dense.get(key);
+    BOOST_TEST(backends::dtype_to_string(t.scalar_type()) == leaf.find("dtype")->as_string());
+    std::vector<int64_t> shape;
+    for (const auto& s : leaf.find("shape")->as_array()) shape.push_back(s.as_int());
+    BOOST_TEST(BatchSize(t.sizes().begin(), t.sizes().end()) == shape);
+    at::Tensor flat = t.reshape({-1}).to(at::kDouble);
+    const auto& values = leaf.find("values")->as_array();
+    BOOST_REQUIRE(static_cast<int64_t>(values.size()) == flat.numel());
+    for (size_t i = 0; i < values.size(); ++i) {
+      double v = values[i].is_bool() ? (values[i].as_bool() ? 1.0 : 0.0) : values[i].as_double();
+      BOOST_TEST(flat[static_cast<int64_t>(i)].item<double>() == v, key.repr() << "[" << i << "]");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(index_reads_match_the_dense_tensordict) {
+  TempDir dir("persistent");
+  TensorDict ref = sample(16, 1);
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, dir.path + "/a.h5");
+  BOOST_TEST(same(h5.to_tensordict(), ref));
+  for (const auto& idx : indices(16)) {
+    TensorDict got = h5.index(idx).to_tensordict();
+    BOOST_TEST(same(got, ref.index(idx)), "index " << index_repr(idx));
+    // a view of a view composes without I/O and reads the same as the dense result
+    if (got.batch_size().size() >= 1 && got.batch_size()[0] >= 2) {
+      BOOST_TEST(same(h5.index(idx).index({Slice(None, None, -1 + 2)}).index({1}).to_tensordict(),
+                      ref.index(idx).index({1})));
+    }
+  }
+  BOOST_TEST(h5.get("obs").equal(ref.get("obs")));
+  BOOST_TEST(h5.index({3}).get({"sub", "x"}).equal(ref.get({"sub", "x"})[3]));
+}
+
+BOOST_AUTO_TEST_CASE(one_request_per_user_call) {
+  TempDir dir("persistent");
+  TensorDict ref = sample(64, 2);
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, dir.path + "/a.h5");
+  const int64_t before = h5.store_stats().calls;
+  TensorDict v = h5.index({at::tensor({40, 3, 17}, at::kLong)});  // no I/O
+  TensorDict w = v.index({Slice(0, 2)});
+  BOOST_TEST(w.batch_size() == BatchSize({2}));
+  BOOST_TEST(h5.store_stats().calls == before);
+  // every leaf (obs, idx, flag, sub.x) in one read request
+  BOOST_TEST(same(w.to_tensordict(), ref.index({at::tensor({40, 3}, at::kLong)})));
+  BOOST_TEST(h5.store_stats().calls == before + 1);
+  // one write request for a row of every leaf (in order rows: no read first)
+  h5.index_put_({Slice(5, 9)}, ref.index({Slice(0, 4)}));
+  BOOST_TEST(h5.store_stats().calls == before + 2);
+}
+
+BOOST_AUTO_TEST_CASE(index_writes_land_in_the_file) {
+  TempDir dir("persistent");
+  const std::string file = dir.path + "/w.h5";
+  TensorDict ref = sample(16, 3);
+  {
+    PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, file);
+    int i = 0;
+    for (const auto& idx : indices(16)) {
+      TensorDict rows = ref.index(idx).clone();
+      rows.apply_([&](const at::Tensor& t) { return t.dtype() == at::kBool ? t.logical_not() : t + (++i); });
+      h5.index_put_(idx, rows);
+      ref.index_put_(idx, rows);
+      BOOST_TEST(same(h5.to_tensordict(), ref), "after writing index " << index_repr(idx));
+    }
+    // through a view, a scalar and a tensor broadcast to the rows
+    TensorDict view = h5.index({Slice(4, 8)});
+    view.index_put_({at::tensor({3, 0}, at::kLong)}, at::Scalar(0.5));
+    ref.index({Slice(4, 8)}).index_put_({at::tensor({3, 0}, at::kLong)}, at::Scalar(0.5));
+    view.set_("idx", at::full({4}, 9, at::kLong));
+    ref.index({Slice(4, 8)}).set_("idx", at::full({4}, 9, at::kLong));
+    BOOST_TEST(same(h5.to_tensordict(), ref));
+    h5.close();
+  }
+  PersistentTensorDict again = PersistentTensorDict::from_h5(file);
+  BOOST_TEST(same(again.to_tensordict(), ref));
+}
+
+BOOST_AUTO_TEST_CASE(new_keys_nested_groups_and_non_tensors) {
+  TempDir dir("persistent");
+  const std::string file = dir.path + "/n.h5";
+  TensorDict ref({{"a", at::arange(12).reshape({4, 3})}}, {4});
+  ref.set("name", Entry(JsonValue("a string!")));
+  TensorDict deeper({{"z", at::ones({4, 2, 5})}}, {4, 2});
+  ref.set("deeper", deeper);
+  {
+    PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, file, H5Options().mode("w"));
+    h5.set({"new", "leaf"}, at::zeros({4, 7}));
+    h5.index({1}).set_({"new", "leaf"}, at::ones({7}));
+    BOOST_TEST(h5.get({"new", "leaf"})[1].eq(1).all().item<bool>());
+    BOOST_TEST(h5.get_non_tensor("name").as_string() == "a string!");
+    h5.del("a");
+    BOOST_TEST(!h5.contains("a"));
+  }
+  // batch sizes inferred again on open: [4] at the root, [4, 2] for the deeper group
+  PersistentTensorDict h5 = PersistentTensorDict::from_h5(file);
+  BOOST_TEST(h5.batch_size() == BatchSize({4}));
+  BOOST_TEST(h5.get_td("deeper").batch_size() == BatchSize({4, 2}));
+  BOOST_TEST(h5.index({Slice(1, 3)}).get({"deeper", "z"}).sizes() == at::IntArrayRef({2, 2, 5}));
+  BOOST_TEST(h5.get_non_tensor("name").as_string() == "a string!");
+}
+
+BOOST_AUTO_TEST_CASE(from_schema_creates_datasets_without_writing) {
+  TempDir dir("persistent");
+  const std::string file = dir.path + "/s.h5";
+  Schema schema = {{NestedKey("obs"), {{1024}, at::kFloat}}, {NestedKey({"next", "reward"}), {{}, at::kFloat}}};
+  TensorDict buf = TensorDict::from_schema(schema, {65536}, "h5", H5Options().filename(file));  // 256 MiB of obs
+  BOOST_TEST(buf.type_name() == "PersistentTensorDict");
+  BOOST_TEST(buf.get({"next", "reward"}).sizes() == at::IntArrayRef({65536}));
+  BOOST_TEST(buf.index({at::tensor({70, 65535}, at::kLong)}).get("obs").eq(0).all().item<bool>());
+  struct stat st {};
+  BOOST_REQUIRE(::stat(file.c_str(), &st) == 0);
+  BOOST_TEST(static_cast<int64_t>(st.st_blocks) * 512 < (int64_t(1) << 20), "bytes on disk: " << st.st_blocks * 512);
+  buf.index_put_({100}, TensorDict({{"obs", at::ones({1024})}, {"next", TensorDict({{"reward", at::ones({})}}, {})}}, {}));
+  BOOST_TEST(buf.get("obs")[100].eq(1).all().item<bool>());
+  BOOST_TEST(buf.get({"next", "reward"})[100].item<float>() == 1.0f);
+  BOOST_TEST(buf.get({"next", "reward"}).sum().item<float>() == 1.0f);
+}
+
+BOOST_AUTO_TEST_CASE(closed_file_views_fail_with_a_typed_error) {
+  TempDir dir("persistent");
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(sample(8), dir.path + "/c.h5");
+  TensorDict view = h5.index({Slice(2, 4)});
+  h5.close();
+  BOOST_CHECK_THROW(view.get("obs"), BackendError);
+  BOOST_CHECK_THROW(h5.to_tensordict(), BackendError);
+  BOOST_CHECK_THROW(h5.index_put_({0}, at::Scalar(1)), BackendError);
+  h5.close();  // twice: no-op
+}
+
+BOOST_AUTO_TEST_CASE(read_only_file_refuses_writes_and_keeps_its_data) {
+  TempDir dir("persistent");
+  const std::string file = dir.path + "/r.h5";
+  TensorDict ref = sample(8, 4);
+  PersistentTensorDict::from_dict(ref, file).close();
+  PersistentTensorDict h5 = PersistentTensorDict::from_h5(file, "r");
+  BOOST_CHECK_THROW(h5.index_put_({1}, at::Scalar(3)), Error);
+  BOOST_CHECK_THROW(h5.set("new", at::zeros({8})), Error);
+  BOOST_CHECK_THROW(h5.set_("obs", at::zeros({8, 4})), Error);
+  BOOST_TEST(same(h5.to_tensordict(), ref));
+}
+
+BOOST_AUTO_TEST_CASE(bad_files_give_clear_errors) {
+  TempDir dir("persistent");
+  BOOST_CHECK_THROW(PersistentTensorDict::from_h5(dir.path + "/missing.h5"), BackendError);
+  BOOST_CHECK_THROW(PersistentTensorDict::from_h5(dir.path), BackendError);  // a directory
+  const std::string file = dir.path + "/t.h5";
+  PersistentTensorDict::from_dict(sample(8), file).close();
+  // truncated copies
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (size_t cut : {size_t(0), size_t(100), bytes.size() / 2, bytes.size() - 1}) {
+    const std::string bad = dir.path + "/cut" + std::to_string(cut) + ".h5";
+    std::ofstream(bad, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(cut));
+    bool clear = false;
+    try {
+      TensorDict t = PersistentTensorDict::from_h5(bad);
+      t.to_tensordict();
+    } catch (const FormatError& e) {
+      clear = std::string(e.what()).find(bad) != std::string::npos;
+    } catch (const BackendError& e) {
+      clear = std::string(e.what()).find(bad) != std::string::npos;
+    }
+    BOOST_TEST(clear, "cut at " << cut);
+  }
+  // leading dims that disagree with a given batch size
+  BOOST_CHECK_THROW(PersistentTensorDict(file, {5}, "r"), BatchSizeError);
+  try {
+    PersistentTensorDict(file, {5}, "r");
+  } catch (const BatchSizeError& e) {
+    BOOST_TEST(std::string(e.what()).find("obs") != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(memmap_and_share_memory_need_a_dense_copy) {
+  TempDir dir("persistent");
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(sample(8), dir.path + "/m.h5");
+  BOOST_CHECK_THROW(h5.memmap_(dir.path + "/mm"), NotImplementedError);
+  BOOST_CHECK_THROW(h5.share_memory_(), NotImplementedError);
+  TensorDict mm = h5.memmap(dir.path + "/mm2");
+  BOOST_TEST(mm.is_memmap());
+  BOOST_TEST(same(mm, h5.to_tensordict()));
+}
+
+BOOST_AUTO_TEST_CASE(storage_spec_reopens_the_file) {
+  TempDir dir("persistent");
+  const std::string file = dir.path + "/spec.h5";
+  TensorDict ref = sample(8, 5);
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, file, H5Options().mode("w"));
+  h5.close();
+  PersistentTensorDict ro = PersistentTensorDict::from_h5(file, "r");
+  StorageSpec spec = StorageSpec::of(ro);
+  BOOST_TEST(spec.driver() == "h5");
+  TensorDict again = open_storage(spec, OpenOptions().writable(false));
+  BOOST_TEST(same(again.contiguous(), ref));
+  StorageSpec sub = StorageSpec::of(ro.get_td("sub"));
+  BOOST_TEST(same(open_storage(sub, OpenOptions().writable(false)).contiguous(), ref.get_td("sub")));
+  BOOST_CHECK_THROW(StorageSpec::of(ro.index({1})), ValueError);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
