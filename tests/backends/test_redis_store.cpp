@@ -556,9 +556,12 @@ BOOST_AUTO_TEST_CASE(hostile_metadata) {
 }
 
 BOOST_AUTO_TEST_CASE(concurrent_reader_sees_whole_rows) {
+  // rows of 16 KiB: one write call is ~100 KiB of commands, more than Redis reads from a client at once, so
+  // without MULTI/EXEC another client would be served in the middle of it
+  const int64_t kW = 2048;
   auto s = new_store({8});
-  s->create({"a"}, at::kLong, {8, 16}, {}, {});
-  s->create({"b", "c"}, at::kLong, {8, 16}, {}, {});
+  s->create({"a"}, at::kLong, {8, kW}, {}, {});
+  s->create({"b", "c"}, at::kLong, {8, kW}, {}, {});
   std::atomic<bool> done{false};
   std::atomic<int64_t> torn{0}, reads{0};
   std::string worker_error;
@@ -579,17 +582,18 @@ BOOST_AUTO_TEST_CASE(concurrent_reader_sees_whole_rows) {
     }
   });
   for (int64_t v = 1; v <= 300; ++v) {
-    at::Tensor d = at::full({3, 16}, v, at::kLong);
+    at::Tensor d = at::full({3, kW}, v, at::kLong);
     if (v % 2)  // scattered rows (Lua SETRANGES) and whole runs alternately
       s->write({LeafWrite{{"a"}, false, {1, 2, 5}, d}, LeafWrite{{"b", "c"}, false, {1, 2, 5}, d}});
     else
-      s->write({LeafWrite{{"b", "c"}, true, {}, at::full({8, 16}, v, at::kLong)},
-                LeafWrite{{"a"}, true, {}, at::full({8, 16}, v, at::kLong)}});
+      s->write({LeafWrite{{"b", "c"}, true, {}, at::full({8, kW}, v, at::kLong)},
+                LeafWrite{{"a"}, true, {}, at::full({8, kW}, v, at::kLong)}});
   }
   while (reads.load() < 5 && worker_error.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   done = true;
   reader.join();
   BOOST_TEST(worker_error.empty(), worker_error);
+  BOOST_TEST_MESSAGE("concurrent reads: " << reads.load() << ", torn: " << torn.load());
   BOOST_TEST(torn.load() == 0);
   BOOST_TEST(reads.load() > 0);
 }
