@@ -848,6 +848,84 @@ int64_t parse_int_text(const std::string& text, const std::string& what) {
 
 }  // namespace
 
+RedisStackLeaf decode_redis_stack_leaf(const LeafPath& path, const std::string& key_base,
+                                       const std::map<std::string, std::string>& fields, int64_t count,
+                                       const std::optional<std::string>& idx, int64_t data_len) {
+  RedisStackLeaf leaf;
+  leaf.path = path;
+  const std::string joined = redis_join_path(path);
+  const std::string mkey = key_base + "m:" + joined, dkey = key_base + "d:" + joined;
+  const int64_t N = count;
+  const int64_t len = data_len;
+  if (N < 0 || N > kRedisMaxStackCount)
+    throw FormatError(key_base + "__count__: bad member count " + std::to_string(N));
+  if (fields.empty()) throw FormatError(mkey + ": metadata hash is missing or empty");
+  auto nt = fields.find("is_non_tensor");
+  if (nt != fields.end() && nt->second == "1") {
+    leaf.kind = LeafKind::NonTensor;
+    auto enc = fields.find("encoding");
+    leaf.encoding = enc == fields.end() ? "json" : enc->second;
+    if (leaf.encoding != "json" && leaf.encoding != "json_array" && leaf.encoding != "pickle")
+      throw FormatError(mkey + ": unknown non-tensor encoding '" + leaf.encoding.substr(0, 64) + "'");
+    return leaf;
+  }
+  // dtype / shape as a regular leaf (shape = [N, *elem0]; the byte-size checks apply to it)
+  RedisLeafMeta base = decode_redis_meta(leaf.path, mkey, fields);
+  leaf.dtype = base.info.dtype;
+  const std::vector<int64_t>& shape = base.info.shape;
+  if (shape.empty() || shape[0] != N)
+    throw FormatError(mkey + ": shape " + redis_shape_text(shape) + " does not start with the member count " +
+                      std::to_string(N));
+  auto hom = fields.find("homogeneous");
+  leaf.homogeneous = hom == fields.end() || hom->second != "0";
+  int64_t isz = item_size(leaf.dtype);
+  if (leaf.homogeneous) {
+    std::vector<int64_t> elem(shape.begin() + 1, shape.end());
+    int64_t eb = checked_nbytes(elem, isz);
+    leaf.shapes.assign(static_cast<size_t>(N), elem);
+    for (int64_t j = 0; j <= N; ++j) leaf.offsets.push_back(j * eb);
+  } else {
+    auto sh = fields.find("shapes");
+    if (sh == fields.end()) throw FormatError(mkey + ": a heterogeneous leaf has no 'shapes' field");
+    JsonValue v;
+    try {
+      v = JsonValue::parse(sh->second);
+    } catch (const FormatError& e) {
+      throw FormatError(mkey + ": invalid 'shapes': " + e.message());
+    }
+    if (!v.is_array() || static_cast<int64_t>(v.as_array().size()) != N)
+      throw FormatError(mkey + ": 'shapes' must be a list of " + std::to_string(N) + " shapes");
+    for (const auto& s : v.as_array()) {
+      if (!s.is_array()) throw FormatError(mkey + ": 'shapes' holds a non-list");
+      std::vector<int64_t> one;
+      for (const auto& d : s.as_array()) {
+        if (!d.is_int() || d.as_int() < 0) throw FormatError(mkey + ": 'shapes' must hold non-negative integers");
+        one.push_back(d.as_int());
+      }
+      leaf.shapes.push_back(std::move(one));
+    }
+    std::string ikey = dkey + ":idx";
+    if (!idx) throw FormatError(ikey + ": the offset table of a heterogeneous leaf is missing");
+    if (static_cast<int64_t>(idx->size()) != (N + 1) * 8)
+      throw FormatError(ikey + ": holds " + std::to_string(idx->size()) + " bytes, expected " +
+                        std::to_string((N + 1) * 8) + " (N+1 int64 offsets)");
+    leaf.offsets.resize(static_cast<size_t>(N + 1));
+    std::memcpy(leaf.offsets.data(), idx->data(), idx->size());
+    if (leaf.offsets[0] != 0) throw FormatError(ikey + ": the first offset is not 0");
+    for (int64_t j = 0; j < N; ++j) {
+      int64_t eb = checked_nbytes(leaf.shapes[static_cast<size_t>(j)], isz);
+      if (eb < 0) throw FormatError(mkey + ": member " + std::to_string(j) + "'s shape exceeds 512 MiB");
+      if (leaf.offsets[j + 1] < leaf.offsets[j] || leaf.offsets[j + 1] - leaf.offsets[j] != eb)
+        throw FormatError(ikey + ": offsets of member " + std::to_string(j) + " disagree with its shape " +
+                          redis_shape_text(leaf.shapes[static_cast<size_t>(j)]));
+    }
+  }
+  if (leaf.offsets.back() != len)
+    throw FormatError(dkey + ": value holds " + std::to_string(len) + " bytes, the layout says " +
+                      std::to_string(leaf.offsets.back()));
+  return leaf;
+}
+
 RedisLazyStackStore::RedisLazyStackStore(const RedisOptions& options) : options_(options) {
   if (options_.td_id().empty()) throw ValueError("opening a Redis lazy-stack store needs its td_id");
   client_ = std::make_unique<RedisClient>(options_.connect_options());
@@ -864,7 +942,8 @@ RedisLazyStackStore::RedisLazyStackStore(const RedisOptions& options) : options_
                    "'): " + k("__type__") + " is " + (r[0].is_nil() ? "missing" : "'" + r[0].str.substr(0, 64) + "'"));
   if (r[1].is_nil()) throw FormatError(k("__count__") + " is missing");
   layout_.count = parse_int_text(r[1].str, k("__count__"));
-  if (layout_.count < 0 || layout_.count > (int64_t{1} << 40)) throw FormatError(k("__count__") + ": bad member count");
+  if (layout_.count < 0 || layout_.count > kRedisMaxStackCount)
+    throw FormatError(k("__count__") + ": bad member count " + std::to_string(layout_.count));
   layout_.stack_dim = r[2].is_nil() ? 0 : parse_int_text(r[2].str, k("__stack_dim__"));
   if (!r[3].is_nil()) layout_.inner_batch_size = parse_redis_shape(r[3].str, k("__inner_batch_size__"));
   if (layout_.stack_dim < 0 || layout_.stack_dim > static_cast<int64_t>(layout_.inner_batch_size.size()))
@@ -888,76 +967,13 @@ RedisLazyStackStore::RedisLazyStackStore(const RedisOptions& options) : options_
     const std::string mkey = k("m:" + names[i]), dkey = k("d:" + names[i]);
     for (size_t j = 0; j < 3; ++j)
       if (m[3 * i + j].is_error()) redis_reply_error(m[3 * i + j], dkey);
-    auto fields = hash_fields(m[3 * i]);
-    RedisStackLeaf leaf;
-    leaf.path = redis_split_path(names[i]);
+    const RedisReply& idx = m[3 * i + 2];
     int64_t len = m[3 * i + 1].integer;
     data_len_[names[i]] = len;
-    if (fields.empty()) throw FormatError(mkey + ": metadata hash is missing or empty");
-    auto nt = fields.find("is_non_tensor");
-    if (nt != fields.end() && nt->second == "1") {
-      leaf.kind = LeafKind::NonTensor;
-      auto enc = fields.find("encoding");
-      leaf.encoding = enc == fields.end() ? "json" : enc->second;
-      layout_.leaves.push_back(std::move(leaf));
-      continue;
-    }
-    // dtype / shape as a regular leaf (shape = [N, *elem0]; the byte-size checks apply to it)
-    RedisLeafMeta base = decode_redis_meta(leaf.path, mkey, fields);
-    leaf.dtype = base.info.dtype;
-    const std::vector<int64_t>& shape = base.info.shape;
-    if (shape.empty() || shape[0] != N)
-      throw FormatError(mkey + ": shape " + redis_shape_text(shape) + " does not start with the member count " +
-                        std::to_string(N));
-    auto hom = fields.find("homogeneous");
-    leaf.homogeneous = hom == fields.end() || hom->second != "0";
-    int64_t isz = item_size(leaf.dtype);
-    if (leaf.homogeneous) {
-      std::vector<int64_t> elem(shape.begin() + 1, shape.end());
-      int64_t eb = checked_nbytes(elem, isz);
-      leaf.shapes.assign(static_cast<size_t>(N), elem);
-      for (int64_t j = 0; j <= N; ++j) leaf.offsets.push_back(j * eb);
-    } else {
-      auto sh = fields.find("shapes");
-      if (sh == fields.end()) throw FormatError(mkey + ": a heterogeneous leaf has no 'shapes' field");
-      JsonValue v;
-      try {
-        v = JsonValue::parse(sh->second);
-      } catch (const FormatError& e) {
-        throw FormatError(mkey + ": invalid 'shapes': " + e.message());
-      }
-      if (!v.is_array() || static_cast<int64_t>(v.as_array().size()) != N)
-        throw FormatError(mkey + ": 'shapes' must be a list of " + std::to_string(N) + " shapes");
-      for (const auto& s : v.as_array()) {
-        if (!s.is_array()) throw FormatError(mkey + ": 'shapes' holds a non-list");
-        std::vector<int64_t> one;
-        for (const auto& d : s.as_array()) {
-          if (!d.is_int() || d.as_int() < 0) throw FormatError(mkey + ": 'shapes' must hold non-negative integers");
-          one.push_back(d.as_int());
-        }
-        leaf.shapes.push_back(std::move(one));
-      }
-      const RedisReply& idx = m[3 * i + 2];
-      std::string ikey = dkey + ":idx";
-      if (idx.is_nil()) throw FormatError(ikey + ": the offset table of a heterogeneous leaf is missing");
-      if (static_cast<int64_t>(idx.str.size()) != (N + 1) * 8)
-        throw FormatError(ikey + ": holds " + std::to_string(idx.str.size()) + " bytes, expected " +
-                          std::to_string((N + 1) * 8) + " (N+1 int64 offsets)");
-      leaf.offsets.resize(static_cast<size_t>(N + 1));
-      std::memcpy(leaf.offsets.data(), idx.str.data(), idx.str.size());
-      if (leaf.offsets[0] != 0) throw FormatError(ikey + ": the first offset is not 0");
-      for (int64_t j = 0; j < N; ++j) {
-        int64_t eb = checked_nbytes(leaf.shapes[static_cast<size_t>(j)], isz);
-        if (eb < 0) throw FormatError(mkey + ": member " + std::to_string(j) + "'s shape exceeds 512 MiB");
-        if (leaf.offsets[j + 1] - leaf.offsets[j] != eb || leaf.offsets[j + 1] < leaf.offsets[j])
-          throw FormatError(ikey + ": offsets of member " + std::to_string(j) + " disagree with its shape " +
-                            redis_shape_text(leaf.shapes[static_cast<size_t>(j)]));
-      }
-    }
-    if (leaf.offsets.back() != len)
-      throw FormatError(dkey + ": value holds " + std::to_string(len) + " bytes, the layout says " +
-                        std::to_string(leaf.offsets.back()));
-    layout_.leaves.push_back(std::move(leaf));
+    std::optional<std::string> idx_bytes;
+    if (!idx.is_nil()) idx_bytes = idx.str;
+    layout_.leaves.push_back(
+        decode_redis_stack_leaf(redis_split_path(names[i]), k(""), hash_fields(m[3 * i]), N, idx_bytes, len));
   }
 }
 

@@ -173,6 +173,16 @@ struct RedisStackLayout {
   std::vector<RedisStackLeaf> leaves;  //!< sorted by path
 };
 
+//! the most members a lazy-stack store may declare (a hostile __count__ cannot make a huge allocation)
+inline constexpr int64_t kRedisMaxStackCount = int64_t{1} << 20;
+
+//! decodes one leaf of a lazy-stack store (pure: the fuzz target calls it): its m: hash `fields`, the member
+//! `count`, the bytes of d:<path>:idx (nullopt when missing) and the length of d:<path>. `key_base` is
+//! "<prefix>:{<td_id>}:" (for messages). FormatError naming the key for anything inconsistent.
+RedisStackLeaf decode_redis_stack_leaf(const LeafPath& path, const std::string& key_base,
+                                       const std::map<std::string, std::string>& fields, int64_t count,
+                                       const std::optional<std::string>& idx, int64_t data_len);
+
 class RedisLazyStackStore {
  public:
   //! KeyError naming the td_id when __type__ is not "lazy_stack"; FormatError for a malformed layout (offsets
