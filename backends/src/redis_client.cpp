@@ -1,8 +1,12 @@
 #include "tensordict/backends/redis_client.hpp"
 
 #include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/time.h>
+#include <time.h>
 
+#include <cerrno>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -66,6 +70,42 @@ RedisReply convert(const redisReply* r) {
   }
   return out;
 }
+
+//! hiredis writes with write(2): a server that closed the connection would raise SIGPIPE and kill the process.
+//! SIGPIPE is blocked on this thread during the I/O; one it raised is consumed before the mask is restored.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
+  }
+  ~SigpipeGuard() {
+    if (!blocked_) return;
+    if (!was_pending_) {
+      sigset_t pending;
+      sigemptyset(&pending);
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        timespec zero{0, 0};
+        while (sigtimedwait(&pipe_, nullptr, &zero) == -1 && errno == EINTR) {
+        }
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+  bool blocked_ = false;
+};
 
 struct ReplyFree {
   void operator()(void* r) const {
@@ -169,6 +209,7 @@ void RedisClient::lost(const std::string& what) {
 }
 
 std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisCommand*>& cmds) {
+  SigpipeGuard no_sigpipe;
   for (const RedisCommand* c : cmds) {
     if (redisAppendCommandArgv(ctx_, static_cast<int>(c->size()), const_cast<const char**>(c->argv()),
                                c->argvlen()) != REDIS_OK)

@@ -512,6 +512,21 @@ BOOST_AUTO_TEST_CASE(server_killed_mid_session) {
   BOOST_TEST(s->client().connections() >= 2);
 }
 
+BOOST_AUTO_TEST_CASE(connection_closed_by_server) {
+  // the server drops our idle connection; the next (large) write must fail with BackendError, not SIGPIPE,
+  // and the call after it reconnects
+  auto s = new_store({1024});
+  s->create({"big"}, at::kFloat, {1024, 4096}, {}, {});  // 16 MiB
+  RedisClient killer(opts(shared_server()).connect_options());
+  std::string id = std::to_string(s->client().command(RedisCommand{"CLIENT", "ID"}).integer);
+  BOOST_TEST(killer.command(RedisCommand{"CLIENT", "KILL", "ID", id}).integer == 1);
+  at::Tensor data = at::rand({1024, 4096});
+  std::string m = message_of<BackendError>([&] { s->write({LeafWrite{{"big"}, true, {}, data}}); });
+  BOOST_TEST(contains(m, "lost"));
+  s->write({LeafWrite{{"big"}, true, {}, data}});
+  BOOST_TEST(same(s->read({LeafRead{{"big"}, false, {1023}}})[0], data.slice(0, 1023, 1024)));
+}
+
 BOOST_AUTO_TEST_CASE(hostile_metadata) {
   auto s = new_store({4});
   RedisClient& c = s->client();

@@ -46,9 +46,6 @@ else()
     message(FATAL_ERROR "fixture missing: ${SHARED_DIR}/fixtures/redis/python-store.expected.json")
   endif()
   string(ASCII 1 S)
-  string(ASCII 0 Z)
-  string(ASCII 12 C)
-  string(ASCII 32 SP)
   set(seed_list
     "torch.float32${S}[4, 3]${S}${S}${S}${S}${S}${S}${S}${S}"
     "torch.int64${S}[4]${S}${S}${S}${S}${S}${S}${S}${S}"
