@@ -101,10 +101,12 @@ void Engine::shutdown_default() {
 
 namespace detail {
 void register_h5_storage();     // persistent.cpp
+void register_redis_storage();  // tensordict_store.cpp
 bool link_default_engine() {
   set_default_map_backend_factory(&default_backend);
   static const bool drivers = [] {
     register_h5_storage();
+    register_redis_storage();
     return true;
   }();
   (void)drivers;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/fixtures.hpp"
+#include "redis_server.hpp"
 #include "engine/zoo.hpp"
 #include "tensordict/index_math.hpp"
 #include "tensordict/lazy_stack.hpp"
@@ -43,6 +44,13 @@ inline const std::string& workdir() {
 inline std::string fresh_dir(const std::string& tag) {
   static std::atomic<int> n{0};
   return workdir() + "/" + tag + std::to_string(n++);
+}
+
+//! the redis-server the Redis members live on: a real server on a free loopback port, started on first use
+//! and stopped by its pid when the test process exits
+inline tensordict::RedisOptions redis() {
+  static testutil::RedisServer server;
+  return tensordict::RedisOptions().port(server.port());
 }
 
 inline std::vector<Member> members() {
@@ -80,6 +88,22 @@ inline std::vector<Member> members() {
                  [] {
                    auto f = tensordict::PersistentTensorDict::from_dict(zoo::plain({6, 3, 2, 1}, 105), fresh_dir("h5v") + ".h5");
                    return f.index({at::indexing::Slice(1, 5)});
+                 },
+                 true});
+  // Redis (TensorDictStore): a store, a nested level of a store, an indexed view of a store
+  out.push_back({"redis_td", [=] { return TensorDict(tensordict::TensorDictStore::from_tensordict(zoo::plain(bs, 111), redis())); },
+                 true});
+  out.push_back({"redis_nested_td",
+                 [=] {
+                   TensorDict outer(bs);
+                   outer.set("grp", zoo::plain(bs, 113));
+                   return tensordict::TensorDictStore::from_tensordict(outer, redis()).get_entry("grp").tensordict();
+                 },
+                 true});
+  out.push_back({"redis_view_td",
+                 [] {
+                   auto s = tensordict::TensorDictStore::from_tensordict(zoo::plain({6, 3, 2, 1}, 115), redis());
+                   return s.index({at::indexing::Slice(1, 5)});
                  },
                  true});
   out.push_back({"lazy_stacked_td",

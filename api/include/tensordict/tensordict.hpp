@@ -12,5 +12,6 @@
 #include "tensordict/map.hpp"
 #include "tensordict/node.hpp"
 #include "tensordict/persistent.hpp"
+#include "tensordict/tensordict_store.hpp"
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/store.hpp"

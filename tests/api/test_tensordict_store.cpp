@@ -1,0 +1,217 @@
+// TensorDictStore: Redis stores as TensorDicts behind their store actor, against a real redis-server.
+#include <atomic>
+#include <thread>
+
+#include <boost/test/unit_test.hpp>
+
+#include "engine/fixtures.hpp"
+#include "redis_server.hpp"
+#include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/index_math.hpp"
+#include "tensordict/tensordict.hpp"
+
+using namespace tensordict;
+using namespace at::indexing;
+
+namespace {
+
+TensorDict sample(int64_t n, int64_t seed = 0) {
+  at::manual_seed(seed);
+  TensorDict td({{"obs", at::randn({n, 4})}, {"idx", at::arange(n)}, {"flag", at::arange(n).remainder(3).eq(0)}}, {n});
+  td.set({"sub", "x"}, at::randn({n, 2, 3}));
+  return td;
+}
+
+bool same(const TensorDict& a, const TensorDict& b) {
+  if (a.batch_size() != b.batch_size()) return false;
+  auto ka = a.keys(KeysOptions().include_nested(true).leaves_only(true).sort(true));
+  auto kb = b.keys(KeysOptions().include_nested(true).leaves_only(true).sort(true));
+  if (ka != kb) return false;
+  for (const auto& k : ka)
+    if (!a.get(k).equal(b.get(k))) return false;
+  return true;
+}
+
+std::vector<Index> indices(int64_t n) {
+  return {{0},
+          {-1},
+          {Slice(3, 9)},
+          {Slice(None, None, 3)},
+          {at::tensor({7, 2, 7, 0}, at::kLong)},
+          {at::arange(n).remainder(4).eq(1)},
+          {at::tensor({1, 5, 5, 0}, at::kLong).view({2, 2})}};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(tensordict_store)
+
+BOOST_AUTO_TEST_CASE(python_rdb_fixture_loads) {
+  testutil::RedisServerOptions so;
+  so.rdb_file = std::string(TD_SHARED_DIR) + "/fixtures/redis/python-store.rdb";
+  testutil::RedisServer server(so);
+  JsonValue want = fixtures::read_json(std::string(TD_SHARED_DIR) + "/fixtures/redis/python-store.expected.json");
+  int checked = 0;
+  for (const auto& st : want.find("stores")->as_array()) {
+    if (st.find("store_type")->as_string() != "TensorDictStore") continue;
+    TensorDictStore s = TensorDictStore::from_store(st.find("td_id")->as_string(),
+                                                    RedisOptions().port(server.port()).prefix(st.find("prefix")->as_string()));
+    BatchSize bs;
+    for (const auto& b : st.find("structure")->find("batch_size")->as_array()) bs.push_back(b.as_int());
+    BOOST_TEST(s.batch_size() == bs);
+    TensorDict dense = s.to_tensordict();
+    for (const auto& leaf : st.find("leaves")->as_array()) {
+      std::vector<std::string> parts;
+      for (const auto& p : leaf.find("key")->as_array()) parts.push_back(p.as_string());
+      NestedKey key(parts);
+      if (leaf.find("kind")->as_string() != "tensor") {
+        BOOST_TEST(dense.get_non_tensor(key) == *leaf.find("data"), key.repr());
+        continue;
+      }
+      at::Tensor t = dense.get(key);
+      BOOST_TEST(backends::dtype_to_string(t.scalar_type()) == leaf.find("dtype")->as_string());
+      at::Tensor flat = t.reshape({-1}).to(at::kDouble);
+      const auto& values = leaf.find("values")->as_array();
+      BOOST_REQUIRE(static_cast<int64_t>(values.size()) == flat.numel());
+      for (size_t i = 0; i < values.size(); ++i) {
+        double v = values[i].is_bool() ? (values[i].as_bool() ? 1.0 : 0.0) : values[i].as_double();
+        BOOST_TEST(flat[static_cast<int64_t>(i)].item<double>() == v, key.repr() << "[" << i << "]");
+      }
+    }
+    ++checked;
+  }
+  BOOST_TEST(checked == 2);
+}
+
+BOOST_AUTO_TEST_CASE(index_reads_and_writes_match_the_dense_tensordict) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  TensorDict ref = sample(16, 1);
+  TensorDictStore s = TensorDictStore::from_tensordict(ref, o);
+  BOOST_TEST(same(s.to_tensordict(), ref));
+  int i = 0;
+  for (const auto& idx : indices(16)) {
+    BOOST_TEST(same(s.index(idx).to_tensordict(), ref.index(idx)), "read " << index_repr(idx));
+    TensorDict rows = ref.index(idx).clone();
+    rows.apply_([&](const at::Tensor& t) { return t.dtype() == at::kBool ? t.logical_not() : t + (++i); });
+    s.index_put_(idx, rows);
+    ref.index_put_(idx, rows);
+    BOOST_TEST(same(s.to_tensordict(), ref), "write " << index_repr(idx));
+  }
+  // another handle on the same td_id sees the same values
+  TensorDictStore again = TensorDictStore::from_store(s.td_id(), o);
+  BOOST_TEST(same(again.to_tensordict(), ref));
+  BOOST_TEST(s.address().find("td_id=" + s.td_id()) != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(empty_store_filled_by_indexed_writes) {
+  // upstream's check=False pattern: keys are created by their first indexed write at the full batch size
+  testutil::RedisServer server;
+  TensorDictStore buf({10}, RedisOptions().port(server.port()));
+  BOOST_TEST(buf.keys().empty());
+  TensorDict row({{"obs", at::ones({3})}, {"reward", at::full({}, 2.0)}}, {});
+  row.set({"next", "done"}, at::ones({}, at::kBool));
+  buf.index_put_({4}, row);
+  BOOST_TEST(buf.get("obs").sizes() == at::IntArrayRef({10, 3}));
+  BOOST_TEST(buf.get("obs")[4].eq(1).all().item<bool>());
+  BOOST_TEST(buf.get("obs").sum().item<float>() == 3.0f);
+  BOOST_TEST(buf.get({"next", "done"})[4].item<bool>());
+  BOOST_TEST(buf.get("reward")[4].item<float>() == 2.0f);
+}
+
+BOOST_AUTO_TEST_CASE(from_schema_zero_fills_on_the_server) {
+  testutil::RedisServer server;
+  Schema schema = {{NestedKey("obs"), {{64}, at::kFloat}}, {NestedKey({"next", "r"}), {{}, at::kDouble}}};
+  TensorDict buf = TensorDict::from_schema(schema, {1000}, "redis", RedisOptions().port(server.port()));
+  BOOST_TEST(buf.type_name() == "TensorDictStore");
+  BOOST_TEST(buf.get("obs").sizes() == at::IntArrayRef({1000, 64}));
+  BOOST_TEST(!buf.get("obs").any().item<bool>());
+  BOOST_TEST(buf.get({"next", "r"}).scalar_type() == at::kDouble);
+}
+
+BOOST_AUTO_TEST_CASE(many_producers_share_pipelines) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  Schema schema = {{NestedKey("obs"), {{8}, at::kFloat}}, {NestedKey("id"), {{}, at::kLong}}};
+  TensorDictStore buf = TensorDictStore::from_schema(schema, {400}, o);
+  const int producers = 4, per = 100;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p) {
+    threads.emplace_back([&, p] {
+      try {
+        for (int i = 0; i < per; ++i) {
+          const int64_t r = p * per + i;
+          TensorDict row({{"obs", at::full({8}, static_cast<float>(r))}, {"id", at::full({}, r, at::kLong)}}, {});
+          buf.index_put_({r}, row);
+        }
+      } catch (...) {
+        failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  BOOST_TEST(failures.load() == 0);
+  TensorDict all = buf.to_tensordict();
+  BOOST_TEST(all.get("id").equal(at::arange(400)));
+  BOOST_TEST(all.get("obs").equal(at::arange(400).to(at::kFloat).unsqueeze(1).expand({400, 8})));
+  auto st = buf.store_stats();
+  BOOST_TEST(st.calls >= producers * per);
+  BOOST_TEST_MESSAGE("writes " << st.calls << " in " << st.batches << " store calls, largest " << st.largest);
+}
+
+BOOST_AUTO_TEST_CASE(lost_connection_fails_the_call_then_reconnects) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port()).retries(20).retry_delay_ms(50);
+  TensorDict ref = sample(8, 2);
+  TensorDictStore s = TensorDictStore::from_tensordict(ref, o);
+  server.kill();
+  BOOST_CHECK_THROW(s.to_tensordict(), BackendError);
+  server.restart();  // an empty server: the data was not persisted
+  TensorDictStore fresh = TensorDictStore::from_tensordict(ref, o);
+  BOOST_TEST(same(fresh.to_tensordict(), ref));
+  // the old handle reconnects too: its next call reaches the (new, empty) server and fails cleanly
+  bool clear = false;
+  try {
+    s.to_tensordict();
+  } catch (const Error&) {
+    clear = true;
+  }
+  BOOST_TEST(clear);
+}
+
+BOOST_AUTO_TEST_CASE(bad_addresses_and_ids_give_typed_errors) {
+  testutil::RedisServer server;
+  BOOST_CHECK_THROW(TensorDictStore::from_store("no-such-id", RedisOptions().port(server.port())), KeyError);
+  // a port nothing listens on (the server's own port after it stopped)
+  testutil::RedisServer gone;
+  const int port = gone.port();
+  gone.stop();
+  try {
+    TensorDictStore({4}, RedisOptions().port(port).retries(0));
+    BOOST_ERROR("connected to a stopped server");
+  } catch (const BackendError& e) {
+    BOOST_TEST(std::string(e.what()).find(std::to_string(port)) != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(memmap_and_share_memory_need_to_tensordict) {
+  testutil::RedisServer server;
+  TensorDictStore s = TensorDictStore::from_tensordict(sample(4), RedisOptions().port(server.port()));
+  BOOST_CHECK_THROW(s.share_memory_(), NotImplementedError);
+  BOOST_CHECK_THROW(s.memmap_(""), NotImplementedError);
+  TensorDict d = s.to_tensordict();
+  d.share_memory_();
+  BOOST_TEST(d.is_shared());
+}
+
+BOOST_AUTO_TEST_CASE(closed_store_views_fail_with_a_typed_error) {
+  testutil::RedisServer server;
+  TensorDictStore s = TensorDictStore::from_tensordict(sample(8), RedisOptions().port(server.port()));
+  TensorDict view = s.index({Slice(1, 3)});
+  s.close();
+  BOOST_CHECK_THROW(view.get("obs"), BackendError);
+  BOOST_CHECK_THROW(s.index_put_({0}, at::Scalar(1)), BackendError);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
