@@ -1,6 +1,13 @@
-# CTest driver: builds the libFuzzer targets with clang in their own build dir and runs each briefly,
-# seeded with every meta.json of the shared fixtures. A crash or sanitizer report fails the test.
-# Inputs: -DSOURCE_DIR=<repo> -DWORK_DIR=<dir> -DSHARED_DIR=<shared> [-DRUNS=50000] [-DSECONDS=120 (a cap)]
+# CTest driver: builds a libFuzzer target with clang in its own build dir and runs it briefly from a seed corpus.
+# A crash or sanitizer report fails the test.
+# Inputs: -DSOURCE_DIR=<repo> -DWORK_DIR=<dir> -DSHARED_DIR=<shared> [-DFUZZ_TARGET=fuzz_meta_json] [-DRUNS=50000]
+#         [-DSECONDS=120 (a cap)] [-DEXTRA_ARGS=<;-list of libFuzzer flags>] [-DEXTRA_ENV=<;-list of VAR=value>]
+# Seeds: fuzz_meta_json: every meta.json of the shared fixtures.
+#        fuzz_h5_open: the fixtures' .h5 files, files written by h5py (/usr/bin/python3, required) and the
+#        regression inputs tests/fuzz/h5_findings/fixed-*.h5.
+if(NOT FUZZ_TARGET)
+  set(FUZZ_TARGET fuzz_meta_json)
+endif()
 if(NOT SECONDS)
   set(SECONDS 120)
 endif()
@@ -16,30 +23,50 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "configuring the fuzz build failed:\n${out}")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build -j2 --target fuzz_meta_json
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build -j2 --target ${FUZZ_TARGET}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building the fuzz target failed:\n${out}")
 endif()
-file(REMOVE_RECURSE ${WORK_DIR}/corpus)
-file(MAKE_DIRECTORY ${WORK_DIR}/corpus)
-file(GLOB_RECURSE seeds ${SHARED_DIR}/fixtures/*meta.json)
+set(corpus ${WORK_DIR}/corpus-${FUZZ_TARGET})
+file(REMOVE_RECURSE ${corpus})
+file(MAKE_DIRECTORY ${corpus})
+if(FUZZ_TARGET STREQUAL "fuzz_meta_json")
+  file(GLOB_RECURSE seeds ${SHARED_DIR}/fixtures/*meta.json)
+  set(ext json)
+elseif(FUZZ_TARGET STREQUAL "fuzz_h5_open")
+  file(GLOB_RECURSE seeds ${SHARED_DIR}/fixtures/*.h5)
+  file(GLOB fixed ${CMAKE_CURRENT_LIST_DIR}/h5_findings/fixed-*.h5)
+  list(APPEND seeds ${fixed})
+  set(ext h5)
+  # files in the layout the store writes, through h5py (the same layout; see tests/backends/test_h5_store.cpp)
+  if(NOT EXISTS /usr/bin/python3)
+    message(FATAL_ERROR "fuzz_h5_open seeds need /usr/bin/python3 with h5py (python3-h5py)")
+  endif()
+  execute_process(COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/h5_seeds.py ${corpus}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "writing the h5 seeds failed (is python3-h5py installed?):\n${out}")
+  endif()
+else()
+  message(FATAL_ERROR "unknown fuzz target ${FUZZ_TARGET}")
+endif()
 list(LENGTH seeds nseeds)
 if(nseeds EQUAL 0)
-  message(FATAL_ERROR "no meta.json seeds under ${SHARED_DIR}/fixtures")
+  message(FATAL_ERROR "no ${ext} seeds under ${SHARED_DIR}/fixtures")
 endif()
 set(i 0)
 foreach(s ${seeds})
   math(EXPR i "${i} + 1")
-  configure_file(${s} ${WORK_DIR}/corpus/seed${i}.json COPYONLY)
+  configure_file(${s} ${corpus}/seed${i}.${ext} COPYONLY)
 endforeach()
 # a fixed seed and run count keep CI repeatable; explore longer by hand with -max_total_time
-execute_process(COMMAND ${WORK_DIR}/build/tests/fuzz/fuzz_meta_json -seed=1 -runs=${RUNS} -max_total_time=${SECONDS} -rss_limit_mb=4096
-                        -print_final_stats=1 ${WORK_DIR}/corpus
+execute_process(COMMAND ${CMAKE_COMMAND} -E env ${EXTRA_ENV} ${WORK_DIR}/build/tests/fuzz/${FUZZ_TARGET} -seed=1 -runs=${RUNS} -max_total_time=${SECONDS}
+                        -rss_limit_mb=4096 -print_final_stats=1 ${EXTRA_ARGS} ${corpus}
                 WORKING_DIRECTORY ${WORK_DIR}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 string(REGEX MATCH "stat::number_of_executed_units: *[0-9]+" runs "${out}")
-message(STATUS "fuzz_meta_json: ${runs}")
+message(STATUS "${FUZZ_TARGET}: ${runs}")
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "fuzz_meta_json found a problem (exit ${rc}):\n${out}")
+  message(FATAL_ERROR "${FUZZ_TARGET} found a problem (exit ${rc}):\n${out}")
 endif()
