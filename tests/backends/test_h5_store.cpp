@@ -567,6 +567,26 @@ BOOST_AUTO_TEST_CASE(closed_store) {
   BOOST_TEST(t->list().size() == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(two_stores_on_one_file) {
+  TempDir dir;
+  const std::string f = dir / "t.h5";
+  {
+    auto w = be::open_h5_store(f, be::H5Mode::Write);
+    w->create({"g", "x"}, at::kLong, {3}, at::arange(3), {});
+  }
+  auto a = be::open_h5_store(f, be::H5Mode::Read);
+  auto b = be::open_h5_store(f, be::H5Mode::Read, {"g"});
+  a->close();  // closing one store leaves the other usable
+  BOOST_TEST(same(read1(*b, {"x"}), at::arange(3)));
+  // a writer while this process reads it: refused, named
+  check_throws<tensordict::BackendError>([&] { be::open_h5_store(f, be::H5Mode::ReadWrite); }, {f});
+  check_throws<tensordict::BackendError>([&] { be::open_h5_store(f, be::H5Mode::Write); }, {f});
+  BOOST_TEST(same(read1(*b, {"x"}), at::arange(3)));
+  b->close();
+  auto c = be::open_h5_store(f, be::H5Mode::ReadWrite);
+  BOOST_TEST(c->list().size() == 2u);
+}
+
 BOOST_AUTO_TEST_CASE(python_fixture) {
   const std::string file = td_test::fixture("python-written/i_h5.h5");
   JsonValue expected = JsonValue::parse(td_test::read_file(td_test::fixture("python-written/i_h5.expected.json")));
