@@ -3,6 +3,10 @@
 // Invariant: either everything works or a tensordict::Error is thrown; any other exception or a crash is
 // a finding. Leaves larger than 64 MiB are not read (a hostile header may claim any size).
 //
+// Seeds: with TD_FUZZ_H5_SEED_OUT=<file>, the target first writes a file with the store itself (every dtype,
+// zero-dim and empty leaves, nested groups, a chunked gzip+shuffle dataset, non-tensors); run_fuzz.cmake adds
+// it to the corpus beside the fixture and h5py-written files.
+//
 // Mutations: libFuzzer's own by default. libhdf5 1.10 (C code that trusts its input) crashes on some
 // mutated files in ways the store cannot prevent (backends/README.md, "HDF5 store", lists the findings), so
 // the CI run (ctest fuzz.h5_open) sets TD_FUZZ_H5_MUTATIONS=covered: each mutation is then a truncation or
@@ -44,6 +48,36 @@ bool covered_mutations_only() {
 }
 
 }  // namespace
+
+namespace {
+
+void write_store_seed(const std::string& path) {
+  namespace be = tensordict::backends;
+  auto s = be::open_h5_store(path, be::H5Mode::Write);
+  const at::ScalarType dtypes[] = {at::kChar, at::kShort, at::kInt, at::kLong, at::kByte, at::kHalf,
+                                   at::kFloat, at::kDouble, at::kBool, at::kComplexFloat, at::kComplexDouble};
+  for (at::ScalarType dt : dtypes)
+    s->create({"t", c10::toString(dt)}, dt, {4, 2}, at::arange(8).reshape({4, 2}).to(dt), {});
+  s->create({"scalar"}, at::kDouble, {}, at::scalar_tensor(2.5, at::kDouble), {});
+  s->create({"empty"}, at::kFloat, {0, 3}, {}, {});
+  s->create({"zeros"}, at::kLong, {5}, {}, {});
+  s->create({"a", "b", "chunked"}, at::kInt, {16, 4}, at::arange(64, at::kInt).reshape({16, 4}),
+            be::CreateOptions{{4, 4}, 6, true});
+  s->write_non_tensor({"n", "str"}, {tensordict::JsonValue("a string!"), false});
+  s->write_non_tensor({"n", "int"}, {tensordict::JsonValue(3), false});
+  s->write_non_tensor({"n", "float"}, {tensordict::JsonValue(2.5), false});
+  s->write_non_tensor({"n", "bool"}, {tensordict::JsonValue(true), false});
+  s->write_non_tensor({"n", "list"}, {tensordict::JsonValue::array({1, 2, 3}), false});
+  s->write_non_tensor({"n", "strs"}, {tensordict::JsonValue::array({"a", "bc"}), false});
+  s->close();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  if (const char* out = std::getenv("TD_FUZZ_H5_SEED_OUT")) write_store_seed(out);
+  return 0;
+}
 
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 

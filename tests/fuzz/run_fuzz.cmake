@@ -3,8 +3,8 @@
 # Inputs: -DSOURCE_DIR=<repo> -DWORK_DIR=<dir> -DSHARED_DIR=<shared> [-DFUZZ_TARGET=fuzz_meta_json] [-DRUNS=50000]
 #         [-DSECONDS=120 (a cap)] [-DEXTRA_ARGS=<;-list of libFuzzer flags>] [-DEXTRA_ENV=<;-list of VAR=value>]
 # Seeds: fuzz_meta_json: every meta.json of the shared fixtures.
-#        fuzz_h5_open: the fixtures' .h5 files, files written by h5py (/usr/bin/python3, required) and the
-#        regression inputs tests/fuzz/h5_findings/fixed-*.h5.
+#        fuzz_h5_open: the fixtures' .h5 files, files written by h5py (/usr/bin/python3, required) and by the
+#        store itself (TD_FUZZ_H5_SEED_OUT), and the regression inputs tests/fuzz/h5_findings/fixed-*.h5.
 if(NOT FUZZ_TARGET)
   set(FUZZ_TARGET fuzz_meta_json)
 endif()
@@ -28,6 +28,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build -j2 --target 
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building the fuzz target failed:\n${out}")
 endif()
+set(fuzzer ${WORK_DIR}/build/tests/fuzz/${FUZZ_TARGET})
 set(corpus ${WORK_DIR}/corpus-${FUZZ_TARGET})
 file(REMOVE_RECURSE ${corpus})
 file(MAKE_DIRECTORY ${corpus})
@@ -48,6 +49,14 @@ elseif(FUZZ_TARGET STREQUAL "fuzz_h5_open")
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "writing the h5 seeds failed (is python3-h5py installed?):\n${out}")
   endif()
+  # and one written by the store itself (the target writes it at start-up; -runs=0: no fuzzing)
+  file(MAKE_DIRECTORY ${WORK_DIR}/empty-corpus)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env TD_FUZZ_H5_SEED_OUT=${corpus}/seed_store.h5 ${fuzzer} -runs=0
+                          ${WORK_DIR}/empty-corpus
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0 OR NOT EXISTS ${corpus}/seed_store.h5)
+    message(FATAL_ERROR "writing the store's h5 seed failed:\n${out}")
+  endif()
 else()
   message(FATAL_ERROR "unknown fuzz target ${FUZZ_TARGET}")
 endif()
@@ -61,7 +70,7 @@ foreach(s ${seeds})
   configure_file(${s} ${corpus}/seed${i}.${ext} COPYONLY)
 endforeach()
 # a fixed seed and run count keep CI repeatable; explore longer by hand with -max_total_time
-execute_process(COMMAND ${CMAKE_COMMAND} -E env ${EXTRA_ENV} ${WORK_DIR}/build/tests/fuzz/${FUZZ_TARGET} -seed=1 -runs=${RUNS} -max_total_time=${SECONDS}
+execute_process(COMMAND ${CMAKE_COMMAND} -E env ${EXTRA_ENV} ${fuzzer} -seed=1 -runs=${RUNS} -max_total_time=${SECONDS}
                         -rss_limit_mb=4096 -print_final_stats=1 ${EXTRA_ARGS} ${corpus}
                 WORKING_DIRECTORY ${WORK_DIR}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
