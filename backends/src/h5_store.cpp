@@ -542,8 +542,9 @@ class H5Store final : public LeafStore {
       if (opt.shuffle && H5Pset_shuffle(dcpl.get()) < 0) fail<BackendError>(path, "cannot set the shuffle filter");
       if (opt.compression_level >= 0 && H5Pset_deflate(dcpl.get(), static_cast<unsigned>(opt.compression_level)) < 0)
         fail<BackendError>(path, "cannot set the gzip filter");
-      // chunks are allocated when first written; the default fill (at allocation, per chunk) keeps unwritten
-      // parts of a written chunk at zero and costs nothing for the chunks never written
+      // chunks are allocated when first written; filling at allocation (per chunk) keeps unwritten parts
+      // of a written chunk at zero and costs nothing for the chunks never written
+      H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_ALLOC);
     } else if (!src.defined() && !may_reuse_space_) {
       // contiguous: allocated at the first write (H5D_ALLOC_TIME_LATE, the default) and never pre-filled:
       // unallocated storage reads as the default fill value 0, and fresh file space past the end of file
@@ -552,6 +553,8 @@ class H5Store final : public LeafStore {
       H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_IFSET);
     } else if (src.defined()) {
       H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_IFSET);  // every byte is written right away
+    } else {
+      H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_ALLOC);  // the zeros are written at the first write
     }
     Id lcpl = plist_id(H5Pcreate(H5P_LINK_CREATE));
     H5Pset_create_intermediate_group(lcpl.get(), 1);
@@ -575,7 +578,9 @@ class H5Store final : public LeafStore {
       throw KeyError(where(path) + ": already exists (a " + *k + ")");
     }
     ensure_parents(path);
-    Id grp = group_id(H5Gcreate2(root_.get(), rel_path(path).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    Id lcpl = plist_id(H5Pcreate(H5P_LINK_CREATE));
+    H5Pset_create_intermediate_group(lcpl.get(), 1);
+    Id grp = group_id(H5Gcreate2(root_.get(), rel_path(path).c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
     if (!grp.valid()) fail<BackendError>(path, "cannot create the group");
   }
 
@@ -702,6 +707,9 @@ class H5Store final : public LeafStore {
     if (how == H5Mode::Append) how = exists ? H5Mode::ReadWrite : H5Mode::Write;
     if ((how == H5Mode::Read || how == H5Mode::ReadWrite) && !exists)
       throw BackendError("HDF5 file " + file_ + ": no such file (mode \"" + to_string(mode_) + "\")");
+    // HDF5 would turn an empty file opened read-write into a new file: it is no HDF5 file
+    if (how == H5Mode::ReadWrite && st.st_size == 0)
+      throw FormatError("HDF5 file " + file_ + ": not a valid HDF5 file (truncated or corrupted): the file is empty");
 
     Id fapl = plist_id(H5Pcreate(H5P_FILE_ACCESS));
     H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);  // close() really releases the file
@@ -790,7 +798,9 @@ class H5Store final : public LeafStore {
   }
 
   static bool is_lock_error(const std::string& msg) {
-    return msg.find("lock") != std::string::npos || msg.find("already open") != std::string::npos;
+    for (const char* k : {"unable to lock", "lock file", "file lock", "already open"})
+      if (msg.find(k) != std::string::npos) return true;
+    return false;
   }
   static std::string lock_hint(const std::string& msg) {
     return is_lock_error(msg) ? " (the file is locked: another process or store has it open for writing, or this "
@@ -900,7 +910,37 @@ class H5Store final : public LeafStore {
     if (*k != "dataset") throw KeyError(where(path) + ": is a " + *k + ", not a dataset");
     Id ds = dataset_id(H5Dopen2(root_.get(), rel_path(path).c_str(), H5P_DEFAULT));
     if (!ds.valid()) fail<FormatError>(path, "cannot open the dataset");
+    check_storage(path, ds.get());
     return ds;
+  }
+
+  //! the dataset's storage must hold its elements: libhdf5 1.10 trusts the layout message, and reading a
+  //! compact dataset whose recorded size is too small crashes inside the library (found by fuzz_h5_open).
+  //! External raw files and virtual datasets (data read from other files) are refused.
+  void check_storage(const LeafPath& path, hid_t ds) const {
+    Id dcpl = plist_id(H5Dget_create_plist(ds));
+    if (!dcpl.valid()) fail<FormatError>(path, "cannot read the dataset's creation properties");
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    if (layout == H5D_VIRTUAL)
+      throw FormatError(where(path) + ": virtual datasets (data in other files) are not supported");
+    if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED)
+      fail<FormatError>(path, "unknown storage layout");
+    if (H5Pget_external_count(dcpl.get()) > 0)
+      throw FormatError(where(path) + ": external raw data files are not supported");
+    if (layout == H5D_CHUNKED) return;
+    Id ftype = type_id(H5Dget_type(ds));
+    Id space = space_id(H5Dget_space(ds));
+    if (!ftype.valid() || !space.valid()) fail<FormatError>(path, "cannot read the datatype or dataspace");
+    const hssize_t npoints = H5Sget_simple_extent_npoints(space.get());
+    const size_t elsize = H5Tget_size(ftype.get());
+    if (npoints < 0 || elsize == 0) fail<FormatError>(path, "bad dataspace or datatype");
+    const double need = static_cast<double>(npoints) * static_cast<double>(elsize);
+    const hsize_t have = H5Dget_storage_size(ds);
+    clear_errors();
+    const bool allocated = have > 0 || layout == H5D_COMPACT;
+    if (allocated && static_cast<double>(have) < need)
+      throw FormatError(where(path) + ": its storage holds " + std::to_string(have) + " bytes, its shape and type need " +
+                        std::to_string(static_cast<unsigned long long>(need)));
   }
 
   //! the dims of a scalar ({}) or simple dataspace; FormatError for a null dataspace
@@ -1025,22 +1065,49 @@ class H5Store final : public LeafStore {
     }
   }
 
-  //! selects `rows` (ascending, unique) along dim 0 of `space`: one hyperslab per run of consecutive rows
-  void select_rows(const LeafPath& path, hid_t space, const std::vector<hsize_t>& dims,
-                   const std::vector<int64_t>& rows) const {
+  //! runs of consecutive rows per HDF5 selection: HDF5 1.10 merges each OR-ed hyperslab into the
+  //! selection in time linear in its size, so one selection of n runs costs O(n^2) (20000 single-row runs:
+  //! ~37 s). Batches of kRunsPerTransfer runs (one H5Dread/H5Dwrite each) keep it linear.
+  static constexpr size_t kRunsPerTransfer = 32;
+
+  //! reads (or writes) `rows` (ascending, unique) along dim 0 from (to) the contiguous buffer `buf` of
+  //! [rows.size(), dims[1:]...] elements of `mtype`: runs of consecutive rows, kRunsPerTransfer per transfer
+  void transfer_rows(const LeafPath& path, hid_t ds, hid_t mtype, const std::vector<hsize_t>& dims,
+                     const std::vector<int64_t>& rows, void* buf, bool write) const {
     const size_t rank = dims.size();
-    std::vector<hsize_t> start(rank, 0), count(dims);
-    bool first = true;
+    size_t row_bytes = H5Tget_size(mtype);
+    for (size_t d = 1; d < rank; ++d) row_bytes *= static_cast<size_t>(dims[d]);
+    std::vector<std::pair<hsize_t, hsize_t>> runs;  // (first row, count)
     for (size_t i = 0; i < rows.size();) {
       size_t j = i + 1;
       while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
-      start[0] = static_cast<hsize_t>(rows[i]);
-      count[0] = static_cast<hsize_t>(j - i);
-      if (H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr, count.data(),
-                              nullptr) < 0)
-        fail<BackendError>(path, "cannot select rows");
-      first = false;
+      runs.emplace_back(static_cast<hsize_t>(rows[i]), static_cast<hsize_t>(j - i));
       i = j;
+    }
+    Id fspace = space_id(H5Dget_space(ds));
+    if (!fspace.valid()) fail<FormatError>(path, "cannot read the dataspace");
+    std::vector<hsize_t> start(rank, 0), count(dims), mdims(dims);
+    size_t out_row = 0;
+    for (size_t b = 0; b < runs.size(); b += kRunsPerTransfer) {
+      const size_t e = std::min(runs.size(), b + kRunsPerTransfer);
+      hsize_t n = 0;
+      for (size_t k = b; k < e; ++k) {
+        start[0] = runs[k].first;
+        count[0] = runs[k].second;
+        n += runs[k].second;
+        if (H5Sselect_hyperslab(fspace.get(), k == b ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
+                                count.data(), nullptr) < 0)
+          fail<BackendError>(path, "cannot select rows");
+      }
+      mdims[0] = n;
+      Id mspace = space_id(H5Screate_simple(static_cast<int>(rank), mdims.data(), nullptr));
+      char* p = static_cast<char*>(buf) + out_row * row_bytes;
+      if (write) {
+        if (H5Dwrite(ds, mtype, mspace.get(), fspace.get(), H5P_DEFAULT, p) < 0) fail<BackendError>(path, "cannot write");
+      } else {
+        if (H5Dread(ds, mtype, mspace.get(), fspace.get(), H5P_DEFAULT, p) < 0) fail<FormatError>(path, "cannot read");
+      }
+      out_row += static_cast<size_t>(n);
     }
   }
 
@@ -1075,17 +1142,12 @@ class H5Store final : public LeafStore {
       mtype = std::move(*h5_type_of(p.dtype));
     }
     if (!mtype.valid()) fail<FormatError>(r.path, "cannot build the memory type");
-    herr_t rc;
     if (whole) {
-      rc = H5Dread(ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data_ptr());
+      if (H5Dread(ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data_ptr()) < 0)
+        fail<FormatError>(r.path, "cannot read");
     } else {
-      Id fspace = space_id(H5Dget_space(ds.get()));
-      select_rows(r.path, fspace.get(), p.dims, r.rows);
-      std::vector<hsize_t> mdims(shape.begin(), shape.end());
-      Id mspace = space_id(H5Screate_simple(static_cast<int>(mdims.size()), mdims.data(), nullptr));
-      rc = H5Dread(ds.get(), mtype.get(), mspace.get(), fspace.get(), H5P_DEFAULT, out.data_ptr());
+      transfer_rows(r.path, ds.get(), mtype.get(), p.dims, r.rows, out.data_ptr(), /*write=*/false);
     }
-    if (rc < 0) fail<FormatError>(r.path, "cannot read");
     if (p.dtype == at::kBool) {
       at::Tensor bytes = out.view(at::kByte);
       bytes.ne_(0);
@@ -1120,17 +1182,12 @@ class H5Store final : public LeafStore {
     if (src.is_neg()) src = src.resolve_neg();
     Id ds = open_dataset(w.path);
     Id mtype = std::move(*h5_type_of(p.dtype));
-    herr_t rc;
     if (w.whole && w.rows.empty()) {
-      rc = H5Dwrite(ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, src.data_ptr());
+      if (H5Dwrite(ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, src.data_ptr()) < 0)
+        fail<BackendError>(w.path, "cannot write");
     } else {
-      Id fspace = space_id(H5Dget_space(ds.get()));
-      select_rows(w.path, fspace.get(), p.dims, w.rows);
-      std::vector<hsize_t> mdims(src.sizes().begin(), src.sizes().end());
-      Id mspace = space_id(H5Screate_simple(static_cast<int>(mdims.size()), mdims.data(), nullptr));
-      rc = H5Dwrite(ds.get(), mtype.get(), mspace.get(), fspace.get(), H5P_DEFAULT, src.data_ptr());
+      transfer_rows(w.path, ds.get(), mtype.get(), p.dims, w.rows, src.data_ptr(), /*write=*/true);
     }
-    if (rc < 0) fail<BackendError>(w.path, "cannot write");
   }
 
   //! the chunk shape for create(): the asked one (checked), or rows of ~1 MiB

@@ -1,8 +1,11 @@
-# CTest driver: builds a libFuzzer target with clang in its own build dir and runs it briefly. A crash or
-# sanitizer report fails the test. Seeds: fuzz_meta_json: every meta.json of the shared fixtures;
-# fuzz_redis_meta: the metadata of the Redis fixture stores (python-store.expected.json) plus hostile variants.
+# CTest driver: builds a libFuzzer target with clang in its own build dir and runs it briefly from a seed corpus.
+# A crash or sanitizer report fails the test.
 # Inputs: -DSOURCE_DIR=<repo> -DWORK_DIR=<dir> -DSHARED_DIR=<shared> [-DFUZZ_TARGET=fuzz_meta_json] [-DRUNS=50000]
-#         [-DSECONDS=120 (a cap)]
+#         [-DSECONDS=120 (a cap)] [-DEXTRA_ARGS=<;-list of libFuzzer flags>] [-DEXTRA_ENV=<;-list of VAR=value>]
+# Seeds: fuzz_meta_json: every meta.json of the shared fixtures.
+#        fuzz_h5_open: the fixtures' .h5 files, files written by h5py (/usr/bin/python3, required) and by the
+#        store itself (TD_FUZZ_H5_SEED_OUT), and the regression inputs tests/fuzz/h5_findings/fixed-*.h5.
+#        fuzz_redis_meta: the metadata of the Redis fixture stores plus hostile variants (written here).
 if(NOT FUZZ_TARGET)
   set(FUZZ_TARGET fuzz_meta_json)
 endif()
@@ -26,21 +29,36 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build -j2 --target 
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building the fuzz target failed:\n${out}")
 endif()
-set(CORPUS ${WORK_DIR}/corpus-${FUZZ_TARGET})
-file(REMOVE_RECURSE ${CORPUS})
-file(MAKE_DIRECTORY ${CORPUS})
+set(fuzzer ${WORK_DIR}/build/tests/fuzz/${FUZZ_TARGET})
+set(corpus ${WORK_DIR}/corpus-${FUZZ_TARGET})
+file(REMOVE_RECURSE ${corpus})
+file(MAKE_DIRECTORY ${corpus})
 if(FUZZ_TARGET STREQUAL "fuzz_meta_json")
   file(GLOB_RECURSE seeds ${SHARED_DIR}/fixtures/*meta.json)
-  list(LENGTH seeds nseeds)
-  if(nseeds EQUAL 0)
-    message(FATAL_ERROR "no meta.json seeds under ${SHARED_DIR}/fixtures")
+  set(ext json)
+elseif(FUZZ_TARGET STREQUAL "fuzz_h5_open")
+  file(GLOB_RECURSE seeds ${SHARED_DIR}/fixtures/*.h5)
+  file(GLOB fixed ${CMAKE_CURRENT_LIST_DIR}/h5_findings/fixed-*.h5)
+  list(APPEND seeds ${fixed})
+  set(ext h5)
+  # files in the layout the store writes, through h5py (the same layout; see tests/backends/test_h5_store.cpp)
+  if(NOT EXISTS /usr/bin/python3)
+    message(FATAL_ERROR "fuzz_h5_open seeds need /usr/bin/python3 with h5py (python3-h5py)")
   endif()
-  set(i 0)
-  foreach(s ${seeds})
-    math(EXPR i "${i} + 1")
-    configure_file(${s} ${CORPUS}/seed${i}.json COPYONLY)
-  endforeach()
-else()
+  execute_process(COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/h5_seeds.py ${corpus}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "writing the h5 seeds failed (is python3-h5py installed?):\n${out}")
+  endif()
+  # and one written by the store itself (the target writes it at start-up; -runs=0: no fuzzing)
+  file(MAKE_DIRECTORY ${WORK_DIR}/empty-corpus)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env TD_FUZZ_H5_SEED_OUT=${corpus}/seed_store.h5 ${fuzzer} -runs=0
+                          ${WORK_DIR}/empty-corpus
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0 OR NOT EXISTS ${corpus}/seed_store.h5)
+    message(FATAL_ERROR "writing the store's h5 seed failed:\n${out}")
+  endif()
+elseif(FUZZ_TARGET STREQUAL "fuzz_redis_meta")
   # fields joined by 0x01: dtype, shape, is_non_tensor, encoding, value, homogeneous, shapes, idx, count, length
   if(NOT EXISTS ${SHARED_DIR}/fixtures/redis/python-store.expected.json)
     message(FATAL_ERROR "fixture missing: ${SHARED_DIR}/fixtures/redis/python-store.expected.json")
@@ -60,12 +78,23 @@ else()
   set(i 0)
   foreach(s ${seed_list})
     math(EXPR i "${i} + 1")
-    file(WRITE ${CORPUS}/seed${i} "${s}")
+    file(WRITE ${corpus}/seed${i} "${s}")
   endforeach()
+else()
+  message(FATAL_ERROR "unknown fuzz target ${FUZZ_TARGET}")
 endif()
+list(LENGTH seeds nseeds)
+if(nseeds EQUAL 0 AND NOT FUZZ_TARGET STREQUAL "fuzz_redis_meta")  # the Redis seeds are written above
+  message(FATAL_ERROR "no ${ext} seeds under ${SHARED_DIR}/fixtures")
+endif()
+set(i 0)
+foreach(s ${seeds})
+  math(EXPR i "${i} + 1")
+  configure_file(${s} ${corpus}/seed${i}.${ext} COPYONLY)
+endforeach()
 # a fixed seed and run count keep CI repeatable; explore longer by hand with -max_total_time
-execute_process(COMMAND ${WORK_DIR}/build/tests/fuzz/${FUZZ_TARGET} -seed=1 -runs=${RUNS} -max_total_time=${SECONDS} -rss_limit_mb=4096
-                        -print_final_stats=1 ${CORPUS}
+execute_process(COMMAND ${CMAKE_COMMAND} -E env ${EXTRA_ENV} ${fuzzer} -seed=1 -runs=${RUNS} -max_total_time=${SECONDS}
+                        -rss_limit_mb=4096 -print_final_stats=1 ${EXTRA_ARGS} ${corpus}
                 WORKING_DIRECTORY ${WORK_DIR}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 string(REGEX MATCH "stat::number_of_executed_units: *[0-9]+" runs "${out}")
