@@ -131,6 +131,46 @@ TensorDictStore TensorDictStore::from_store(const std::string& td_id, const Redi
   return TensorDictStore(remote::make_remote(tree_over(std::move(store), o)));
 }
 
+LazyStackedTensorDict TensorDictStore::load_lazy_stack(const std::string& td_id, const RedisOptions& options) {
+  RedisOptions o = options;
+  o.td_id(td_id);
+  backends::RedisLazyStackStore store(backend_options(o, runtime_of(o.engine())->config()));
+  const backends::RedisStackLayout& layout = store.layout();
+  std::vector<backends::LeafPath> paths;
+  for (const auto& leaf : layout.leaves)
+    if (leaf.kind == backends::LeafKind::Tensor) paths.push_back(leaf.path);
+  std::vector<std::vector<at::Tensor>> values = store.read_leaves(paths);
+  std::optional<at::Device> device = o.device();
+  if (!device && !layout.device.empty()) device = at::Device(layout.device);
+  std::vector<TensorDict> members;
+  for (int64_t m = 0; m < layout.count; ++m) {
+    TensorDict td(layout.inner_batch_size, device);
+    for (size_t i = 0; i < paths.size(); ++i) {
+      at::Tensor t = values[i][static_cast<size_t>(m)];
+      td.set(NestedKey(paths[i]), device ? t.to(*device) : t);
+    }
+    members.push_back(td);
+  }
+  return LazyStackedTensorDict(std::move(members), layout.stack_dim);
+}
+
+std::string TensorDictStore::save_lazy_stack(const LazyStackedTensorDict& td, const RedisOptions& options) {
+  std::vector<std::vector<std::pair<backends::LeafPath, at::Tensor>>> members;
+  BatchSize inner;
+  for (const auto& m : td.tensordicts()) {
+    inner = m.batch_size();
+    std::vector<std::pair<backends::LeafPath, at::Tensor>> leaves;
+    TensorDict dense = m.is_dense() ? m : m.contiguous();
+    for (const auto& kv : dense.items(KeysOptions().include_nested(true).leaves_only(true))) {
+      leaves.emplace_back(kv.first.parts(), kv.second.tensor().detach().cpu().contiguous());
+    }
+    members.push_back(std::move(leaves));
+  }
+  auto store = backends::RedisLazyStackStore::create(backend_options(options, runtime_of(options.engine())->config()),
+                                                     members, td.stack_dim(), inner, device_str(options));
+  return store->td_id();
+}
+
 const std::string& TensorDictStore::td_id() const {
   const JsonValue& f = node_of(*this).tree()->client()->spec_fields();
   const JsonValue* v = f.find("td_id");

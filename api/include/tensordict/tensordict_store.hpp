@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "tensordict/lazy_stack.hpp"
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/tensor_dict.hpp"
 
@@ -59,6 +60,14 @@ class TensorDictStore : public TensorDict {
   static TensorDictStore from_store(const std::string& td_id, const RedisOptions& options = {});
   //! the handle of an existing store node (TypeError for another node kind)
   explicit TensorDictStore(const TensorDict& td);
+
+  //! a lazy-stack store (Python's LazyStackedTensorDictStore: __type__ "lazy_stack") read into memory as a
+  //! LazyStackedTensorDict; ragged members come back whole (upstream truncates them). KeyError when td_id is
+  //! not a lazy-stack store. One round trip for the data.
+  static LazyStackedTensorDict load_lazy_stack(const std::string& td_id, const RedisOptions& options = {});
+  //! writes a lazy stack of tensor leaves as Python's TensorDictStore.from_tensordict(lazy_stack) does
+  //! (element-major data, offset tables for ragged leaves); returns the new store's td_id
+  static std::string save_lazy_stack(const LazyStackedTensorDict& td, const RedisOptions& options = {});
 
   const std::string& td_id() const;
   //! "redis://HOST:PORT/DB?prefix=P&td_id=ID" (what tdx accepts)
