@@ -15,6 +15,8 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "redis_server.hpp"
+
 #include "api/map_process_fns.hpp"
 #include "engine/zoo.hpp"
 #include "tensordict/tensordict.hpp"
@@ -110,6 +112,37 @@ BOOST_FIXTURE_TEST_CASE(memmap_source_and_out_equal_in_process, Fixture) {
   // the files hold it too
   BOOST_TEST(TensorDict::load_memmap(tmp.sub("out")).equal(expected));
 }
+
+BOOST_FIXTURE_TEST_CASE(h5_source_read_by_worker_processes, Fixture) {
+  // the workers reopen the HDF5 file read-only by its storage spec; the caller holds it open read-only too
+  TempDir tmp;
+  TensorDict td = dataset(600);
+  PersistentTensorDict::from_dict(td, tmp.sub("src.h5")).close();
+  PersistentTensorDict src = PersistentTensorDict::from_h5(tmp.sub("src.h5"), "r");
+  TensorDict expected = map_process_test::affine(td);
+  TensorDict out = td.memmap_like(tmp.sub("out"));
+  TensorDict r = src.map("mp_affine", procs(2).chunksize(100).out(out));
+  BOOST_TEST(!r.defined());
+  BOOST_TEST(out.equal(expected));
+  // in-process workers read their chunks through the file's actor and write into an HDF5 out
+  PersistentTensorDict h5out = PersistentTensorDict::from_dict(zeros_like(td), tmp.sub("out.h5"));
+  src.map("mp_affine", MapOptions().num_workers(2).chunksize(100).out(h5out));
+  BOOST_TEST(h5out.to_tensordict().equal(expected));
+  BOOST_TEST(children().empty());
+}
+
+BOOST_FIXTURE_TEST_CASE(redis_source_read_by_worker_processes, Fixture) {
+  // the workers reconnect to the store by its storage spec (host, port, db, prefix, td_id)
+  testutil::RedisServer server;
+  TempDir tmp;
+  TensorDict td = dataset(600);
+  TensorDictStore src = TensorDictStore::from_tensordict(td, RedisOptions().port(server.port()));
+  TensorDict expected = map_process_test::affine(td);
+  TensorDict out = td.memmap_like(tmp.sub("out"));
+  TensorDict r = src.map("mp_affine", procs(2).chunksize(100).out(out));
+  BOOST_TEST(!r.defined());
+  BOOST_TEST(out.equal(expected));
+}  // (the redis-server child stops here, before the fixture counts the children left)
 
 BOOST_FIXTURE_TEST_CASE(shared_source_and_out, Fixture) {
   TensorDict td = dataset(2000);
