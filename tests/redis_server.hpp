@@ -3,11 +3,14 @@
 // 127.0.0.1 and a free port, without persistence (--save '' --appendonly no), in its own temp dir, with its
 // output in <dir>/redis.log (so no test pipe is inherited and ctest never waits on it). Optionally it loads an
 // RDB file (copied into the temp dir) and requires a password. It is stopped by pid (SIGTERM, bounded wait,
-// SIGKILL) in the destructor. A missing redis-server binary throws: tests never skip.
+// SIGKILL) in the destructor, and killed by the kernel if the test process dies first (PR_SET_PDEATHSIG; create
+// it on the thread that lives longest, e.g. the test's main thread). A missing redis-server binary throws:
+// tests never skip.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -188,12 +191,16 @@ class RedisServer {
     if (logfd < 0) throw std::runtime_error("cannot open " + logpath);
     std::fflush(stdout);
     std::fflush(stderr);
+    pid_t parent = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) {
       ::close(logfd);
       throw std::runtime_error("fork failed");
     }
     if (pid == 0) {
+      // the server dies with the test process even when that one is killed (ctest timeout, crash)
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(126);
       int devnull = ::open("/dev/null", O_RDONLY);
       if (devnull >= 0) ::dup2(devnull, 0);
       ::dup2(logfd, 1);

@@ -1,13 +1,16 @@
 #include "tensordict/backends/redis_client.hpp"
 
+// sds.h (hiredis's string buffer, c->obuf) has no extern "C" guard of its own
+extern "C" {
+#include <hiredis/sds.h>
+}
 #include <hiredis/hiredis.h>
-#include <pthread.h>
-#include <signal.h>
+#include <sys/socket.h>
 #include <sys/time.h>
-#include <time.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <thread>
 
@@ -70,42 +73,6 @@ RedisReply convert(const redisReply* r) {
   }
   return out;
 }
-
-//! hiredis writes with write(2): a server that closed the connection would raise SIGPIPE and kill the process.
-//! SIGPIPE is blocked on this thread during the I/O; one it raised is consumed before the mask is restored.
-class SigpipeGuard {
- public:
-  SigpipeGuard() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    sigset_t pending;
-    sigemptyset(&pending);
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
-  }
-  ~SigpipeGuard() {
-    if (!blocked_) return;
-    if (!was_pending_) {
-      sigset_t pending;
-      sigemptyset(&pending);
-      sigpending(&pending);
-      if (sigismember(&pending, SIGPIPE) == 1) {
-        timespec zero{0, 0};
-        while (sigtimedwait(&pipe_, nullptr, &zero) == -1 && errno == EINTR) {
-        }
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeGuard(const SigpipeGuard&) = delete;
-  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
-
- private:
-  sigset_t pipe_, old_;
-  bool was_pending_ = false;
-  bool blocked_ = false;
-};
 
 struct ReplyFree {
   void operator()(void* r) const {
@@ -201,19 +168,37 @@ void RedisClient::ensure_connected() {
   }
 }
 
-void RedisClient::lost(const std::string& what) {
-  std::string why = ctx_ && ctx_->err ? std::string(ctx_->errstr) : std::string("connection closed");
+void RedisClient::lost(const std::string& what, const std::string& reason) {
+  std::string why = !reason.empty() ? reason : ctx_ && ctx_->err ? std::string(ctx_->errstr) : std::string("connection closed");
   disconnect();
   throw BackendError("connection to Redis at " + endpoint() + " lost during " + what + ": " + why +
                      " (the request may not have been applied; the next call reconnects)");
 }
 
 std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisCommand*>& cmds) {
-  SigpipeGuard no_sigpipe;
+  const std::string first = cmds.empty() || !cmds.front()->size() ? "a request" : cmds.front()->at(0);
   for (const RedisCommand* c : cmds) {
     if (redisAppendCommandArgv(ctx_, static_cast<int>(c->size()), const_cast<const char**>(c->argv()),
                                c->argvlen()) != REDIS_OK)
-      lost(cmds.empty() ? "a request" : (cmds.front()->size() ? cmds.front()->at(0) : "a request"));
+      lost(first);
+  }
+  // The output buffer is sent here with send(MSG_NOSIGNAL) rather than by hiredis's write(2): a connection the
+  // server closed must fail this call, not raise SIGPIPE (which kills the process). hiredis then only reads.
+  {
+    const char* buf = ctx_->obuf;
+    size_t len = sdslen(ctx_->obuf), done = 0;
+    while (done < len) {
+      ssize_t n = ::send(ctx_->fd, buf + done, len - done, MSG_NOSIGNAL);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      int err = n < 0 ? errno : EPIPE;
+      lost(first, err == EAGAIN || err == EWOULDBLOCK ? std::string("send timed out") : std::strerror(err));
+    }
+    sdsfree(ctx_->obuf);
+    ctx_->obuf = sdsempty();
   }
   std::vector<RedisReply> out;
   out.reserve(cmds.size());

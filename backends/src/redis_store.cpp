@@ -381,6 +381,7 @@ std::vector<LeafInfo> RedisStore::list() {
   for (const auto& p : paths) cmds.push_back(RedisCommand{"HGETALL", key("m:" + redis_join_path(p))});
   std::vector<RedisReply> replies = client().pipeline(cmds);
   meta_cache_.clear();
+  length_checked_.clear();
   std::vector<LeafInfo> out;
   std::set<LeafPath> groups, leaves(paths.begin(), paths.end());
   for (size_t i = 0; i < paths.size(); ++i) {
@@ -412,7 +413,10 @@ std::vector<at::Tensor> RedisStore::read(const std::vector<LeafRead>& reads) {
   std::vector<at::Tensor> out = read_once(reads, &bad);
   if (bad.empty()) return out;
   // a length that disagrees with cached metadata: the leaf may have been replaced elsewhere; re-read once
-  for (size_t i : bad) meta_cache_.erase(redis_join_path(reads[i].path));
+  for (size_t i : bad) {
+    meta_cache_.erase(redis_join_path(reads[i].path));
+    length_checked_.erase(redis_join_path(reads[i].path));
+  }
   return read_once(reads, nullptr);
 }
 
@@ -430,6 +434,7 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
   struct Plan {
     Op op = Op::None;
     size_t data = 0, strlen = 0;
+    bool check_len = false;
     std::vector<int64_t> shape;
     int64_t expect = 0;
   };
@@ -460,8 +465,12 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
       p.op = Op::None;
       continue;
     }
-    p.strlen = cmds.size();
-    cmds.push_back(RedisCommand{"STRLEN", dkey});
+    // the value's length is checked once per leaf (with its first rows read); later reads trust the cache
+    if (!length_checked_.count(joined)) {
+      p.strlen = cmds.size();
+      p.check_len = true;
+      cmds.push_back(RedisCommand{"STRLEN", dkey});
+    }
     p.data = cmds.size();
     std::vector<Run> runs = runs_of(r.rows);
     if (runs.size() == 1) {
@@ -540,13 +549,17 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
         mismatch(static_cast<int64_t>(d.str.size()), p.expect);
         continue;
       }
+      length_checked_.insert(joined);
     } else {
-      const RedisReply& sl = replies[p.strlen];
-      if (sl.is_error()) redis_reply_error(sl, dkey);
-      int64_t want = meta_cache_.at(joined).nbytes;
-      if (sl.integer != want) {
-        mismatch(sl.integer, want);
-        continue;
+      if (p.check_len) {
+        const RedisReply& sl = replies[p.strlen];
+        if (sl.is_error()) redis_reply_error(sl, dkey);
+        int64_t want = meta_cache_.at(joined).nbytes;
+        if (sl.integer != want) {
+          mismatch(sl.integer, want);
+          continue;
+        }
+        length_checked_.insert(joined);
       }
       if (static_cast<int64_t>(d.str.size()) != p.expect) {
         mismatch(static_cast<int64_t>(d.str.size()), p.expect);
@@ -681,6 +694,7 @@ void RedisStore::create(const LeafPath& path, at::ScalarType dtype, const std::v
   m.nbytes = nbytes;
   m.row_bytes = shape.empty() ? 0 : checked_nbytes(shape, item_size(dtype), 1);
   meta_cache_[joined] = std::move(m);
+  length_checked_.insert(joined);
 }
 
 bool RedisStore::erase(const LeafPath& path) {
@@ -698,6 +712,7 @@ bool RedisStore::erase(const LeafPath& path) {
     del.arg(key("d:" + k)).arg(key("m:" + k)).arg(key("d:" + k + ":idx"));
     srem.arg(k);
     meta_cache_.erase(k);
+    length_checked_.erase(k);
   }
   cmds.push_back(std::move(del));
   cmds.push_back(std::move(srem));
@@ -763,6 +778,7 @@ void RedisStore::write_non_tensor(const LeafPath& path, const NonTensorValue& va
   m.info.kind = LeafKind::NonTensor;
   m.encoding = encoding;
   meta_cache_[joined] = std::move(m);
+  length_checked_.erase(joined);
 }
 
 // ------------------------------------------------------------------------------------------ factories

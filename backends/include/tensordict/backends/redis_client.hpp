@@ -121,7 +121,7 @@ class RedisClient {
  private:
   void ensure_connected();
   void connect_once();
-  [[noreturn]] void lost(const std::string& what);
+  [[noreturn]] void lost(const std::string& what, const std::string& reason = "");
   std::vector<RedisReply> roundtrip(const std::vector<const RedisCommand*>& cmds);
 
   RedisConnectOptions options_;

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -123,7 +124,10 @@ class RedisStore : public LeafStore {
   //! the connection (tests; raw access for tools)
   RedisClient& client() const;
   //! forgets the cached metadata (m: hashes); the next access re-reads them
-  void invalidate_cache() { meta_cache_.clear(); }
+  void invalidate_cache() {
+    meta_cache_.clear();
+    length_checked_.clear();
+  }
 
  private:
   const RedisLeafMeta& meta(const LeafPath& path);
@@ -135,6 +139,7 @@ class RedisStore : public LeafStore {
   RedisOptions options_;
   mutable std::unique_ptr<RedisClient> client_;
   std::map<std::string, RedisLeafMeta> meta_cache_;
+  std::set<std::string> length_checked_;  //!< leaves whose value length matched the metadata once
   bool getranges_loaded_ = false;  //!< SCRIPT LOAD done on this connection (EVALSHA; NOSCRIPT reloads)
   std::string sha_getranges_;
 };
