@@ -5,6 +5,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "api/remote_fixtures.hpp"
 #include "engine/fixtures.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/index_math.hpp"
@@ -14,38 +15,9 @@ using namespace tensordict;
 using namespace at::indexing;
 using fixtures::TempDir;
 
-namespace {
-
-TensorDict sample(int64_t n, int64_t seed = 0) {
-  at::manual_seed(seed);
-  TensorDict td({{"obs", at::randn({n, 4})}, {"idx", at::arange(n)}, {"flag", at::arange(n).remainder(3).eq(0)}}, {n});
-  td.set({"sub", "x"}, at::randn({n, 2, 3}));
-  return td;
-}
-
-bool same(const TensorDict& a, const TensorDict& b) {
-  if (a.batch_size() != b.batch_size()) return false;
-  auto ka = a.keys(KeysOptions().include_nested(true).leaves_only(true).sort(true));
-  auto kb = b.keys(KeysOptions().include_nested(true).leaves_only(true).sort(true));
-  if (ka != kb) return false;
-  for (const auto& k : ka)
-    if (!a.get(k).equal(b.get(k))) return false;
-  return true;
-}
-
-std::vector<Index> indices(int64_t n) {
-  at::Tensor mask = at::arange(n).remainder(4).eq(1);
-  return {{0},
-          {-1},
-          {Slice(3, 9)},
-          {Slice(None, None, 3)},
-          {at::tensor({7, 2, 7, 0}, at::kLong)},   // unsorted and repeated (h5py refuses these)
-          {mask},
-          {Slice(2, 12), at::indexing::Ellipsis},
-          {at::tensor({1, 5, 5, 0}, at::kLong).view({2, 2})}};
-}
-
-}  // namespace
+using remote_fixtures::indices;
+using remote_fixtures::same;
+using remote_fixtures::sample;
 
 BOOST_AUTO_TEST_SUITE(persistent)
 
