@@ -298,6 +298,19 @@ MapPlan plan(const TensorDict& src, const MapOptions& o, bool for_iter, int64_t 
 
 TensorDict take_chunk(const TensorDict& td, const MapPlan& plan, const MapChunk& c) {
   const int64_t d = plan.dim;
+  if (!detail::is_dense_tree(td)) {
+    // another node kind (an HDF5 file, a Redis store, a lazy stack): its own index, so that a chunk of `out`
+    // is a view whose writes land in the storage (map_batch would work on a dense copy)
+    Index idx(static_cast<size_t>(d), at::indexing::Slice());
+    if (!c.indices.empty()) {
+      idx.emplace_back(at::tensor(c.indices, at::kLong));
+    } else if (c.drop_dim) {
+      idx.emplace_back(c.start);
+    } else {
+      idx.emplace_back(at::indexing::Slice(c.start, c.start + c.length));
+    }
+    return td.index(idx);
+  }
   BatchSize nb = td.batch_size();
   if (!c.indices.empty()) {
     at::Tensor idx = at::tensor(c.indices, at::kLong);

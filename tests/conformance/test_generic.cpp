@@ -291,4 +291,14 @@ BOOST_AUTO_TEST_CASE(test_map_equals_apply) {
   });
 }
 
+BOOST_AUTO_TEST_CASE(test_map_into_out) {
+  // map's `out` may be any node: its chunks are the node's own views, so the results land in its storage
+  Engine engine;
+  for_each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
+    if (!m.writable) return;
+    TensorDict r = ref.map([](const TensorDict& c) { return c.apply(plus_one); }, MapOptions().num_workers(2).chunksize(2).out(td));
+    BOOST_TEST(same_values(td.contiguous(), ref.apply(plus_one)));
+  });
+}
+
 BOOST_AUTO_TEST_SUITE_END()
