@@ -197,6 +197,12 @@ struct Combiner {
   }
 
   // ------------------------------------------------------------------ building
+  //! upstream: stacking non-tensors whose values are all equal gives a NonTensorData (cat keeps a stack)
+  Entry collapse(NonTensorStack s) const {
+    if (is_stack && s.all_equal()) return Entry(NonTensorData(s.at(0), s.batch_size()));
+    return Entry(std::move(s));
+  }
+
   NonTensorStack combine_non_tensor(const std::vector<Entry>& es) const {
     std::vector<at::Tensor> pos;
     std::vector<JsonValue> all;
@@ -252,7 +258,7 @@ struct Combiner {
           r.entries.emplace_back(kv.first, Entry(build(children(es), full)));
           break;
         case Cat::NonTensor:
-          r.entries.emplace_back(kv.first, Entry(combine_non_tensor(es)));
+          r.entries.emplace_back(kv.first, collapse(combine_non_tensor(es)));
           break;
       }
     }
@@ -279,7 +285,7 @@ struct Combiner {
         case Cat::NonTensor:
           // non-tensors have no storage to write into: the entry is replaced (like an indexed write of a
           // non-tensor, this is allowed on a locked out)
-          *dest = Entry(combine_non_tensor(es));
+          *dest = collapse(combine_non_tensor(es));
           break;
       }
     }
@@ -288,7 +294,7 @@ struct Combiner {
 
 void check_inputs(const char* op, const std::vector<TensorDict>& tds) {
   if (tds.empty()) {
-    throw ValueError(std::string(op) + ": expected a non-empty list of TensorDicts, got an empty list");
+    throw RuntimeError(std::string(op) + ": expected a non-empty list of TensorDicts, got an empty list");
   }
   for (size_t i = 0; i < tds.size(); ++i) {
     if (!tds[i].defined()) {
@@ -297,10 +303,11 @@ void check_inputs(const char* op, const std::vector<TensorDict>& tds) {
   }
 }
 
-//! dim in [-n, n) -> [0, n) (n = batch dims, + 1 for stack); IndexError otherwise
-int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, int64_t n) {
+//! dim in [-n, n) -> [0, n) (n = batch dims, + 1 for stack); IndexError otherwise (stack, as torch.stack),
+//! RuntimeError for cat (upstream)
+int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, int64_t n, ErrorCode code = ErrorCode::Index) {
   if (dim < -n || dim >= n) {
-    throw IndexError(std::string(op) + ": dimension out of range (expected to be in range of [" + std::to_string(-n) +
+    throw_error(code, std::string(op) + ": dimension out of range (expected to be in range of [" + std::to_string(-n) +
                      ", " + std::to_string(n - 1) + "] for TensorDicts with batch_size " + shape_str(bs) +
                      ", but got " + std::to_string(dim) + ")");
   }
@@ -362,10 +369,10 @@ TensorDict cat(const std::vector<TensorDict>& tds, int64_t dim, std::optional<Te
   if (!all_dense(tds)) return cat(densified(tds), dim, out);
   const BatchSize& bs = tds[0].batch_size();
   if (bs.empty()) {
-    throw IndexError("cat: TensorDicts with batch_size " + shape_str(bs) +
+    throw RuntimeError("cat: TensorDicts with batch_size " + shape_str(bs) +
                      " have no batch dimension to concatenate along (got dim=" + std::to_string(dim) + ")");
   }
-  const int64_t d = norm_dim("cat", dim, bs, static_cast<int64_t>(bs.size()));
+  const int64_t d = norm_dim("cat", dim, bs, static_cast<int64_t>(bs.size()), ErrorCode::Runtime);
   return run(Combiner{false, d, tds.size()}, tds, out);
 }
 
