@@ -112,8 +112,8 @@ struct Prepared {
       case Kind::Take:
       case Kind::General: break;
     }
-    // advanced indexing wants the destination's dtype (copy_ converts by itself)
-    if (v.scalar_type() != t.scalar_type()) v = v.to(t.scalar_type());
+    // advanced indexing: torch's index_put_ refuses a value of another dtype ("Index put requires the source
+    // and destination dtypes match"), as upstream's tensor[idx] = value does; basic indexing (copy_) converts
     if (kind == Kind::Take) {
       at::Tensor target = t;  // index_put_ is non-const on the handle only
       target.index_put_({TensorIndex(take)}, v);
@@ -652,6 +652,27 @@ void validate_for_node(const BatchSize& batch, const Index& index) {
   (void)getitem_batch_size(batch, index);
 }
 
+//! torch's index_put_ rule for td[idx] = tensor with an advanced index (an index tensor or a mask): the value
+//! must have each leaf's dtype (upstream's tensor[idx] = value raises "Index put requires the source and
+//! destination dtypes match"). Checked on every leaf first, so that nothing is written when one refuses.
+void check_index_put_dtype(const TensorDict& td, const Index& index, const at::Tensor& value) {
+  bool advanced = false;
+  for (const auto& e : index) {
+    if (e.is_tensor() && e.tensor().defined() && (e.tensor().dim() > 0 || e.tensor().scalar_type() == at::kBool)) {
+      advanced = true;
+    }
+  }
+  if (!advanced) return;
+  for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true))) {
+    const at::ScalarType dst = kv.second.tensor().scalar_type();
+    if (dst != value.scalar_type()) {
+      throw RuntimeError("td[idx] = value: Index put requires the source and destination dtypes match, got " +
+                         std::string(c10::toString(dst)) + " for the destination and " +
+                         c10::toString(value.scalar_type()) + " for the source (key " + kv.first.repr() + ")");
+    }
+  }
+}
+
 // ============================================================================ public API
 TensorDict TensorDict::index(const Index& index) const {
   if (node_ && only_full_slices(index)) return *this;  // upstream: td[:], td[...] are td, whatever the batch
@@ -686,6 +707,7 @@ TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) 
 
 TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) {
   if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined tensor");
+  check_index_put_dtype(*this, index, value);
   if (auto* lz = detail::lazy_node(*this)) {
     on_write_index([&] {
       validate_for_node(batch_size(), index);

@@ -340,6 +340,14 @@ std::vector<TensorDict> densified(const std::vector<TensorDict>& tds) {
   for (const auto& td : tds) out.push_back(td.is_dense() ? td : td.contiguous());
   return out;
 }
+//! a dense input holding nodes of another kind below (a lazy stack as a sub-TensorDict): those levels on
+//! their dense form, so that the dense stack / cat can walk every level
+std::vector<TensorDict> dense_levels(const std::vector<TensorDict>& tds) {
+  std::vector<TensorDict> out;
+  out.reserve(tds.size());
+  for (const auto& td : tds) out.push_back(td.is_dense() && !detail::is_dense_tree(td) ? detail::dense_tree(td) : td);
+  return out;
+}
 bool all_dense(const std::vector<TensorDict>& tds) {
   for (const auto& td : tds)
     if (td.defined() && !td.is_dense()) return false;
@@ -347,8 +355,9 @@ bool all_dense(const std::vector<TensorDict>& tds) {
 }
 }  // namespace
 
-TensorDict stack(const std::vector<TensorDict>& tds, int64_t dim, std::optional<TensorDict> out) {
-  check_inputs("stack", tds);
+TensorDict stack(const std::vector<TensorDict>& tds_in, int64_t dim, std::optional<TensorDict> out) {
+  check_inputs("stack", tds_in);
+  const std::vector<TensorDict> tds = dense_levels(tds_in);
   if (!all_dense(tds)) {
     // lazy inputs stay lazy (a lazy stack of them, as upstream's torch.stack of lazy stacks); with out they
     // are written densely
@@ -364,8 +373,9 @@ TensorDict stack(const std::vector<TensorDict>& tds, int64_t dim, std::optional<
   return run(Combiner{true, d, tds.size()}, tds, out);
 }
 
-TensorDict cat(const std::vector<TensorDict>& tds, int64_t dim, std::optional<TensorDict> out) {
-  check_inputs("cat", tds);
+TensorDict cat(const std::vector<TensorDict>& tds_in, int64_t dim, std::optional<TensorDict> out) {
+  check_inputs("cat", tds_in);
+  const std::vector<TensorDict> tds = dense_levels(tds_in);
   if (!all_dense(tds)) return cat(densified(tds), dim, out);
   const BatchSize& bs = tds[0].batch_size();
   if (bs.empty()) {

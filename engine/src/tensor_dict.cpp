@@ -608,9 +608,13 @@ void TensorDict::set_batch_size(BatchSize batch_size) {
                        "the batch size.");
   }
   check_batch_size(*d(), batch_size);
-  // NonTensorData follows the batch size of its parent (it is broadcast)
+  // NonTensorData follows the batch size of its parent (it is broadcast) unless its own batch size already
+  // starts with the new one (upstream _batch_size_setter: a child keeps its batch size, extra trailing dims
+  // included, unless it is shorter than the new batch size)
   for (auto& kv : d()->entries) {
     if (kv.second.is_non_tensor_data()) {
+      const BatchSize& own = kv.second.non_tensor_data().batch_size();
+      if (own.size() >= batch_size.size() && std::equal(batch_size.begin(), batch_size.end(), own.begin())) continue;
       kv.second = Entry(NonTensorData(kv.second.non_tensor_data().value(), batch_size));
     }
   }

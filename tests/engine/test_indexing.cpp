@@ -402,7 +402,10 @@ BOOST_AUTO_TEST_CASE(setitem_tensor_and_scalar) {
     td.index_put_({Slice(2, 4)}, at::tensor(4.0));
     for (auto& kv : zoo::leaves(td)) BOOST_TEST(kv.second.index({Slice(2, 4)}).eq(4).all().item<bool>());
     at::Tensor mask = bools({1, 0, 0, 0}, {4});
-    td.index_put_({mask}, at::tensor(9));
+    // advanced indexing keeps torch's rule: the value must have the leaf's dtype (an int64 tensor into a
+    // float leaf raises, as upstream's tensor[mask] = value); a number is cast
+    BOOST_CHECK_THROW(td.index_put_({mask}, at::tensor(9)), RuntimeError);
+    td.index_put_({mask}, at::Scalar(9));
     for (auto& kv : zoo::leaves(td)) BOOST_TEST(kv.second.index({0}).eq(9).all().item<bool>());
     if (td.contains("data")) BOOST_TEST(td.get_non_tensor("data") == JsonValue("a string"));
   }

@@ -130,6 +130,40 @@ BOOST_AUTO_TEST_CASE(test_update_keys_to_update_nested) {
   BOOST_TEST(!td.contains("new"));
 }
 
+BOOST_AUTO_TEST_CASE(test_preallocated_non_tensor_gets_the_full_batch_size) {
+  // upstream: buf[0] = row (row batch [3]) preallocates a non-tensor leaf of batch [*buf.batch_size, 3]
+  TensorDict buf(BatchSize{10});
+  TensorDict row(Dict{{"x", at::ones({3})}, {"s", "txt"}}, {3});
+  buf.index_put_({0}, row);
+  BOOST_TEST(buf.get("x").sizes() == at::IntArrayRef({10, 3}));
+  BOOST_TEST(buf.get_entry("s").shape() == BatchSize({10, 3}));
+  BOOST_TEST(buf.get_non_tensor("s") == JsonValue("txt"));
+  // the batch size setter keeps a child's longer batch size when it starts with the new one
+  TensorDict t(Dict{{"x", at::zeros({3, 2})}, {"s", "v"}}, {3});
+  t.set_batch_size({});
+  BOOST_TEST(t.get_entry("s").shape() == BatchSize({3}));
+  t.set_batch_size({3, 2});
+  BOOST_TEST(t.get_entry("s").shape() == BatchSize({3, 2}));
+}
+
+BOOST_AUTO_TEST_CASE(test_index_and_stack_collapse_equal_non_tensors) {
+  // upstream: selected values all equal -> a NonTensorData
+  TensorDict td(Dict{{"x", at::zeros({4})}}, {4});
+  td.set("s", NonTensorStack({JsonValue("a"), JsonValue("a"), JsonValue("b"), JsonValue("a")}, {4}));
+  BOOST_TEST(td.index({Slice(0, 2)}).get_entry("s").is_non_tensor_data());
+  BOOST_TEST(td.index({at::tensor({0, 3}, at::kLong)}).get_entry("s").is_non_tensor_data());
+  BOOST_TEST(td.index({0}).get_non_tensor("s") == JsonValue("a"));
+  BOOST_TEST(td.index({Slice(1, 3)}).get_entry("s").is_non_tensor_stack());
+  TensorDict a(Dict{{"x", at::zeros({2})}}, {2});
+  a.set("s", NonTensorStack({JsonValue(1), JsonValue(1)}, {2}));
+  TensorDict s = stack({a, a}, 0);
+  BOOST_TEST(s.get_entry("s").is_non_tensor_data());
+  BOOST_TEST(s.get_entry("s").shape() == BatchSize({2, 2}));
+  TensorDict b = a.clone();
+  b.set("s", "other");
+  BOOST_TEST(stack({a, b}, 0).get_entry("s").is_non_tensor_stack());
+}
+
 BOOST_AUTO_TEST_CASE(test_zero_dim_full_slices) {
   TensorDict td(Dict{{"a", at::arange(3)}}, {});
   BOOST_TEST(td.index({Slice()}).is_same(td));
