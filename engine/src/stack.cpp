@@ -197,12 +197,6 @@ struct Combiner {
   }
 
   // ------------------------------------------------------------------ building
-  //! upstream: stacking non-tensors whose values are all equal gives a NonTensorData (cat keeps a stack)
-  Entry collapse(NonTensorStack s) const {
-    if (is_stack && s.all_equal()) return Entry(NonTensorData(s.at(0), s.batch_size()));
-    return Entry(std::move(s));
-  }
-
   NonTensorStack combine_non_tensor(const std::vector<Entry>& es) const {
     std::vector<at::Tensor> pos;
     std::vector<JsonValue> all;
@@ -258,7 +252,7 @@ struct Combiner {
           r.entries.emplace_back(kv.first, Entry(build(children(es), full)));
           break;
         case Cat::NonTensor:
-          r.entries.emplace_back(kv.first, collapse(combine_non_tensor(es)));
+          r.entries.emplace_back(kv.first, Entry(combine_non_tensor(es)));
           break;
       }
     }
@@ -285,7 +279,7 @@ struct Combiner {
         case Cat::NonTensor:
           // non-tensors have no storage to write into: the entry is replaced (like an indexed write of a
           // non-tensor, this is allowed on a locked out)
-          *dest = collapse(combine_non_tensor(es));
+          *dest = Entry(combine_non_tensor(es));
           break;
       }
     }
