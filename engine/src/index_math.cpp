@@ -88,6 +88,12 @@ int64_t count_indexed_dims(const Index& index) {
   return count;
 }
 
+//! upstream convert_ellipsis_to_idx: a RuntimeError
+[[noreturn]] static void throw_two_ellipses(const Index& index, int64_t n) {
+  throw RuntimeError("An index can only have one ellipsis at most, but it has " + std::to_string(n) + ": " +
+                     index_repr(index));
+}
+
 static void check_count(const Index& index, int64_t batch_dims) {
   const int64_t n = count_indexed_dims(index);
   if (n > batch_dims) {
@@ -99,7 +105,7 @@ static void check_count(const Index& index, int64_t batch_dims) {
 Index convert_ellipsis(const Index& index, int64_t batch_dims) {
   int64_t n_ellipsis = 0;
   for (const auto& e : index) n_ellipsis += e.is_ellipsis() ? 1 : 0;
-  if (n_ellipsis > 1) throw IndexError("an index can only have a single ellipsis ('...'), got " + index_repr(index));
+  if (n_ellipsis > 1) throw_two_ellipses(index, n_ellipsis);
   check_count(index, batch_dims);
   if (n_ellipsis == 0) return index;
   const int64_t fill = batch_dims - count_indexed_dims(index);
@@ -146,7 +152,7 @@ BatchSize getitem_batch_size(const BatchSize& batch, const Index& index) {
     if (e.is_boolean()) advanced = true;
     if (e.is_ellipsis()) ++n_ellipsis;
   }
-  if (n_ellipsis > 1) throw IndexError("an index can only have a single ellipsis ('...'), got " + index_repr(index));
+  if (n_ellipsis > 1) throw_two_ellipses(index, n_ellipsis);
   check_count(index, nd);
 
   if (!advanced) {
@@ -193,8 +199,14 @@ BatchSize getitem_batch_size(const BatchSize& batch, const Index& index) {
     return BatchSize(r.sizes().begin(), r.sizes().end());
   } catch (const c10::Error& e) {
     // torch's Value/TypeError as they are; any other torch error is an IndexError naming the index
-    const ErrorCode code = detail::torch_error_code(e, ErrorCode::Index);
+    ErrorCode code = detail::torch_error_code(e, ErrorCode::Index);
     const std::string msg = detail::torch_message(e);
+    // malformed indices (a mask of the wrong shape, index tensors that do not broadcast together) are a
+    // RuntimeError upstream (_getitem_batch_size), out-of-range indices an IndexError
+    if (msg.find("The shape of the mask") != std::string::npos ||
+        msg.find("could not be broadcast") != std::string::npos) {
+      code = ErrorCode::Runtime;
+    }
     throw_error(code, code != ErrorCode::Index
                           ? msg
                           : msg + " (index " + index_repr(index) + " on batch size " + list_str(batch) + ")");

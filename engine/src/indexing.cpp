@@ -34,6 +34,21 @@ bool is_full_slice(const TensorIndex& e) {
   return e.is_slice() && e.slice().start() == 0 && e.slice().stop() == INDEX_MAX && e.slice().step() == 1;
 }
 
+//! upstream returns the TensorDict itself for td[:], td[...], td[:, :, ...] whatever its batch dims (a 0-dim
+//! TensorDict and more full slices than batch dims included): every element a full slice, at most one Ellipsis
+bool only_full_slices(const Index& index) {
+  if (index.empty()) return true;
+  int n_ellipsis = 0;
+  for (const auto& e : index) {
+    if (e.is_ellipsis()) {
+      ++n_ellipsis;
+    } else if (!is_full_slice(e)) {
+      return false;
+    }
+  }
+  return n_ellipsis <= 1;
+}
+
 //! zeros of `shape` for a preallocated leaf: 2 MiB and more on huge pages (see huge_page_allocator.hpp)
 at::Tensor prealloc_zeros(at::IntArrayRef shape, const at::TensorOptions& options) {
   at::Tensor t = detail::huge_page_empty(shape, options, detail::kHugePageBytes, /*zeroed=*/true);
@@ -97,8 +112,8 @@ struct Prepared {
       case Kind::Take:
       case Kind::General: break;
     }
-    // advanced indexing wants the destination's dtype (copy_ converts by itself)
-    if (v.scalar_type() != t.scalar_type()) v = v.to(t.scalar_type());
+    // advanced indexing: torch's index_put_ refuses a value of another dtype ("Index put requires the source
+    // and destination dtypes match"), as upstream's tensor[idx] = value does; basic indexing (copy_) converts
     if (kind == Kind::Take) {
       at::Tensor target = t;  // index_put_ is non-const on the handle only
       target.index_put_({TensorIndex(take)}, v);
@@ -174,6 +189,11 @@ Prepared prepare(const BatchSize& batch, const Index& index) {
   const int64_t nd = static_cast<int64_t>(batch.size());
   Prepared p;
   p.src_dims = batch.size();
+  if (only_full_slices(index)) {
+    p.kind = Prepared::Kind::Identity;
+    p.batch = batch;
+    return p;
+  }
   // hot paths: a single int or slice
   if (index.size() == 1 && nd > 0) {
     const auto& e = index[0];
@@ -316,10 +336,16 @@ TensorDict index_impl(const TensorDictImpl& src, const Prepared& p, BatchSize ne
                                   Entry(NonTensorData(d.value(), sub_batch(p.batch, d.batch_size(), p.src_dims))));
         break;
       }
-      case Entry::Kind::NonTensorStack:
-        out->entries.emplace_back(kv.first,
-                                  Entry(e.non_tensor_stack().remap([&p](const at::Tensor& pos) { return p.get(pos); })));
+      case Entry::Kind::NonTensorStack: {
+        NonTensorStack s = e.non_tensor_stack().remap([&p](const at::Tensor& pos) { return p.get(pos); });
+        // upstream: the selected values all equal -> a NonTensorData of the indexed batch
+        if (s.all_equal()) {
+          out->entries.emplace_back(kv.first, Entry(NonTensorData(s.at(0), s.batch_size())));
+        } else {
+          out->entries.emplace_back(kv.first, Entry(std::move(s)));
+        }
         break;
+      }
       default:
         break;
     }
@@ -391,10 +417,18 @@ void put_leaf(const at::Tensor& dst, const at::Tensor& v, const Prepared& p, con
   }
 }
 
+//! every leaf key of value (nested, non-tensors included) exists in dst: the write adds no key
+bool keys_exist(const TensorDict& dst, const TensorDict& value) {
+  for (const auto& k : value.keys(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true)))
+    if (!dst.contains(k)) return false;
+  return true;
+}
+
 //! upstream __setitem__: a value whose batch differs from the indexed batch is expanded on the left when
 //! its dims are the trailing ones, else re-batched on a shallow copy (its leaves already carry the indexed
-//! dims), else BatchSizeError. A value without batch dims whose leaves do not fit the re-batching is
-//! broadcast like a tensor would be (td[:2] = row); upstream's `indexed_bs[-0:]` refuses that by accident.
+//! dims), else RuntimeError "indexed destination TensorDict batch size is ...". A value without batch dims
+//! whose keys all exist is broadcast as torch broadcasts t[:2] = row (upstream's `indexed_bs[-0:]` slip
+//! refuses it); one that would preallocate new keys is refused as upstream.
 TensorDict broadcast_value(const TensorDictImpl& dst, const BatchSize& ibs, const TensorDict& value,
                            const Index& orig) {
   const BatchSize& vb = value.batch_size();
@@ -417,8 +451,10 @@ TensorDict broadcast_value(const TensorDictImpl& dst, const BatchSize& ibs, cons
     c.set_batch_size(ibs);
     return c;
   } catch (const Error&) {
-    if (vb.empty()) return expand();
-    throw BatchSizeError("indexed destination TensorDict batch size is " + shape_str(ibs) + " (batch_size = " +
+    if (vb.empty() && keys_exist(TensorDict(std::const_pointer_cast<Node>(dst.shared_from_this())), value)) {
+      return expand();
+    }
+    throw RuntimeError("indexed destination TensorDict batch size is " + shape_str(ibs) + " (batch_size = " +
                          shape_str(dst.batch_size) + ", index=" + index_repr(orig) +
                          "), which differs from the source batch size " + shape_str(vb));
   }
@@ -528,6 +564,12 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
         put_leaf(de->tensor(), ve.tensor(), p, key);
         break;
       case Entry::Kind::TensorDict: {
+        if (ve.is_tensor()) {
+          // upstream _set_at_str: sub_td[idx] = tensor, i.e. every leaf of the sub-TensorDict filled with it
+          TensorDict sub = de->tensordict();
+          sub.index_put_(p.as_index(), ve.tensor());
+          break;
+        }
         if (!ve.is_tensordict()) {
           throw TypeError("td[idx] = value: key '" + key + "' holds a TensorDict but the value holds a " +
                           Entry::kind_name(ve.kind()));
@@ -563,9 +605,81 @@ void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn) {
 
 }  // namespace
 
+//! an index of a write: upstream raises RuntimeError for too many indices in td[idx] = value (IndexError on
+//! reads)
+template <class F>
+auto on_write_index(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const IndexError& e) {
+    if (e.message().rfind("too many indices", 0) == 0) throw RuntimeError(e.message());
+    throw;
+  }
+}
+
+Prepared prepare_write(const BatchSize& batch, const Index& index) {
+  return on_write_index([&] { return prepare(batch, index); });
+}
+
+//! upstream __setitem__'s check of a TensorDict value, for nodes that write it their own way (lazy stacks):
+//! the value's batch is the indexed batch, its trailing dims, or its leaves carry the indexed batch
+void check_write_value(const TensorDict& td, const Index& index, const TensorDict& value) {
+  const BatchSize& batch = td.batch_size();
+  const BatchSize ibs =
+      only_full_slices(index) ? batch : on_write_index([&] { return getitem_batch_size(batch, index); });
+  const BatchSize& vb = value.batch_size();
+  if (vb == ibs) return;
+  if (!vb.empty() && vb.size() <= ibs.size() &&
+      std::equal(vb.begin(), vb.end(), ibs.end() - static_cast<long>(vb.size()))) {
+    return;
+  }
+  if (vb.empty() && keys_exist(td, value)) return;  // a row broadcast over existing keys (see broadcast_value)
+  bool fits = true;
+  for (const auto& kv : value.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    const BatchSize s = kv.second.shape();
+    if (s.size() < ibs.size() || !std::equal(ibs.begin(), ibs.end(), s.begin())) fits = false;
+  }
+  if (fits) return;
+  throw RuntimeError("indexed destination TensorDict batch size is " + shape_str(ibs) + " (batch_size = " +
+                     shape_str(batch) + ", index=" + index_repr(index) +
+                     "), which differs from the source batch size " + shape_str(vb));
+}
+
+//! upstream's errors for a malformed index, before a node of another kind indexes itself (its own checks
+//! may raise other classes): the index resolved against the batch size (ragged lazy stacks are skipped)
+void validate_for_node(const BatchSize& batch, const Index& index) {
+  if (std::find(batch.begin(), batch.end(), -1) != batch.end()) return;
+  (void)getitem_batch_size(batch, index);
+}
+
+//! torch's index_put_ rule for td[idx] = tensor with an advanced index (an index tensor or a mask): the value
+//! must have each leaf's dtype (upstream's tensor[idx] = value raises "Index put requires the source and
+//! destination dtypes match"). Checked on every leaf first, so that nothing is written when one refuses.
+void check_index_put_dtype(const TensorDict& td, const Index& index, const at::Tensor& value) {
+  bool advanced = false;
+  for (const auto& e : index) {
+    if (e.is_tensor() && e.tensor().defined() && (e.tensor().dim() > 0 || e.tensor().scalar_type() == at::kBool)) {
+      advanced = true;
+    }
+  }
+  if (!advanced) return;
+  for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true))) {
+    const at::ScalarType dst = kv.second.tensor().scalar_type();
+    if (dst != value.scalar_type()) {
+      throw RuntimeError("td[idx] = value: Index put requires the source and destination dtypes match, got " +
+                         std::string(c10::toString(dst)) + " for the destination and " +
+                         c10::toString(value.scalar_type()) + " for the source (key " + kv.first.repr() + ")");
+    }
+  }
+}
+
 // ============================================================================ public API
 TensorDict TensorDict::index(const Index& index) const {
-  if (!dense_) return TensorDict(node_ ? node_->index(index) : TensorDict::undefined().node());
+  if (node_ && only_full_slices(index)) return *this;  // upstream: td[:], td[...] are td, whatever the batch
+  if (!dense_) {
+    if (node_ && !node_->dense_view()) validate_for_node(node_->batch_size, index);
+    return TensorDict(node_ ? node_->index(index) : TensorDict::undefined().node());
+  }
   Prepared p = prepare(d()->batch_size, index);
   if (p.kind == Prepared::Kind::Identity) return *this;
   try {
@@ -580,14 +694,18 @@ TensorDict TensorDict::index(const Index& index) const {
 TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) {
   if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined TensorDict");
   if (auto* lz = detail::lazy_node(*this)) {
-    lz->index_put(index, &value, nullptr, nullptr);
+    check_write_value(*this, index, value);
+    on_write_index([&] { lz->index_put(index, &value, nullptr, nullptr); });
     return *this;
   }
   if (detail::is_remote(*this)) {  // a node whose leaves live elsewhere (HDF5, Redis) writes itself: one request
-    node_->write(index, value);
+    on_write_index([&] {
+      validate_for_node(batch_size(), index);
+      node_->write(index, value);
+    });
     return *this;
   }
-  Prepared p = prepare(d()->batch_size, index);
+  Prepared p = prepare_write(d()->batch_size, index);
   TensorDict v = value;
   if (d()->device && v.device() != d()->device) v = v.to(*d()->device);
   put_td(*d(), p, p.batch, v, index);
@@ -596,33 +714,46 @@ TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) 
 
 TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) {
   if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined tensor");
+  check_index_put_dtype(*this, index, value);
   if (auto* lz = detail::lazy_node(*this)) {
-    lz->index_put(index, nullptr, &value, nullptr);
+    on_write_index([&] {
+      validate_for_node(batch_size(), index);
+      lz->index_put(index, nullptr, &value, nullptr);
+    });
     return *this;
   }
   if (detail::is_remote(*this)) {  // read the rows, write the value into them, write them back (one request each)
-    TensorDict rows = this->index(index).contiguous();
-    rows.index_put_(Index{}, value);
-    node_->write(index, rows);
+    on_write_index([&] {
+      validate_for_node(batch_size(), index);
+      TensorDict rows = this->index(index).contiguous();
+      rows.index_put_(Index{}, value);
+      node_->write(index, rows);
+    });
     return *this;
   }
-  Prepared p = prepare(d()->batch_size, index);
+  Prepared p = prepare_write(d()->batch_size, index);
   for_each_tensor_leaf(*d(), [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); });
   return *this;
 }
 
 TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) {
   if (auto* lz = detail::lazy_node(*this)) {
-    lz->index_put(index, nullptr, nullptr, &value);
+    on_write_index([&] {
+      validate_for_node(batch_size(), index);
+      lz->index_put(index, nullptr, nullptr, &value);
+    });
     return *this;
   }
   if (detail::is_remote(*this)) {
-    TensorDict rows = this->index(index).contiguous();
-    rows.index_put_(Index{}, value);
-    node_->write(index, rows);
+    on_write_index([&] {
+      validate_for_node(batch_size(), index);
+      TensorDict rows = this->index(index).contiguous();
+      rows.index_put_(Index{}, value);
+      node_->write(index, rows);
+    });
     return *this;
   }
-  Prepared p = prepare(d()->batch_size, index);
+  Prepared p = prepare_write(d()->batch_size, index);
   for_each_tensor_leaf(*d(), [&](const std::string& key, const at::Tensor& t) {
     try {
       p.fill(t, value);

@@ -216,6 +216,7 @@ struct ApplyCall {
   const LeafFn* unary = nullptr;
   const MultiLeafFn* multi = nullptr;
   const NamedLeafFn* named = nullptr;
+  const NamedMultiLeafFn* named_multi = nullptr;
   ApplyOptions opts;
   bool inplace = false;
   const char* op = "apply";
@@ -282,7 +283,7 @@ std::optional<TensorDict> apply_level(const TensorDict& self, const std::vector<
       try {
         if (c.named) {
           out = (*c.named)(o.nested_keys() ? full : NestedKey(name), e.tensor());
-        } else if (c.multi) {
+        } else if (c.multi || c.named_multi) {
           std::vector<at::Tensor> args;
           args.reserve(others.size() + 1);
           args.push_back(e.tensor());
@@ -296,7 +297,7 @@ std::optional<TensorDict> apply_level(const TensorDict& self, const std::vector<
                               Entry::kind_name(oe[i]->kind()) + " in others[" + std::to_string(i) + "]");
             }
           }
-          out = (*c.multi)(args);
+          out = c.multi ? (*c.multi)(args) : (*c.named_multi)(o.nested_keys() ? full : NestedKey(name), args);
         } else {
           out = (*c.unary)(e.tensor());
         }
@@ -368,7 +369,8 @@ void commit_writes(ApplyCall& c) {
 }
 
 // ---------------------------------------------------------------------------------------------- arithmetic
-enum class Bin { Add, Sub, Mul, Div };
+//! RSub / RDiv: the reflected forms (other - td, other / td)
+enum class Bin { Add, Sub, Mul, Div, RSub, RDiv };
 
 const char* bin_name(Bin op) {
   switch (op) {
@@ -376,9 +378,24 @@ const char* bin_name(Bin op) {
     case Bin::Sub: return "sub";
     case Bin::Mul: return "mul";
     case Bin::Div: return "div";
+    case Bin::RSub: return "rsub";
+    case Bin::RDiv: return "rdiv";
   }
   return "?";
 }
+
+//! the left operand of a reflected op: a tensor as it is, a scalar as a wrapped number (Python's `2 - t`
+//! promotes like `t - 2`)
+at::Tensor left_operand(const at::Tensor& b, const at::Tensor&) { return b; }
+at::Tensor left_operand(const at::Scalar& b, const at::Tensor& like) {
+  at::Tensor t = at::scalar_to_tensor(b, like.device());
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+//! other / leaf: torch's Tensor.__rtruediv__ is reciprocal() * other for a number
+at::Tensor rdiv_leaf(const at::Tensor& a, const at::Tensor& b) { return at::div(b, a); }
+at::Tensor rdiv_leaf(const at::Tensor& a, const at::Scalar& b) { return at::mul(at::reciprocal(a), b); }
 
 template <typename Other>
 at::Tensor bin(Bin op, const at::Tensor& a, const Other& b) {
@@ -387,6 +404,8 @@ at::Tensor bin(Bin op, const at::Tensor& a, const Other& b) {
     case Bin::Sub: return at::sub(a, b);
     case Bin::Mul: return at::mul(a, b);
     case Bin::Div: return at::div(a, b);
+    case Bin::RSub: return at::sub(left_operand(b, a), a);
+    case Bin::RDiv: return rdiv_leaf(a, b);
   }
   return at::Tensor();
 }
@@ -576,6 +595,27 @@ TensorDict compare_td_top(const TensorDict& self, const TensorDict& other, Cmp o
   return compare_td(self, other, op, NestedKey());
 }
 
+//! td < t: t broadcast on the left to the batch dims, then on the right to each leaf (as arithmetic)
+TensorDict compare_tensor(const TensorDict& self, const at::Tensor& other, Cmp op) {
+  if (!detail::is_dense_tree(self)) return compare_tensor(detail::dense_tree(self), other, op);
+  const char* name = cmp_name(op);
+  if (!other.defined()) throw ValueError(std::string(name) + ": the other tensor is undefined");
+  BatchSize bs = other.dim() == 0 ? self.batch_size() : broadcast_batch(self.batch_size(), sizes_of(other), name, "a tensor");
+  TensorDict a = expand_to(self, bs);
+  const size_t nd = bs.size();
+  return transform(
+      a, NestedKey(), same_batch,
+      [&](const NestedKey&, const at::Tensor& x) {
+        if (other.dim() == 0) return cmp(op, x, other);
+        BatchSize shape = sizes_of(other);
+        shape.resize(shape.size() + static_cast<size_t>(x.dim()) - nd, 1);
+        at::Tensor o = other.reshape(shape);
+        if (o.device() != x.device()) o = o.to(x.device());
+        return cmp(op, x, o);
+      },
+      NonTensorPolicy::Drop, name);
+}
+
 TensorDict compare_scalar(const TensorDict& self, const at::Scalar& other, Cmp op) {
   if (!detail::is_dense_tree(self)) return compare_scalar(detail::dense_tree(self), other, op);
   return transform(
@@ -584,20 +624,26 @@ TensorDict compare_scalar(const TensorDict& self, const at::Scalar& other, Cmp o
 }
 
 // ---------------------------------------------------------------------------------------------- reductions
-//! the batch dims a reduction acts on, sorted
-std::vector<int64_t> reduce_dims(const TensorDict& td, std::optional<int64_t> dim, const char* op) {
+//! the batch dims a reduction acts on, sorted and unique; an out-of-range dim is an error of `code`
+//! (upstream: RuntimeError in all / any, torch's IndexError in sum / mean)
+std::vector<int64_t> reduce_dims(const TensorDict& td, const std::vector<int64_t>& dims_in, const char* op,
+                                 ErrorCode code = ErrorCode::Index) {
   const int64_t nd = td.batch_dims();
-  if (!dim) {
-    std::vector<int64_t> all(static_cast<size_t>(nd));
-    for (int64_t i = 0; i < nd; ++i) all[static_cast<size_t>(i)] = i;
-    return all;
+  std::vector<int64_t> dims;
+  for (int64_t dim : dims_in) {
+    if (dim >= nd || dim < -nd) {
+      throw_error(code, std::string(op) + ": dim must be greater than or equal to -tensordict.batch_dims and "
+                        "smaller than tensordict.batch_dims, got dim=" + std::to_string(dim) + " for batch_size " +
+                        shape_str(td.batch_size()));
+    }
+    const int64_t d = dim < 0 ? dim + nd : dim;
+    if (std::find(dims.begin(), dims.end(), d) != dims.end()) {
+      throw RuntimeError(std::string(op) + ": dim " + std::to_string(d) + " appears multiple times in the list of dims");
+    }
+    dims.push_back(d);
   }
-  if (*dim >= nd || *dim < -nd) {
-    throw IndexError(std::string(op) + ": dim must be greater than or equal to -tensordict.batch_dims and smaller "
-                     "than tensordict.batch_dims, got dim=" + std::to_string(*dim) + " for batch_size " +
-                     shape_str(td.batch_size()));
-  }
-  return {*dim < 0 ? *dim + nd : *dim};
+  std::sort(dims.begin(), dims.end());
+  return dims;
 }
 
 BatchMap reduce_batch(const std::vector<int64_t>& dims, bool keepdim) {
@@ -614,14 +660,12 @@ BatchMap reduce_batch(const std::vector<int64_t>& dims, bool keepdim) {
   };
 }
 
-bool is_integral_like(const at::Tensor& t) { return at::isIntegralType(t.scalar_type(), /*includeBool=*/true); }
 
-at::ScalarType default_float() { return at::typeMetaToScalarType(at::get_default_dtype()); }
 
 TensorDict all_any_dim(const TensorDict& self, int64_t dim, bool is_all) {
   if (!detail::is_dense_tree(self)) return all_any_dim(detail::dense_tree(self), dim, is_all);
   const char* op = is_all ? "all" : "any";
-  std::vector<int64_t> dims = reduce_dims(self, dim, op);
+  std::vector<int64_t> dims = reduce_dims(self, {dim}, op, ErrorCode::Runtime);
   const int64_t d = dims[0];
   return transform(
       self, NestedKey(), reduce_batch(dims, false),
@@ -746,6 +790,19 @@ TensorDict TensorDict::named_apply(const NamedLeafFn& fn, const ApplyOptions& op
   c.opts = options;
   c.op = "named_apply";
   return run_apply(*this, {}, c);
+}
+
+TensorDict TensorDict::named_apply(const NamedMultiLeafFn& fn, const std::vector<TensorDict>& others,
+                                   const ApplyOptions& options) const {
+  if (!is_dense()) return contiguous().named_apply(fn, others, options);  // another node kind: on its dense form
+  if (!fn) throw ValueError("named_apply: fn is empty");
+  std::vector<TensorDict> os;
+  for (const auto& o : others) os.push_back(o.defined() && !o.is_dense() ? o.contiguous() : o);
+  ApplyCall c;
+  c.named_multi = &fn;
+  c.opts = options;
+  c.op = "named_apply";
+  return run_apply(*this, os, c);
 }
 
 // ================================================================================================ fills
@@ -963,19 +1020,65 @@ TensorDict& TensorDict::mul_(const at::Scalar& other) {
   return *this;
 }
 
+TensorDict TensorDict::rsub(const at::Tensor& other) const { return binary_tensor(*this, other, Bin::RSub); }
+TensorDict TensorDict::rsub(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::RSub); }
+TensorDict TensorDict::rdiv(const at::Tensor& other) const { return binary_tensor(*this, other, Bin::RDiv); }
+TensorDict TensorDict::rdiv(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::RDiv); }
+
+namespace {
+//! an in-place op as upstream's (torch's) rules: `result` (self op other, computed out of place) must keep
+//! self's batch size and be castable to every leaf's dtype; then it is copied into the leaves (any node kind)
+TensorDict& write_result(TensorDict& self, const TensorDict& result, const char* op) {
+  if (result.batch_size() != self.batch_size()) {
+    throw RuntimeError(std::string(op) + ": output with batch size " + shape_str(self.batch_size()) +
+                       " doesn't match the broadcast batch size " + shape_str(result.batch_size()));
+  }
+  const TensorDict dense = detail::dense_tree(self);
+  std::vector<std::pair<NestedKey, at::Tensor>> writes;
+  for_each_leaf(*result.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& r) {
+    const at::Tensor x = dense.get(k);
+    check_writable(x, k, op);
+    check_castable(r.scalar_type(), x, k, op);
+    if (!r.sizes().equals(x.sizes())) {
+      throw RuntimeError(std::string(op) + ": output with shape " + shape_str(x.sizes()) + " of key " + k.repr() +
+                         " doesn't match the broadcast shape " + shape_str(r.sizes()));
+    }
+    writes.emplace_back(k, r);
+  });
+  for (const auto& w : writes) self.set_(w.first, w.second);
+  return self;
+}
+}  // namespace
+
+TensorDict& TensorDict::add_(const at::Tensor& other) { return write_result(*this, add(other), "add_"); }
+TensorDict& TensorDict::sub_(const TensorDict& other) { return write_result(*this, sub(other), "sub_"); }
+TensorDict& TensorDict::sub_(const at::Tensor& other) { return write_result(*this, sub(other), "sub_"); }
+TensorDict& TensorDict::sub_(const at::Scalar& other) { return write_result(*this, sub(other), "sub_"); }
+TensorDict& TensorDict::mul_(const TensorDict& other) { return write_result(*this, mul(other), "mul_"); }
+TensorDict& TensorDict::mul_(const at::Tensor& other) { return write_result(*this, mul(other), "mul_"); }
+TensorDict& TensorDict::div_(const TensorDict& other) { return write_result(*this, div(other), "div_"); }
+TensorDict& TensorDict::div_(const at::Tensor& other) { return write_result(*this, div(other), "div_"); }
+TensorDict& TensorDict::div_(const at::Scalar& other) { return write_result(*this, div(other), "div_"); }
+
 // ================================================================================================ comparisons
 TensorDict TensorDict::eq(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Eq); }
 TensorDict TensorDict::eq(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Eq); }
+TensorDict TensorDict::eq(const at::Tensor& other) const { return compare_tensor(*this, other, Cmp::Eq); }
 TensorDict TensorDict::ne(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Ne); }
 TensorDict TensorDict::ne(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Ne); }
+TensorDict TensorDict::ne(const at::Tensor& other) const { return compare_tensor(*this, other, Cmp::Ne); }
 TensorDict TensorDict::lt(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Lt); }
 TensorDict TensorDict::lt(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Lt); }
+TensorDict TensorDict::lt(const at::Tensor& other) const { return compare_tensor(*this, other, Cmp::Lt); }
 TensorDict TensorDict::le(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Le); }
 TensorDict TensorDict::le(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Le); }
+TensorDict TensorDict::le(const at::Tensor& other) const { return compare_tensor(*this, other, Cmp::Le); }
 TensorDict TensorDict::gt(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Gt); }
 TensorDict TensorDict::gt(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Gt); }
+TensorDict TensorDict::gt(const at::Tensor& other) const { return compare_tensor(*this, other, Cmp::Gt); }
 TensorDict TensorDict::ge(const TensorDict& other) const { return compare_td_top(*this, other, Cmp::Ge); }
 TensorDict TensorDict::ge(const at::Scalar& other) const { return compare_scalar(*this, other, Cmp::Ge); }
+TensorDict TensorDict::ge(const at::Tensor& other) const { return compare_tensor(*this, other, Cmp::Ge); }
 
 // ================================================================================================ reductions
 bool TensorDict::all() const { return all_any(*this, true); }
@@ -983,31 +1086,104 @@ bool TensorDict::any() const { return all_any(*this, false); }
 TensorDict TensorDict::all(int64_t dim) const { return all_any_dim(*this, dim, true); }
 TensorDict TensorDict::any(int64_t dim) const { return all_any_dim(*this, dim, false); }
 
-TensorDict TensorDict::sum(std::optional<int64_t> dim, bool keepdim) const {
-  if (!is_dense()) return contiguous().sum(dim, keepdim);  // another node kind: on its dense form
-  std::vector<int64_t> dims = reduce_dims(*this, dim, "sum");
-  return transform(
-      *this, NestedKey(), reduce_batch(dims, keepdim),
-      [&](const NestedKey&, const at::Tensor& x) {
-        if (dims.empty()) return is_integral_like(x) ? x.to(at::kLong) : x.clone();  // no batch dim to reduce
-        return at::sum(x, dims, keepdim);
-      },
-      NonTensorPolicy::CarryOrDrop, "sum");
+namespace {
+enum class Red { Sum, Mean };
+const char* red_name(Red r) { return r == Red::Sum ? "sum" : "mean"; }
+
+//! one leaf reduced over `dims` (nullopt: every dim of the leaf, upstream v0.14 without dim). mean of an
+//! integer leaf raises as torch.mean does
+at::Tensor reduce_leaf(Red r, const at::Tensor& x, const std::optional<std::vector<int64_t>>& dims, bool keepdim) {
+  if (!dims) {
+    std::vector<int64_t> all(static_cast<size_t>(x.dim()));
+    for (int64_t i = 0; i < x.dim(); ++i) all[static_cast<size_t>(i)] = i;
+    if (all.empty()) return r == Red::Sum ? at::sum(x) : at::mean(x);
+    return r == Red::Sum ? at::sum(x, all, keepdim) : at::mean(x, all, keepdim);
+  }
+  if (dims->empty()) {  // nothing to reduce (torch would read an empty dim list as "every dim")
+    if (r == Red::Mean && !at::isFloatingType(x.scalar_type()) && !at::isComplexType(x.scalar_type())) at::mean(x);
+    return x.clone();
+  }
+  return r == Red::Sum ? at::sum(x, *dims, keepdim) : at::mean(x, *dims, keepdim);
 }
 
-//! integer and bool leaves are averaged in torch's default float dtype (torch.mean itself refuses them)
+TensorDict reduce_td(const TensorDict& self, Red r, const std::optional<std::vector<int64_t>>& dims_in, bool keepdim) {
+  std::optional<std::vector<int64_t>> dims;
+  if (dims_in) dims = reduce_dims(self, *dims_in, red_name(r));
+  BatchMap bm;
+  if (dims) {
+    bm = reduce_batch(*dims, keepdim);
+  } else {
+    bm = [keepdim](const BatchSize& bs) { return keepdim ? BatchSize(bs.size(), 1) : BatchSize{}; };
+  }
+  return transform(
+      self, NestedKey(), bm, [&](const NestedKey&, const at::Tensor& x) { return reduce_leaf(r, x, dims, keepdim); },
+      NonTensorPolicy::CarryOrDrop, red_name(r));
+}
+
+//! upstream reduce=True: the leaves, reduced over the batch dims `dims` (all of them when unset), with their
+//! remaining feature elements put together and reduced into one tensor of the reduced batch shape
+at::Tensor reduce_all_leaves(const TensorDict& self_in, Red r, const std::optional<std::vector<int64_t>>& dims_in,
+                             bool keepdim) {
+  const TensorDict self = detail::dense_tree(self_in);
+  const BatchSize& bs = self.batch_size();
+  std::vector<int64_t> all(bs.size());
+  for (size_t i = 0; i < bs.size(); ++i) all[i] = static_cast<int64_t>(i);
+  const std::vector<int64_t> dims = dims_in ? reduce_dims(self, *dims_in, red_name(r)) : all;
+  const BatchSize out_bs = reduce_batch(dims, keepdim)(bs);
+  const int64_t nd = static_cast<int64_t>(bs.size());
+  std::vector<at::Tensor> parts;
+  for_each_leaf(*self.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+    try {
+      // batch dims kept in front, every other element of the leaf (reduced dims and features) flattened last
+      std::vector<int64_t> perm;
+      for (int64_t i = 0; i < nd; ++i)
+        if (std::find(dims.begin(), dims.end(), i) == dims.end()) perm.push_back(i);
+      for (int64_t i = 0; i < x.dim(); ++i)
+        if (std::find(perm.begin(), perm.end(), i) == perm.end()) perm.push_back(i);
+      BatchSize shape = out_bs;
+      shape.push_back(-1);
+      at::Tensor y = x.permute(perm).reshape(shape);
+      if (r == Red::Mean && !at::isFloatingType(y.scalar_type()) && !at::isComplexType(y.scalar_type())) {
+        at::mean(y);  // torch's error for an integer leaf
+      }
+      parts.push_back(y);
+    } catch (const Error&) {
+      throw;
+    } catch (...) {
+      throw RuntimeError(std::string(red_name(r)) + "(reduce=true): key " + k.repr() + ": " + current_torch_message());
+    }
+  });
+  if (parts.empty()) throw RuntimeError(std::string(red_name(r)) + "(reduce=true): the TensorDict has no tensor leaf");
+  try {
+    at::Tensor cat = at::cat(parts, -1);
+    return r == Red::Sum ? cat.sum(-1) : cat.mean(-1);
+  } catch (...) {
+    throw RuntimeError(std::string(red_name(r)) + "(reduce=true): " + current_torch_message());
+  }
+}
+}  // namespace
+
+TensorDict TensorDict::sum(std::optional<int64_t> dim, bool keepdim) const {
+  if (!is_dense()) return contiguous().sum(dim, keepdim);  // another node kind: on its dense form
+  return reduce_td(*this, Red::Sum, dim ? std::optional<std::vector<int64_t>>(std::vector<int64_t>{*dim}) : std::nullopt, keepdim);
+}
+TensorDict TensorDict::sum(const std::vector<int64_t>& dims, bool keepdim) const {
+  if (!is_dense()) return contiguous().sum(dims, keepdim);
+  return reduce_td(*this, Red::Sum, dims, keepdim);
+}
 TensorDict TensorDict::mean(std::optional<int64_t> dim, bool keepdim) const {
   if (!is_dense()) return contiguous().mean(dim, keepdim);  // another node kind: on its dense form
-  std::vector<int64_t> dims = reduce_dims(*this, dim, "mean");
-  return transform(
-      *this, NestedKey(), reduce_batch(dims, keepdim),
-      [&](const NestedKey&, const at::Tensor& x) {
-        bool cast = is_integral_like(x);
-        if (dims.empty()) return cast ? x.to(default_float()) : x.clone();
-        if (cast) return at::mean(x, dims, keepdim, default_float());
-        return at::mean(x, dims, keepdim);
-      },
-      NonTensorPolicy::CarryOrDrop, "mean");
+  return reduce_td(*this, Red::Mean, dim ? std::optional<std::vector<int64_t>>(std::vector<int64_t>{*dim}) : std::nullopt, keepdim);
+}
+TensorDict TensorDict::mean(const std::vector<int64_t>& dims, bool keepdim) const {
+  if (!is_dense()) return contiguous().mean(dims, keepdim);
+  return reduce_td(*this, Red::Mean, dims, keepdim);
+}
+at::Tensor TensorDict::sum_reduce(const std::optional<std::vector<int64_t>>& dims, bool keepdim) const {
+  return reduce_all_leaves(is_dense() ? *this : contiguous(), Red::Sum, dims, keepdim);
+}
+at::Tensor TensorDict::mean_reduce(const std::optional<std::vector<int64_t>>& dims, bool keepdim) const {
+  return reduce_all_leaves(is_dense() ? *this : contiguous(), Red::Mean, dims, keepdim);
 }
 
 bool TensorDict::equal(const TensorDict& other) const {
@@ -1043,7 +1219,43 @@ TensorDict operator+(const TensorDict& a, const at::Tensor& b) { return a.add(b)
 TensorDict operator-(const TensorDict& a, const at::Tensor& b) { return a.sub(b); }
 TensorDict operator*(const TensorDict& a, const at::Tensor& b) { return a.mul(b); }
 TensorDict operator/(const TensorDict& a, const at::Tensor& b) { return a.div(b); }
+TensorDict operator+(const at::Scalar& a, const TensorDict& b) { return b.add(a); }
+TensorDict operator-(const at::Scalar& a, const TensorDict& b) { return b.rsub(a); }
+TensorDict operator*(const at::Scalar& a, const TensorDict& b) { return b.mul(a); }
+TensorDict operator/(const at::Scalar& a, const TensorDict& b) { return b.rdiv(a); }
+TensorDict operator+(const at::Tensor& a, const TensorDict& b) { return b.add(a); }
+TensorDict operator-(const at::Tensor& a, const TensorDict& b) { return b.rsub(a); }
+TensorDict operator*(const at::Tensor& a, const TensorDict& b) { return b.mul(a); }
+TensorDict operator/(const at::Tensor& a, const TensorDict& b) { return b.rdiv(a); }
+TensorDict& operator+=(TensorDict& a, const TensorDict& b) { return a.add_(b); }
+TensorDict& operator-=(TensorDict& a, const TensorDict& b) { return a.sub_(b); }
+TensorDict& operator*=(TensorDict& a, const TensorDict& b) { return a.mul_(b); }
+TensorDict& operator/=(TensorDict& a, const TensorDict& b) { return a.div_(b); }
+TensorDict& operator+=(TensorDict& a, const at::Tensor& b) { return a.add_(b); }
+TensorDict& operator-=(TensorDict& a, const at::Tensor& b) { return a.sub_(b); }
+TensorDict& operator*=(TensorDict& a, const at::Tensor& b) { return a.mul_(b); }
+TensorDict& operator/=(TensorDict& a, const at::Tensor& b) { return a.div_(b); }
+TensorDict& operator+=(TensorDict& a, const at::Scalar& b) { return a.add_(b); }
+TensorDict& operator-=(TensorDict& a, const at::Scalar& b) { return a.sub_(b); }
+TensorDict& operator*=(TensorDict& a, const at::Scalar& b) { return a.mul_(b); }
+TensorDict& operator/=(TensorDict& a, const at::Scalar& b) { return a.div_(b); }
 TensorDict operator==(const TensorDict& a, const TensorDict& b) { return a.eq(b); }
 TensorDict operator!=(const TensorDict& a, const TensorDict& b) { return a.ne(b); }
+TensorDict operator<(const TensorDict& a, const TensorDict& b) { return a.lt(b); }
+TensorDict operator<=(const TensorDict& a, const TensorDict& b) { return a.le(b); }
+TensorDict operator>(const TensorDict& a, const TensorDict& b) { return a.gt(b); }
+TensorDict operator>=(const TensorDict& a, const TensorDict& b) { return a.ge(b); }
+TensorDict operator==(const TensorDict& a, const at::Scalar& b) { return a.eq(b); }
+TensorDict operator!=(const TensorDict& a, const at::Scalar& b) { return a.ne(b); }
+TensorDict operator<(const TensorDict& a, const at::Scalar& b) { return a.lt(b); }
+TensorDict operator<=(const TensorDict& a, const at::Scalar& b) { return a.le(b); }
+TensorDict operator>(const TensorDict& a, const at::Scalar& b) { return a.gt(b); }
+TensorDict operator>=(const TensorDict& a, const at::Scalar& b) { return a.ge(b); }
+TensorDict operator==(const TensorDict& a, const at::Tensor& b) { return a.eq(b); }
+TensorDict operator!=(const TensorDict& a, const at::Tensor& b) { return a.ne(b); }
+TensorDict operator<(const TensorDict& a, const at::Tensor& b) { return a.lt(b); }
+TensorDict operator<=(const TensorDict& a, const at::Tensor& b) { return a.le(b); }
+TensorDict operator>(const TensorDict& a, const at::Tensor& b) { return a.gt(b); }
+TensorDict operator>=(const TensorDict& a, const at::Tensor& b) { return a.ge(b); }
 
 }  // namespace tensordict

@@ -19,18 +19,21 @@ namespace {
 using TensorFn = std::function<at::Tensor(const at::Tensor&)>;
 using MultiFn = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
 
-//! dim in [-n, n) (n = ndim, or ndim + 1 with allow_end) -> [0, n); IndexError naming the op otherwise
-int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, bool allow_end = false) {
+//! dim in [-n, n) (n = ndim, or ndim + 1 with allow_end) -> [0, n); otherwise an error of `code` naming the op
+//! (IndexError as torch, unless upstream raises another class: RuntimeError in unsqueeze, ValueError in
+//! permute / transpose)
+int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, bool allow_end = false,
+                 ErrorCode code = ErrorCode::Index) {
   const int64_t nd = static_cast<int64_t>(bs.size());
   const int64_t hi = allow_end ? nd + 1 : nd;
   if (hi == 0) {
-    throw IndexError(std::string(op) + ": a TensorDict with batch_size " + shape_str(bs) +
-                     " has no batch dimension (got dim=" + std::to_string(dim) + ")");
+    throw_error(code, std::string(op) + ": a TensorDict with batch_size " + shape_str(bs) +
+                          " has no batch dimension (got dim=" + std::to_string(dim) + ")");
   }
   if (dim < -hi || dim >= hi) {
-    throw IndexError(std::string(op) + ": dimension out of range (expected to be in range of [" +
-                     std::to_string(-hi) + ", " + std::to_string(hi - 1) + "] for a TensorDict with batch_size " +
-                     shape_str(bs) + ", but got " + std::to_string(dim) + ")");
+    throw_error(code, std::string(op) + ": dimension out of range (expected to be in range of [" +
+                          std::to_string(-hi) + ", " + std::to_string(hi - 1) + "] for a TensorDict with batch_size " +
+                          shape_str(bs) + ", but got " + std::to_string(dim) + ")");
   }
   return dim < 0 ? dim + hi : dim;
 }
@@ -194,7 +197,11 @@ std::vector<TensorDict> map_batch_multi(const TensorDict& td_in, const std::vect
 TensorDict TensorDict::view(BatchSize shape) const {
   if (!is_dense()) return contiguous().view(shape);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
-  shape = infer_sizes("view", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
+  try {
+    shape = infer_sizes("view", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
+  } catch (const RuntimeError& e) {
+    throw AssertionError(e.message());  // upstream's view asserts the new shape
+  }
   if (shape == bs) return *this;
   const int64_t nd = batch_dims();
   return guarded_map("view", *this, shape,
@@ -282,7 +289,7 @@ TensorDict TensorDict::squeeze(int64_t dim) const {
 TensorDict TensorDict::unsqueeze(int64_t dim) const {
   if (!is_dense()) return contiguous().unsqueeze(dim);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
-  const int64_t d = norm_dim("unsqueeze", dim, bs, /*allow_end=*/true);
+  const int64_t d = norm_dim("unsqueeze", dim, bs, /*allow_end=*/true, ErrorCode::Runtime);
   BatchSize nb = bs;
   nb.insert(nb.begin() + d, 1);
   return guarded_map("unsqueeze", *this, nb, [d](const at::Tensor& t) { return t.unsqueeze(d); }, true);
@@ -297,7 +304,7 @@ TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
     throw ValueError("permute: got " + std::to_string(dims.size()) + " dims " + shape_list(dims) +
                      " for a TensorDict with " + std::to_string(nd) + " batch dims (batch_size " + shape_str(bs) + ")");
   }
-  for (auto& d : dims) d = norm_dim("permute", d, bs);
+  for (auto& d : dims) d = norm_dim("permute", d, bs, false, ErrorCode::Value);
   // like upstream, a permutation of the first k dims (k <= batch_dims) is accepted
   std::vector<int64_t> sorted = dims;
   std::sort(sorted.begin(), sorted.end());
@@ -326,8 +333,8 @@ TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
 TensorDict TensorDict::transpose(int64_t dim0, int64_t dim1) const {
   if (!is_dense()) return contiguous().transpose(dim0, dim1);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
-  const int64_t d0 = norm_dim("transpose", dim0, bs);
-  const int64_t d1 = norm_dim("transpose", dim1, bs);
+  const int64_t d0 = norm_dim("transpose", dim0, bs, false, ErrorCode::Value);
+  const int64_t d1 = norm_dim("transpose", dim1, bs, false, ErrorCode::Value);
   if (d0 == d1) return *this;
   BatchSize nb = bs;
   std::swap(nb[static_cast<size_t>(d0)], nb[static_cast<size_t>(d1)]);

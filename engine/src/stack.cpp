@@ -288,7 +288,7 @@ struct Combiner {
 
 void check_inputs(const char* op, const std::vector<TensorDict>& tds) {
   if (tds.empty()) {
-    throw ValueError(std::string(op) + ": expected a non-empty list of TensorDicts, got an empty list");
+    throw RuntimeError(std::string(op) + ": expected a non-empty list of TensorDicts, got an empty list");
   }
   for (size_t i = 0; i < tds.size(); ++i) {
     if (!tds[i].defined()) {
@@ -297,10 +297,11 @@ void check_inputs(const char* op, const std::vector<TensorDict>& tds) {
   }
 }
 
-//! dim in [-n, n) -> [0, n) (n = batch dims, + 1 for stack); IndexError otherwise
-int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, int64_t n) {
+//! dim in [-n, n) -> [0, n) (n = batch dims, + 1 for stack); IndexError otherwise (stack, as torch.stack),
+//! RuntimeError for cat (upstream)
+int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, int64_t n, ErrorCode code = ErrorCode::Index) {
   if (dim < -n || dim >= n) {
-    throw IndexError(std::string(op) + ": dimension out of range (expected to be in range of [" + std::to_string(-n) +
+    throw_error(code, std::string(op) + ": dimension out of range (expected to be in range of [" + std::to_string(-n) +
                      ", " + std::to_string(n - 1) + "] for TensorDicts with batch_size " + shape_str(bs) +
                      ", but got " + std::to_string(dim) + ")");
   }
@@ -333,6 +334,14 @@ std::vector<TensorDict> densified(const std::vector<TensorDict>& tds) {
   for (const auto& td : tds) out.push_back(td.is_dense() ? td : td.contiguous());
   return out;
 }
+//! a dense input holding nodes of another kind below (a lazy stack as a sub-TensorDict): those levels on
+//! their dense form, so that the dense stack / cat can walk every level
+std::vector<TensorDict> dense_levels(const std::vector<TensorDict>& tds) {
+  std::vector<TensorDict> out;
+  out.reserve(tds.size());
+  for (const auto& td : tds) out.push_back(td.is_dense() && !detail::is_dense_tree(td) ? detail::dense_tree(td) : td);
+  return out;
+}
 bool all_dense(const std::vector<TensorDict>& tds) {
   for (const auto& td : tds)
     if (td.defined() && !td.is_dense()) return false;
@@ -340,8 +349,9 @@ bool all_dense(const std::vector<TensorDict>& tds) {
 }
 }  // namespace
 
-TensorDict stack(const std::vector<TensorDict>& tds, int64_t dim, std::optional<TensorDict> out) {
-  check_inputs("stack", tds);
+TensorDict stack(const std::vector<TensorDict>& tds_in, int64_t dim, std::optional<TensorDict> out) {
+  check_inputs("stack", tds_in);
+  const std::vector<TensorDict> tds = dense_levels(tds_in);
   if (!all_dense(tds)) {
     // lazy inputs stay lazy (a lazy stack of them, as upstream's torch.stack of lazy stacks); with out they
     // are written densely
@@ -357,15 +367,16 @@ TensorDict stack(const std::vector<TensorDict>& tds, int64_t dim, std::optional<
   return run(Combiner{true, d, tds.size()}, tds, out);
 }
 
-TensorDict cat(const std::vector<TensorDict>& tds, int64_t dim, std::optional<TensorDict> out) {
-  check_inputs("cat", tds);
+TensorDict cat(const std::vector<TensorDict>& tds_in, int64_t dim, std::optional<TensorDict> out) {
+  check_inputs("cat", tds_in);
+  const std::vector<TensorDict> tds = dense_levels(tds_in);
   if (!all_dense(tds)) return cat(densified(tds), dim, out);
   const BatchSize& bs = tds[0].batch_size();
   if (bs.empty()) {
-    throw IndexError("cat: TensorDicts with batch_size " + shape_str(bs) +
+    throw RuntimeError("cat: TensorDicts with batch_size " + shape_str(bs) +
                      " have no batch dimension to concatenate along (got dim=" + std::to_string(dim) + ")");
   }
-  const int64_t d = norm_dim("cat", dim, bs, static_cast<int64_t>(bs.size()));
+  const int64_t d = norm_dim("cat", dim, bs, static_cast<int64_t>(bs.size()), ErrorCode::Runtime);
   return run(Combiner{false, d, tds.size()}, tds, out);
 }
 

@@ -110,6 +110,15 @@ Entry prepare_value(const TensorDictImpl& impl, const std::string& key, const En
   return value;
 }
 
+//! a nested key whose level `part` is a leaf: upstream raises ValueError when setting (creating the path),
+//! AttributeError when reading ('Tensor' object has no attribute ...)
+[[noreturn]] void through_leaf(const NestedKey& key, const std::string& part, const Entry& e, bool set) {
+  const std::string msg = "key " + key.repr() + ": '" + part + "' is a " + Entry::kind_name(e.kind()) +
+                          ", not a TensorDict, so it cannot hold nested keys";
+  if (set) throw ValueError(msg);
+  throw AttributeError(msg);
+}
+
 TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
   TensorDictImpl* cur = root;
   for (size_t i = 0; i + 1 < key.size(); ++i) {
@@ -122,8 +131,7 @@ TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
       e = cur->find(key[i]);
     }
     if (!e->is_tensordict()) {
-      throw KeyError("key " + key.repr() + ": '" + key[i] + "' is a " + Entry::kind_name(e->kind()) +
-                     ", not a TensorDict, so it cannot hold nested keys");
+      through_leaf(key, key[i], *e, create);
     }
     TensorDict sub = e->tensordict();
     if (!sub.is_dense()) throw NotDense{};
@@ -396,8 +404,7 @@ TensorDict parent_of(const TensorDict& root, const NestedKey& key, bool create) 
       continue;
     }
     if (!e->is_tensordict()) {
-      throw KeyError("key " + key.repr() + ": '" + key[i] + "' is a " + Entry::kind_name(e->kind()) +
-                     ", not a TensorDict, so it cannot hold nested keys");
+      detail::through_leaf(key, key[i], *e, create);
     }
     cur = e->tensordict();
   }
@@ -607,9 +614,13 @@ void TensorDict::set_batch_size(BatchSize batch_size) {
                        "the batch size.");
   }
   check_batch_size(*d(), batch_size);
-  // NonTensorData follows the batch size of its parent (it is broadcast)
+  // NonTensorData follows the batch size of its parent (it is broadcast) unless its own batch size already
+  // starts with the new one (upstream _batch_size_setter: a child keeps its batch size, extra trailing dims
+  // included, unless it is shorter than the new batch size)
   for (auto& kv : d()->entries) {
     if (kv.second.is_non_tensor_data()) {
+      const BatchSize& own = kv.second.non_tensor_data().batch_size();
+      if (own.size() >= batch_size.size() && std::equal(batch_size.begin(), batch_size.end(), own.begin())) continue;
       kv.second = Entry(NonTensorData(kv.second.non_tensor_data().value(), batch_size));
     }
   }
@@ -680,6 +691,8 @@ bool TensorDict::contains(const NestedKey& key) const {
   try {
     return get_entry_opt(key).has_value();
   } catch (const KeyError&) {
+    return false;
+  } catch (const AttributeError&) {  // a level of the key is a leaf
     return false;
   }
 }
@@ -970,6 +983,26 @@ TensorDict& TensorDict::update_(const TensorDict& other) {
   return *this;
 }
 
+TensorDict& TensorDict::update_(const TensorDict& other, const std::vector<NestedKey>& keys_to_update) {
+  if (other.is_same(*this)) return *this;
+  auto selected = [&](const NestedKey& k) {
+    for (const auto& u : keys_to_update)
+      if (u.size() <= k.size() && std::equal(u.parts().begin(), u.parts().end(), k.parts().begin())) return true;
+    return false;
+  };
+  std::vector<std::pair<NestedKey, Entry>> items;
+  for (auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    if (!selected(kv.first)) continue;
+    if (!contains(kv.first)) {
+      throw KeyError("key " + kv.first.repr() + " not found in the destination TensorDict: update_ only writes "
+                     "existing keys");
+    }
+    items.push_back(std::move(kv));
+  }
+  for (const auto& kv : items) set_(kv.first, kv.second);
+  return *this;
+}
+
 TensorDict& TensorDict::update_at_(const TensorDict& other, const Index& index) {
   check_all_exist(*this, other);
   if (!dense_) {
@@ -1036,15 +1069,7 @@ TensorDict& TensorDict::rename_key_(const NestedKey& old_key, const NestedKey& n
   Entry e = get_entry(old_key);
   TensorDictImpl* op = detail::walk(d(), old_key, false);
   check_unlocked(*op, "rename_key_");
-  if (old_key.size() == 1 && new_key.size() == 1) {  // keep the position, like upstream's dict rename
-    for (auto& kv : d()->entries)
-      if (kv.first == old_key.front()) {
-        d()->erase(new_key.front());
-        for (auto& kv2 : d()->entries)
-          if (kv2.first == old_key.front()) kv2.first = new_key.front();
-        return *this;
-      }
-  }
+  // upstream: the renamed key is popped and set again, so it moves to the end of its level
   del(old_key);
   set(new_key, e);
   return *this;
@@ -1123,15 +1148,18 @@ TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, b
   TensorDict out = make_empty(*d(), d()->batch_size);
   for (const auto& k : keys) {
     auto e = get_entry_opt(k);
-    if (!e) {
-      if (strict) throw_missing_key(k, *d());
-      continue;
-    }
-    // rebuild intermediate levels with their own batch sizes
+    if (!e && strict) throw_missing_key(k, *d());
+    // rebuild intermediate levels with their own batch sizes; with strict=false a missing leaf still keeps
+    // the levels above it that exist (upstream)
     TensorDictImpl* dst = out.impl().get();
     const TensorDictImpl* src = d();
+    bool reached = true;
     for (size_t i = 0; i + 1 < k.size(); ++i) {
       const Entry* se = src->find(k[i]);
+      if (!se || !se->is_tensordict()) {
+        reached = false;
+        break;
+      }
       src = se->tensordict().impl().get();
       Entry* de = dst->find(k[i]);
       if (!de) {
@@ -1140,7 +1168,7 @@ TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, b
       }
       dst = de->tensordict().impl().get();
     }
-    dst->put(k.back(), *e);
+    if (e && reached) dst->put(k.back(), *e);
   }
   if (inplace) {
     d()->entries = out.impl()->entries;
@@ -1174,19 +1202,22 @@ static void exclude_into(const TensorDictImpl& src, TensorDictImpl& dst, const s
 }
 
 TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace) const {
-  if (detail::is_remote(*this)) {
-    if (!inplace) return contiguous().exclude(keys);  // a remote node: on its dense form
-    TensorDict self = *this;
-    for (const auto& k : keys)
-      if (self.contains(k)) self.del(k);
-    return self;
-  }
-  if (auto* lz = detail::lazy_node(*this); lz && !inplace) {
+  if (detail::is_remote(*this) && !inplace) return contiguous().exclude(keys);  // a remote node: on its dense form
+  if (auto* lz = detail::lazy_node(*this)) {
     std::vector<TensorDict> parts;
-    for (const auto& m : lz->members) parts.push_back(m.exclude(keys));
+    for (const auto& m : lz->members) parts.push_back(m.exclude(keys, inplace));
+    if (inplace) return *this;
     return detail::make_lazy(std::move(parts), lz->stack_dim);
   }
-  if (inplace) check_unlocked(*d(), "exclude(inplace=true)");
+  // upstream allows exclude(inplace=True) on a locked (memmap, shared) TensorDict: no lock check here
+  if (inplace && !is_dense()) {  // a store: erased through the node
+    for (const auto& k : keys) {
+      if (!contains(k)) continue;
+      TensorDict parent = k.size() == 1 ? *this : get_td(k.parent());
+      parent.node()->erase(k.back());
+    }
+    return *this;
+  }
   TensorDict out = make_empty(*d(), d()->batch_size);
   exclude_into(*d(), *out.impl(), keys);
   if (inplace) {
@@ -1196,20 +1227,39 @@ TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace)
   return out;
 }
 
-std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
-                                               bool strict) const {
+static std::vector<TensorDict> split_keys_impl(const TensorDict& self,
+                                               const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
+                                               bool strict, const Entry* default_value) {
   std::vector<TensorDict> out;
   std::vector<NestedKey> all;
   for (const auto& ks : key_sets) {
-    out.push_back(select(ks, strict));
+    if (!default_value) {
+      out.push_back(self.select(ks, strict));
+    } else {  // upstream default=: a missing key gets the default value
+      std::vector<NestedKey> present, missing;
+      for (const auto& k : ks) (self.contains(k) ? present : missing).push_back(k);
+      TensorDict part = self.select(present, strict);
+      for (const auto& k : missing) part.set(k, *default_value);
+      out.push_back(part);
+    }
     all.insert(all.end(), ks.begin(), ks.end());
   }
   if (inplace) {
-    out.push_back(exclude(all, true));
+    out.push_back(self.exclude(all, true));
   } else {
-    out.push_back(exclude(all).clone());
+    out.push_back(self.exclude(all).clone());
   }
   return out;
+}
+
+std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets,
+                                               const Entry& default_value, bool inplace) const {
+  return split_keys_impl(*this, key_sets, inplace, /*strict=*/true, &default_value);
+}
+
+std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
+                                               bool strict) const {
+  return split_keys_impl(*this, key_sets, inplace, strict, nullptr);
 }
 
 TensorDict TensorDict::flatten_keys(const std::string& separator, bool inplace) const {
@@ -1217,12 +1267,12 @@ TensorDict TensorDict::flatten_keys(const std::string& separator, bool inplace) 
   TensorDict out = make_empty(*d(), d()->batch_size);
   for (auto& kv : items(KeysOptions().include_nested(true))) {
     const Entry& e = kv.second;
-    if (e.is_tensordict() && !e.tensordict().impl()->entries.empty()) continue;
+    if (e.is_tensordict()) continue;  // upstream: sub-TensorDicts (empty ones too) leave no key
     std::string k = kv.first.join(separator);
     if (out.impl()->find(k)) {
       throw KeyError("flatten_keys: the flattened key '" + k + "' collides with an existing key");
     }
-    out.impl()->entries.emplace_back(k, e.is_tensordict() ? Entry(e.tensordict().empty()) : e);
+    out.impl()->entries.emplace_back(k, e);
   }
   if (inplace) {
     check_unlocked(*d(), "flatten_keys(inplace=true)");
@@ -1259,7 +1309,7 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace
     }
     try {
       out.set(k, v);
-    } catch (const KeyError& e) {
+    } catch (const ValueError& e) {  // a level of k is a leaf
       throw KeyError("unflatten_keys: key '" + kv.first + "' collides with a leaf (" + e.what() + ")");
     }
   }

@@ -366,25 +366,32 @@ BOOST_AUTO_TEST_CASE(all_any_dim) {
         BOOST_TEST(a.get_td("nested").batch_size() == nb);
       }
     }
-    BOOST_CHECK_EXCEPTION(td.all(4), IndexError, [](const IndexError& e) { return has(msg(e), "dim=4"); });
-    BOOST_CHECK_THROW(td.any(-5), IndexError);
+    // upstream raises RuntimeError for a dim out of range in all / any
+    BOOST_CHECK_EXCEPTION(td.all(4), RuntimeError, [](const RuntimeError& e) { return has(msg(e), "dim=4"); });
+    BOOST_CHECK_THROW(td.any(-5), RuntimeError);
   }
-  BOOST_CHECK_THROW(TensorDict(Dict{{"a", at::ones({2})}}, {}).all(0), IndexError);
+  BOOST_CHECK_THROW(TensorDict(Dict{{"a", at::ones({2})}}, {}).all(0), RuntimeError);
 }
 
 BOOST_AUTO_TEST_CASE(sum_mean_over_zoo) {
   for (const auto& kind : zoo::kinds()) {
     TensorDict td = kind.make();
-    // all batch dims: each leaf reduced over its batch dims, feature dims kept
+    // no dim (upstream v0.14): each leaf reduced over every one of its dims, batch []
+    auto every = [](const at::Tensor& x) {
+      std::vector<int64_t> d(static_cast<size_t>(x.dim()));
+      for (int64_t i = 0; i < x.dim(); ++i) d[static_cast<size_t>(i)] = i;
+      return d;
+    };
     TensorDict s = td.sum();
     BOOST_TEST(s.batch_size().empty(), kind.name);
-    check_leafwise(s, td, [](auto&, const at::Tensor& x) { return x.sum({0, 1, 2, 3}); }, kind.name + " sum");
-    TensorDict m = td.mean();
-    check_leafwise(m, td, [](auto&, const at::Tensor& x) { return x.to(at::kFloat).mean({0, 1, 2, 3}); },
-                   kind.name + " mean");
+    check_leafwise(s, td, [&](auto&, const at::Tensor& x) { return x.sum(every(x)); }, kind.name + " sum");
+    BOOST_CHECK_THROW(td.mean(), RuntimeError);  // integer leaves: torch.mean refuses them
+    TensorDict f = td.to(at::kFloat);
+    TensorDict m = f.mean();
+    check_leafwise(m, f, [&](auto&, const at::Tensor& x) { return x.mean(every(x)); }, kind.name + " mean");
     TensorDict sk = td.sum(std::nullopt, true);
     BOOST_TEST(sk.batch_size() == BatchSize({1, 1, 1, 1}), kind.name);
-    check_leafwise(sk, td, [](auto&, const at::Tensor& x) { return x.sum({0, 1, 2, 3}, true); }, kind.name);
+    check_leafwise(sk, td, [&](auto&, const at::Tensor& x) { return x.sum(every(x), true); }, kind.name);
     // one batch dim
     for (int64_t dim : {0, 2, -1}) {
       int64_t d = dim < 0 ? dim + 4 : dim;
@@ -393,10 +400,10 @@ BOOST_AUTO_TEST_CASE(sum_mean_over_zoo) {
       want.erase(want.begin() + d);
       BOOST_TEST(sd.batch_size() == want, kind.name);
       check_leafwise(sd, td, [&](auto&, const at::Tensor& x) { return x.sum(d); }, kind.name + " sum(dim)");
-      TensorDict md = td.mean(dim, true);
+      TensorDict md = f.mean(dim, true);
       want.insert(want.begin() + d, 1);
       BOOST_TEST(md.batch_size() == want, kind.name);
-      check_leafwise(md, td, [&](auto&, const at::Tensor& x) { return x.to(at::kFloat).mean(d, true); },
+      check_leafwise(md, f, [&](auto&, const at::Tensor& x) { return x.mean(d, true); },
                      kind.name + " mean(dim, keepdim)");
       if (td.contains("nested")) {
         want.push_back(2);
@@ -410,17 +417,18 @@ BOOST_AUTO_TEST_CASE(sum_mean_over_zoo) {
 }
 
 BOOST_AUTO_TEST_CASE(sum_mean_edge_cases) {
-  // no batch dims: nothing to reduce (sum promotes integers to int64, mean averages them as float)
+  // no batch dims: every dim of each leaf is still reduced (sum promotes integers to int64; mean refuses them)
   TensorDict s(Dict{{"i", at::arange(4, at::kInt)}, {"f", at::ones({2})}}, {});
   TensorDict r = s.sum();
-  BOOST_TEST(r.get("i").equal(at::arange(4, at::kLong)));
-  BOOST_TEST(r.get("f").equal(at::ones({2})));
-  BOOST_TEST(s.mean().get("i").equal(at::arange(4, at::kFloat)));
+  BOOST_TEST(r.get("i").equal(at::scalar_tensor(6, at::kLong)));
+  BOOST_TEST(r.get("f").equal(at::scalar_tensor(2.0)));
+  BOOST_CHECK_THROW(s.mean(), RuntimeError);
+  BOOST_TEST(s.select({"f"}).mean().get("f").equal(at::scalar_tensor(1.0)));
   BOOST_CHECK_THROW(s.sum(0), IndexError);
-  // bool leaves sum to counts
+  // bool leaves sum to counts; torch.mean refuses them
   TensorDict b(Dict{{"m", at::tensor({1, 1, 0}).to(at::kBool)}}, {3});
   BOOST_TEST(b.sum().get("m").item<int64_t>() == 2);
-  BOOST_TEST(b.mean().get("m").item<float>() == 2.0f / 3.0f);
+  BOOST_CHECK_THROW(b.mean(), RuntimeError);
   // non-tensor leaves: one value for the whole batch is kept, per-element values are dropped
   TensorDict t(Dict{{"x", at::ones({2, 3})}}, {2});
   t.set("same", NonTensorStack::filled(JsonValue(1), {2}));
@@ -430,7 +438,7 @@ BOOST_AUTO_TEST_CASE(sum_mean_edge_cases) {
   BOOST_TEST(tr.get_non_tensor("same") == JsonValue(1));
   BOOST_TEST(tr.get_non_tensor("data") == JsonValue("txt"));
   BOOST_TEST(!tr.contains("diff"));
-  BOOST_TEST(tr.get("x").equal(at::full({3}, 2.0)));
+  BOOST_TEST(tr.get("x").equal(at::scalar_tensor(6.0)));
 }
 
 BOOST_AUTO_TEST_CASE(equal) {

@@ -19,7 +19,9 @@ namespace tensordict {
   X(Format, FormatError)               /* malformed or truncated files */                        \
   X(Backend, BackendError)             /* a storage backend failed (I/O, connection, actor) */   \
   X(Runtime, RuntimeError)             /* everything else upstream raises RuntimeError for */    \
-  X(NotImplemented, NotImplementedError) /* an operation this backend does not support */
+  X(NotImplemented, NotImplementedError) /* an operation this backend does not support */ \
+  X(Assertion, AssertionError)         /* upstream's assert (e.g. an invalid view shape) */      \
+  X(Attribute, AttributeError)         /* upstream's AttributeError (a nested key through a tensor on get) */
 
 enum class ErrorCode : int {
 #define TENSORDICT_ERROR_ENUM(code, Name) code,

@@ -41,6 +41,8 @@ using Dict = std::vector<std::pair<NestedKey, Entry>>;
 using LeafFn = std::function<at::Tensor(const at::Tensor&)>;
 using MultiLeafFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 using NamedLeafFn = std::function<at::Tensor(const NestedKey&, const at::Tensor&)>;
+//! named_apply with other TensorDicts: the key, then the leaf of self followed by the matching leaves of others
+using NamedMultiLeafFn = std::function<at::Tensor(const NestedKey&, const std::vector<at::Tensor>&)>;
 
 struct MemmapOptions {
   //! threads writing leaves in parallel (0: the calling thread only)
@@ -78,8 +80,9 @@ struct ApplyOptions {
   TD_ARG(std::optional<BatchSize>, batch_size) = std::nullopt;
   //! named_apply: pass the full nested key instead of the leaf name
   TD_ARG(bool, nested_keys) = false;
-  //! keep sub-TensorDicts that end up empty (upstream filter_empty=False)
-  TD_ARG(bool, keep_empty) = true;
+  //! keep sub-TensorDicts that end up empty (upstream filter_empty=False); by default they are dropped, as
+  //! upstream's default
+  TD_ARG(bool, keep_empty) = false;
   //! lock the result when self is locked
   TD_ARG(bool, propagate_lock) = false;
 };
@@ -155,6 +158,8 @@ class TensorDict {
   TensorDict& update(const TensorDict& other, const UpdateOptions& options = {});
   //! every key of other must exist here; copies in place
   TensorDict& update_(const TensorDict& other);
+  //! update_ of the keys of other listed in keys_to_update (a key selects everything below it)
+  TensorDict& update_(const TensorDict& other, const std::vector<NestedKey>& keys_to_update);
   TensorDict& update_at_(const TensorDict& other, const Index& index);
   //! removes and returns; KeyError if missing
   Entry pop(const NestedKey& key);
@@ -172,9 +177,13 @@ class TensorDict {
   //! no copy; strict: KeyError for a missing key; inplace: drops the other keys from self
   TensorDict select(const std::vector<NestedKey>& keys, bool strict = true, bool inplace = false) const;
   TensorDict exclude(const std::vector<NestedKey>& keys, bool inplace = false) const;
-  //! N+1 TensorDicts: one per key set, then the rest (inplace: the rest is self)
+  //! N+1 TensorDicts: one per key set, then the rest (inplace: the rest is self); KeyError for a key missing
+  //! from self when strict
   std::vector<TensorDict> split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace = false,
                                      bool strict = true) const;
+  //! upstream split_keys(..., default=value): a key missing from self gets `default_value`
+  std::vector<TensorDict> split_keys(const std::vector<std::vector<NestedKey>>& key_sets, const Entry& default_value,
+                                     bool inplace = false) const;
   TensorDict flatten_keys(const std::string& separator = ".", bool inplace = false) const;
   TensorDict unflatten_keys(const std::string& separator = ".", bool inplace = false) const;
   //! same batch size and device, no leaves (recurse: keeps the sub-TensorDict skeleton)
@@ -220,6 +229,8 @@ class TensorDict {
   TensorDict& apply_(const LeafFn& fn);
   TensorDict& apply_(const MultiLeafFn& fn, const std::vector<TensorDict>& others);
   TensorDict named_apply(const NamedLeafFn& fn, const ApplyOptions& options = {}) const;
+  TensorDict named_apply(const NamedMultiLeafFn& fn, const std::vector<TensorDict>& others,
+                         const ApplyOptions& options = {}) const;
 
   //! deep copy (recurse) or structure-only copy sharing the leaves; never locked
   TensorDict clone(bool recurse = true) const;
@@ -250,31 +261,60 @@ class TensorDict {
   TensorDict div(const TensorDict& other) const;
   TensorDict div(const at::Tensor& other) const;
   TensorDict div(const at::Scalar& other) const;
+  //! reflected forms: other - td, other / td (upstream __rsub__ / __rtruediv__)
+  TensorDict rsub(const at::Tensor& other) const;
+  TensorDict rsub(const at::Scalar& other) const;
+  TensorDict rdiv(const at::Tensor& other) const;
+  TensorDict rdiv(const at::Scalar& other) const;
+  //! in place (torch's rules: the result must keep the batch size and be castable to each leaf's dtype)
   TensorDict& add_(const TensorDict& other);
+  TensorDict& add_(const at::Tensor& other);
   TensorDict& add_(const at::Scalar& other);
+  TensorDict& sub_(const TensorDict& other);
+  TensorDict& sub_(const at::Tensor& other);
+  TensorDict& sub_(const at::Scalar& other);
+  TensorDict& mul_(const TensorDict& other);
+  TensorDict& mul_(const at::Tensor& other);
   TensorDict& mul_(const at::Scalar& other);
+  TensorDict& div_(const TensorDict& other);
+  TensorDict& div_(const at::Tensor& other);
+  TensorDict& div_(const at::Scalar& other);
   //! TD of bool; TD-vs-TD needs equal key sets (KeyError)
   TensorDict eq(const TensorDict& other) const;
   TensorDict eq(const at::Scalar& other) const;
+  TensorDict eq(const at::Tensor& other) const;  //!< broadcast as arithmetic
   TensorDict ne(const TensorDict& other) const;
   TensorDict ne(const at::Scalar& other) const;
+  TensorDict ne(const at::Tensor& other) const;  //!< broadcast as arithmetic
   TensorDict lt(const TensorDict& other) const;
   TensorDict lt(const at::Scalar& other) const;
+  TensorDict lt(const at::Tensor& other) const;  //!< broadcast as arithmetic
   TensorDict le(const TensorDict& other) const;
   TensorDict le(const at::Scalar& other) const;
+  TensorDict le(const at::Tensor& other) const;  //!< broadcast as arithmetic
   TensorDict gt(const TensorDict& other) const;
   TensorDict gt(const at::Scalar& other) const;
+  TensorDict gt(const at::Tensor& other) const;  //!< broadcast as arithmetic
   TensorDict ge(const TensorDict& other) const;
   TensorDict ge(const at::Scalar& other) const;
+  TensorDict ge(const at::Tensor& other) const;  //!< broadcast as arithmetic
   //! over every leaf
   bool all() const;
   bool any() const;
   //! along a batch dim: a TensorDict with that dim removed
   TensorDict all(int64_t dim) const;
   TensorDict any(int64_t dim) const;
-  //! reduce over all batch dims (dim unset) or one batch dim
+  //! dim unset: every dim of each leaf (upstream v0.14: a TensorDict of 0-dim leaves, batch []); or one batch dim
   TensorDict sum(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  //! over several batch dims (upstream dim=(0, 1))
+  TensorDict sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  //! as sum; integer leaves raise as torch.mean does (RuntimeError)
   TensorDict mean(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  TensorDict mean(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  //! upstream reduce=True: one tensor of the reduced batch shape over every leaf's elements (dims unset: a
+  //! 0-dim tensor over everything)
+  at::Tensor sum_reduce(const std::optional<std::vector<int64_t>>& dims = std::nullopt, bool keepdim = false) const;
+  at::Tensor mean_reduce(const std::optional<std::vector<int64_t>>& dims = std::nullopt, bool keepdim = false) const;
   //! same keys, leaves equal (torch::equal) and same batch size
   bool equal(const TensorDict& other) const;
 
@@ -440,8 +480,47 @@ TensorDict operator+(const TensorDict& a, const at::Tensor& b);
 TensorDict operator-(const TensorDict& a, const at::Tensor& b);
 TensorDict operator*(const TensorDict& a, const at::Tensor& b);
 TensorDict operator/(const TensorDict& a, const at::Tensor& b);
+//! reflected: `2 - td`, `1 / td`, `t - td` ...
+TensorDict operator+(const at::Scalar& a, const TensorDict& b);
+TensorDict operator-(const at::Scalar& a, const TensorDict& b);
+TensorDict operator*(const at::Scalar& a, const TensorDict& b);
+TensorDict operator/(const at::Scalar& a, const TensorDict& b);
+TensorDict operator+(const at::Tensor& a, const TensorDict& b);
+TensorDict operator-(const at::Tensor& a, const TensorDict& b);
+TensorDict operator*(const at::Tensor& a, const TensorDict& b);
+TensorDict operator/(const at::Tensor& a, const TensorDict& b);
+//! in place
+TensorDict& operator+=(TensorDict& a, const TensorDict& b);
+TensorDict& operator-=(TensorDict& a, const TensorDict& b);
+TensorDict& operator*=(TensorDict& a, const TensorDict& b);
+TensorDict& operator/=(TensorDict& a, const TensorDict& b);
+TensorDict& operator+=(TensorDict& a, const at::Tensor& b);
+TensorDict& operator-=(TensorDict& a, const at::Tensor& b);
+TensorDict& operator*=(TensorDict& a, const at::Tensor& b);
+TensorDict& operator/=(TensorDict& a, const at::Tensor& b);
+TensorDict& operator+=(TensorDict& a, const at::Scalar& b);
+TensorDict& operator-=(TensorDict& a, const at::Scalar& b);
+TensorDict& operator*=(TensorDict& a, const at::Scalar& b);
+TensorDict& operator/=(TensorDict& a, const at::Scalar& b);
+//! comparisons: TD of bool
 TensorDict operator==(const TensorDict& a, const TensorDict& b);
 TensorDict operator!=(const TensorDict& a, const TensorDict& b);
+TensorDict operator<(const TensorDict& a, const TensorDict& b);
+TensorDict operator<=(const TensorDict& a, const TensorDict& b);
+TensorDict operator>(const TensorDict& a, const TensorDict& b);
+TensorDict operator>=(const TensorDict& a, const TensorDict& b);
+TensorDict operator==(const TensorDict& a, const at::Scalar& b);
+TensorDict operator!=(const TensorDict& a, const at::Scalar& b);
+TensorDict operator<(const TensorDict& a, const at::Scalar& b);
+TensorDict operator<=(const TensorDict& a, const at::Scalar& b);
+TensorDict operator>(const TensorDict& a, const at::Scalar& b);
+TensorDict operator>=(const TensorDict& a, const at::Scalar& b);
+TensorDict operator==(const TensorDict& a, const at::Tensor& b);
+TensorDict operator!=(const TensorDict& a, const at::Tensor& b);
+TensorDict operator<(const TensorDict& a, const at::Tensor& b);
+TensorDict operator<=(const TensorDict& a, const at::Tensor& b);
+TensorDict operator>(const TensorDict& a, const at::Tensor& b);
+TensorDict operator>=(const TensorDict& a, const at::Tensor& b);
 
 //! upstream's repr layout: fields sorted, shapes, dtypes, batch_size, device, is_shared
 std::ostream& operator<<(std::ostream& os, const TensorDict& td);
