@@ -699,6 +699,7 @@ TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) 
     return *this;
   }
   if (detail::is_remote(*this)) {  // a node whose leaves live elsewhere (HDF5, Redis) writes itself: one request
+    check_write_value(*this, index, value);
     on_write_index([&] {
       validate_for_node(batch_size(), index);
       node_->write(index, value);
