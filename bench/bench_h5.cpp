@@ -263,6 +263,8 @@ Json bench_layout(const std::string& dir, const std::string& layout, const Tenso
   std::unique_ptr<RawH5> raw_ptr = open_raw(file, &raw_file);
   RawH5& raw = *raw_ptr;
   const double hop_us = actor_hop_us();
+  // the lazy view alone (td[42] without reading): what a call costs before its request
+  const double view_us = measure_one([&] { g_sink = g_sink + h5td.index({42}).batch_size().size(); }, 2e5, 1000);
   std::vector<Json> results;
   auto record = [&](const std::string& name, const Pair& p, const std::string& variant) {
     Json j;
@@ -306,6 +308,7 @@ Json bench_layout(const std::string& dir, const std::string& layout, const Tenso
   j.str("layout", layout == "contiguous" ? "contiguous" : "chunks [512, 64], shuffle, gzip 4")
       .str("raw_file", raw_file)
       .num("actor_hop_us", hop_us)
+      .num("index_view_only_us", view_us)
       .num("actor_hop_after_us", actor_hop_us())
       .num("store_calls", static_cast<double>(st.calls), 0)
       .num("store_batches", static_cast<double>(st.batches), 0)

@@ -220,6 +220,8 @@ Json bench_rows(int port) {
   const std::vector<at::ScalarType> dtypes(kLeaves, at::kFloat);
   at::Tensor random_rows = at::randperm(kRows, at::kLong).index({Slice(0, 256)});
   const double hop_us = actor_hop_us();
+  // the lazy view alone (td[42] without reading): what a call costs before its request
+  const double view_us = measure_one([&] { g_sink = g_sink + store.index({42}).batch_size().size(); }, 2e5, 1000);
   std::vector<Json> results;
   auto record = [&](const std::string& name, const Pair& p, const std::string& raw_cmds, double python_us) {
     Json j;
@@ -270,6 +272,7 @@ Json bench_rows(int port) {
   Json j;
   j.num("verified", same ? 1 : 0, 0)
       .num("actor_hop_us", hop_us)
+      .num("index_view_only_us", view_us)
       .num("actor_hop_after_us", actor_hop_us())
       .num("store_calls", static_cast<double>(st.calls), 0)
       .num("store_batches", static_cast<double>(st.batches), 0)

@@ -286,6 +286,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "replay_fill: a sampled row is neither untouched nor complete\n");
         ok = false;
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a learner's pace, not a busy loop
       for (size_t k = 0; k < pids.size(); ++k) {
         if (done[k]) continue;
         int status = 0;
