@@ -10,7 +10,7 @@
 //!     memcpy of 1 GiB into a warm buffer, write(2) of 1 GiB to a fresh file and a raw H5Dwrite of 1 GiB.
 //!  3. two files read from two threads through their own store actors, against the same reads one file
 //!     after the other (and the same for the raw API): HDF5 serialises its calls through one global lock.
-//! Usage: bench_h5 [rows] [two] [big] (the sections to run; default: all). Prints one JSON object (times
+//! Usage: bench_h5 [rows] [two] [big] (the sections to run; default: all; `probe`: 5 s of td[42] reads). Prints one JSON object (times
 //! in µs per call, medians of alternating samples); asserts nothing.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -543,6 +543,16 @@ int main(int argc, char** argv) {
     Json python;
     python.num("h5td[42].to_tensordict()_us", 4637, 0).num("256_sorted_rows_us", 4500, 0);
     out.obj("python_us", python);
+    if (!only.empty() && only[0] == "probe") {  // 5 s of td[42] reads, for a profiler
+      PersistentTensorDict h = PersistentTensorDict::from_dict(src, dir + "/probe.h5", H5Options().mode("w"));
+      auto end = Clock::now() + std::chrono::seconds(5);
+      int64_t n = 0;
+      while (Clock::now() < end) {
+        g_sink = g_sink + h.index({42}).to_tensordict().numel();
+        ++n;
+      }
+      out.num("probe_us", 5e6 / static_cast<double>(n));
+    }
     if (want("rows")) {
       std::vector<Json> layouts;
       layouts.push_back(bench_layout(dir, "contiguous", src, cases));
