@@ -1491,7 +1491,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {  // tensordict::Error (FormatError...), c10::Error, I/O
     std::string what = e.what();
     if (auto nl = what.find("\nException raised from"); nl != std::string::npos) what.resize(nl);  // c10 backtraces
-    std::cerr << "tdx: " << path << ": " << what << "\n";
+    std::cerr << "tdx: " << (*convert ? "convert " + path + " -> " + dst_path : path) << ": " << what << "\n";
     return kExitError;
   }
   return kExitError;
