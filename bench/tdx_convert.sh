@@ -10,7 +10,7 @@ TDX=${1:-build/api/tools/tdx}
 MIB=${2:-256}
 [ -x "$TDX" ] || { echo "tdx binary '$TDX' not found (cmake --build build --target tdx)" >&2; exit 2; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/tdx-convert-bench.XXXXXX")
-trap 'rm -rf "$work"' EXIT INT TERM
+trap 'cat "$work"/log* >&2 2>/dev/null; rm -rf "$work"' EXIT INT TERM
 
 rows=$((MIB * 1024))
 mkdir "$work/src"

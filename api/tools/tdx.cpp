@@ -1024,6 +1024,7 @@ int convert_into(const std::string& src_path, const std::string& dst_path, const
   // rows in chunks of <= ~64 MiB: one read of every leaf, one write
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t total = l.total_bytes();
+  double read_s = 0, write_s = 0;  // of the row chunks
   if (!l.tensors.empty()) {
     if (l.batch.empty()) {
       td::TensorDict all = src.td.to_tensordict();
@@ -1035,10 +1036,16 @@ int convert_into(const std::string& src_path, const std::string& dst_path, const
       int64_t done = 0;
       for (int64_t a = 0; a < n; a += step) {
         const int64_t b = std::min(n, a + step);
-        td::TensorDict rows = src.td.index({Slice(a, b)}).to_tensordict();
+        const auto r0 = std::chrono::steady_clock::now();
+        // a memmap source: the rows are a view of its mapping (copied once, by the write); a store: one read
+        td::TensorDict rows = src.td.index({Slice(a, b)});
+        if (src.kind != InputKind::Memmap) rows = rows.to_tensordict();
         td::TensorDict tensors(rows.batch_size());
         for (const auto& s : l.tensors) tensors.set(s.key, rows.get(s.key));
+        const auto r1 = std::chrono::steady_clock::now();
         dst.index_put_({Slice(a, b)}, tensors);
+        read_s += std::chrono::duration<double>(r1 - r0).count();
+        write_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r1).count();
         bar.update(++done);
       }
       bar.finish(true);
@@ -1066,7 +1073,7 @@ int convert_into(const std::string& src_path, const std::string& dst_path, const
   std::snprintf(line, sizeof line, "%.1f MB/s", secs > 0 ? static_cast<double>(total) / 1e6 / secs : 0.0);
   std::cerr << "tdx: converted " << count(static_cast<int64_t>(l.tensors.size() + l.non_tensors.size()), "leaf", "leaves")
             << ", " << human_bytes(total) << " in " << std::fixed << std::setprecision(3) << secs << " s: " << line
-            << "\n";
+            << " (reading " << read_s << " s, writing " << write_s << " s)\n";
   return 0;
 }
 
