@@ -1,23 +1,31 @@
-//! tdx: inspect Python tensordict / tensordict-cpp memmap directories from the command line.
+//! tdx: inspect and convert tensordict data from the command line: memmap directories (Python tensordict /
+//! tensordict-cpp), HDF5 files (PersistentTensorDict) and Redis stores (TensorDictStore).
 //!
 //!   tdx info PATH [--files]               the tree: keys, kinds, dtypes, shapes, sizes, non-tensor values, totals
 //!   tdx dump PATH [--json [--compact] [--indent N]] [--no-values] [--threshold N] [--edgeitems N]
-//!   tdx verify PATH                       every leaf file present and long enough; meta.json well-formed
+//!   tdx verify PATH                       every leaf present, readable, of the dtype and shape it claims
+//!   tdx convert SRC DST [--quiet] [--force]   any pair of the three, streamed in row chunks of <= 64 MiB
 //!
-//! Read-only by construction: `info` and `verify` only use backends::read_dir (no mapping at all), `dump`
-//! loads with LoadOptions().writable(false) (private copy-on-write mappings). Nothing is ever written.
-//! Like the library, tdx refuses symlinks below PATH. `info` and `verify` read with allow_missing, so a
-//! missing leaf file is a warning (info) or a problem (verify); `dump` refuses it (exit 2).
+//! PATH: a memmap directory, an .h5/.hdf5 file (opened with mode "r") or redis://HOST:PORT/DB?prefix=P&td_id=ID.
+//! Memmap directories: `info` and `verify` only use backends::read_dir (no mapping at all), `dump` loads with
+//! LoadOptions().writable(false) (private copy-on-write mappings). HDF5 files and Redis stores are read
+//! through their store actor; `info` reads one row, `verify` every row in bounded chunks. Only `convert`
+//! writes, and only to DST. Like the library, tdx refuses symlinks below a memmap PATH. `info` and `verify`
+//! read with allow_missing, so a missing leaf file is a warning (info) or a problem (verify); `dump` refuses it.
 //! Exit codes: 0 success, 1 `verify` found problems, 2 usage errors and unreadable input (message on stderr).
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <dirent.h>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -30,8 +38,11 @@
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/describe.hpp"
 #include "tensordict/errors.hpp"
+#include "tensordict/actors/progress.hpp"
 #include "tensordict/lazy_stack.hpp"
+#include "tensordict/persistent.hpp"
 #include "tensordict/tensor_dict.hpp"
+#include "tensordict/tensordict_store.hpp"
 
 namespace td = tensordict;
 namespace tdb = tensordict::backends;
@@ -79,8 +90,7 @@ void check_input_dir(const std::string& path) {
     case PathKind::Missing: throw ToolError("'" + path + "': no such file or directory");
     case PathKind::File:
       if (is_hdf5_file(path))
-        throw ToolError("'" + path + "' is an HDF5 file (PersistentTensorDict): HDF5 is not supported yet; "
-                        "tdx reads memmap directories (a directory holding meta.json)");
+        throw ToolError("'" + path + "' is an HDF5 file: not a memmap directory");
       throw ToolError("'" + path + "' is not a directory (tdx reads memmap directories holding a meta.json)");
     case PathKind::Other: throw ToolError("'" + path + "' is not a directory");
   }
@@ -567,7 +577,508 @@ void print_rows(const std::vector<Row>& rows, std::ostream& os) {
   }
 }
 
+// ------------------------------------------------------------------------------------------ HDF5 files, Redis stores
+//! what a PATH argument names
+enum class InputKind { Memmap, H5, Redis };
+
+bool is_redis_address(const std::string& s) { return s.rfind("redis://", 0) == 0; }
+
+bool has_h5_extension(const std::string& p) {
+  auto ends = [&](const std::string& s) { return p.size() >= s.size() && p.compare(p.size() - s.size(), s.size(), s) == 0; };
+  return ends(".h5") || ends(".hdf5");
+}
+
+//! an existing input: a Redis address, an HDF5 file, or (anything else) a memmap directory
+InputKind input_kind(const std::string& path) {
+  if (is_redis_address(path)) return InputKind::Redis;
+  if (path_kind(path) == PathKind::File && is_hdf5_file(path)) return InputKind::H5;
+  return InputKind::Memmap;
+}
+
+std::string percent_decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+//! "redis://HOST:PORT/DB?prefix=P&td_id=ID" (what TensorDictStore::address() prints); HOST, PORT, DB,
+//! prefix and td_id are optional (the engine config's redis.* values fill in what is left out)
+td::RedisOptions parse_redis_address(const std::string& address) {
+  std::string rest = address.substr(std::string("redis://").size());
+  std::string query;
+  if (auto q = rest.find('?'); q != std::string::npos) {
+    query = rest.substr(q + 1);
+    rest.resize(q);
+  }
+  std::string db;
+  if (auto slash = rest.find('/'); slash != std::string::npos) {
+    db = rest.substr(slash + 1);
+    rest.resize(slash);
+  }
+  td::RedisOptions o;
+  std::string host = rest, port;
+  if (auto colon = rest.rfind(':'); colon != std::string::npos) {
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+  }
+  auto number = [&](const std::string& s, const char* what) {
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 9)
+      throw ToolError("'" + address + "': bad " + what + " '" + s + "' (expected redis://HOST:PORT/DB?prefix=P&td_id=ID)");
+    return std::stoi(s);
+  };
+  if (!host.empty()) o.host(host);
+  if (!port.empty()) o.port(number(port, "port"));
+  if (!db.empty()) o.db(number(db, "db"));
+  std::istringstream qs(query);
+  for (std::string kv; std::getline(qs, kv, '&');) {
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    const std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : percent_decode(kv.substr(eq + 1));
+    if (k == "prefix")
+      o.prefix(v);
+    else if (k == "td_id")
+      o.td_id(v);
+    else if (k == "password")
+      o.password(v);
+    else
+      throw ToolError("'" + address + "': unknown parameter '" + k + "' (expected prefix, td_id, password)");
+  }
+  return o;
+}
+
+//! an open input: the TensorDict (an HDF5 file's and a Redis store's read through their store actor)
+struct Input {
+  InputKind kind = InputKind::Memmap;
+  td::TensorDict td;
+  std::function<void()> close;
+};
+
+Input open_store_input(const std::string& path, InputKind kind) {
+  Input in;
+  in.kind = kind;
+  if (kind == InputKind::H5) {
+    td::PersistentTensorDict h5 = td::PersistentTensorDict::from_h5(path, td::H5Options().mode("r"));
+    in.close = [h5] { h5.close(); };
+    in.td = h5;
+  } else {
+    td::RedisOptions o = parse_redis_address(path);
+    if (o.td_id().empty()) throw ToolError("'" + path + "': the address names no store (add &td_id=ID)");
+    td::TensorDictStore s = td::TensorDictStore::from_store(o.td_id(), o);
+    in.close = [s] { s.close(); };
+    in.td = s;
+  }
+  return in;
+}
+
+//! replaces the first dim of a shape by the batch's (a 1-row preview -> the full shape)
+std::vector<int64_t> full_shape(std::vector<int64_t> shape, const td::BatchSize& batch) {
+  if (!batch.empty() && !shape.empty()) shape[0] = batch[0];
+  return shape;
+}
+
+//! a small read that shows every key, dtype and element shape: the first row (the whole TensorDict when
+//! the batch is 0-dim or empty along dim 0)
+td::TensorDict preview_of(const td::TensorDict& t) {
+  const td::BatchSize b = t.batch_size();
+  if (!b.empty() && b[0] > 1) return t.index({at::indexing::Slice(0, 1)}).to_tensordict();
+  return t.to_tensordict();
+}
+
+//! one tensor leaf of a store: its key, dtype and element shape (the shape past the batch's first dim)
+struct LeafSpec {
+  td::NestedKey key;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> elem;  // shape without dim 0 (the whole shape for a 0-dim batch)
+  int64_t row_bytes = 0;
+};
+
+struct Layout {
+  td::BatchSize batch;
+  std::vector<LeafSpec> tensors;
+  std::vector<std::pair<td::NestedKey, td::Entry>> non_tensors;
+  int64_t row_bytes = 0;  // tensor bytes per row (dim 0)
+  int64_t total_bytes() const {
+    if (batch.empty()) return row_bytes;
+    return row_bytes * batch[0];
+  }
+};
+
+Layout layout_of(const td::TensorDict& t) {
+  Layout l;
+  l.batch = t.batch_size();
+  td::TensorDict p = preview_of(t);
+  std::function<void(const td::TensorDict&, const td::NestedKey&)> walk = [&](const td::TensorDict& d,
+                                                                              const td::NestedKey& prefix) {
+    for (const auto& kv : d.items()) {
+      td::NestedKey key = prefix + kv.first;
+      const td::Entry& e = kv.second;
+      if (e.is_tensordict()) {
+        walk(e.tensordict(), key);
+      } else if (e.is_tensor()) {
+        LeafSpec s;
+        s.key = key;
+        s.dtype = e.tensor().scalar_type();
+        s.elem = e.tensor().sizes().vec();
+        if (!l.batch.empty() && !s.elem.empty()) s.elem.erase(s.elem.begin());
+        int64_t n = 1;
+        for (auto x : s.elem) n *= x;
+        s.row_bytes = n * static_cast<int64_t>(c10::elementSize(s.dtype));
+        l.row_bytes += s.row_bytes;
+        l.tensors.push_back(std::move(s));
+      } else {
+        l.non_tensors.emplace_back(key, e);
+      }
+    }
+  };
+  walk(p, td::NestedKey());
+  return l;
+}
+
+constexpr int64_t kChunkBytes = int64_t(64) << 20;
+
+//! rows per step so that a step moves at most ~64 MiB (at least one row)
+int64_t rows_per_chunk(const Layout& l) { return std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, l.row_bytes)); }
+
+std::string store_root_line(const td::TensorDict& t) {
+  return t.type_name() + "  batch_size=" + shape_str(t.batch_size()) +
+         "  device=" + (t.device() ? t.device()->str() : std::string("None"));
+}
+
+int cmd_info_store(const std::string& path, InputKind kind, size_t width) {
+  Input in = open_store_input(path, kind);
+  const td::BatchSize batch = in.td.batch_size();
+  td::TensorDict p = preview_of(in.td);
+  std::vector<Row> rows;
+  Totals totals;
+  std::function<void(const td::TensorDict&, int)> walk = [&](const td::TensorDict& d, int depth) {
+    for (const auto& kv : d.items()) {
+      const td::Entry& e = kv.second;
+      Row r;
+      r.depth = depth;
+      r.name = kv.first[kv.first.size() - 1];
+      if (e.is_tensordict()) {
+        r.name += "/";
+        r.kind = e.tensordict().type_name();
+        r.shape = "batch " + shape_str(full_shape(e.tensordict().batch_size(), batch));
+        ++totals.subs;
+        rows.push_back(std::move(r));
+        walk(e.tensordict(), depth + 1);
+      } else if (e.is_tensor()) {
+        const at::Tensor& x = e.tensor();
+        std::vector<int64_t> shape = full_shape(x.sizes().vec(), batch);
+        int64_t n = 1;
+        for (auto s : shape) n *= s;
+        const int64_t bytes = n * static_cast<int64_t>(c10::elementSize(x.scalar_type()));
+        r.kind = "tensor";
+        r.dtype = short_dtype(x.scalar_type());
+        r.shape = shape_str(shape);
+        r.bytes = human_bytes(bytes);
+        ++totals.tensors;
+        totals.bytes += bytes;
+        rows.push_back(std::move(r));
+      } else if (e.is_non_tensor_data()) {
+        r.kind = "NonTensorData";
+        r.value = truncate(json_line(e.non_tensor_data().value()), width);
+        ++totals.non_tensors;
+        rows.push_back(std::move(r));
+      } else if (e.is_non_tensor_stack()) {
+        r.kind = "NonTensorStack";
+        r.shape = shape_str(full_shape(e.non_tensor_stack().batch_size(), batch));
+        r.value = "(first row) " + truncate(json_line(e.non_tensor_stack().tolist()), width);
+        ++totals.non_tensors;
+        rows.push_back(std::move(r));
+      }
+    }
+  };
+  walk(p, 0);
+  std::cout << path << "\n" << store_root_line(in.td) << "\n";
+  if (!rows.empty()) print_rows(rows, std::cout);
+  std::cout << "total: " << count(totals.tensors + totals.non_tensors, "leaf", "leaves") << " ("
+            << count(totals.tensors, "tensor", "tensors") << ", "
+            << count(totals.non_tensors, "non-tensor", "non-tensors") << "), "
+            << count(totals.subs, "sub-tensordict", "sub-tensordicts") << ", " << human_bytes(totals.bytes)
+            << " of tensor data";
+  if (totals.bytes >= 1024) std::cout << " (" << totals.bytes << " bytes)";
+  if (kind == InputKind::H5) {
+    int64_t size = 0;
+    path_kind(path, &size);
+    std::cout << " in an HDF5 file of " << size << " bytes";
+  } else {
+    std::cout << " in a Redis store";
+  }
+  std::cout << "\n";
+  in.close();
+  return 0;
+}
+
+//! describe() of a store's contents, with loaded_type the store's type (PersistentTensorDict, TensorDictStore)
+JsonValue describe_store(const td::TensorDict& t, bool values) {
+  JsonValue d = td::describe(t.to_tensordict(), values);
+  for (auto& kv : d.as_object())
+    if (kv.first == "loaded_type") kv.second = JsonValue(t.type_name());
+  return d;
+}
+
+//! reads every leaf of a store in chunks of rows; problems: unreadable rows, shapes or dtypes other than
+//! the store's metadata says (the first row's)
+struct StoreVerifier {
+  std::vector<std::string> problems;
+  int64_t leaves = 0, bytes = 0;
+
+  void check(const td::TensorDict& t) {
+    Layout l;
+    try {
+      l = layout_of(t);
+    } catch (const std::exception& e) {
+      problems.push_back(std::string("cannot read the first row: ") + first_line(e.what()));
+      return;
+    }
+    leaves = static_cast<int64_t>(l.tensors.size() + l.non_tensors.size());
+    bytes = l.total_bytes();
+    if (l.batch.empty()) {  // 0-dim batch: one read
+      try {
+        td::TensorDict all = t.to_tensordict();
+        for (const auto& s : l.tensors) compare(s, all, s.elem, "");
+      } catch (const std::exception& e) {
+        problems.push_back(std::string("unreadable: ") + first_line(e.what()));
+      }
+      return;
+    }
+    const int64_t n = l.batch[0], step = rows_per_chunk(l);
+    std::vector<bool> bad(l.tensors.size(), false);
+    for (int64_t a = 0; a < n; a += step) {
+      const int64_t b = std::min(n, a + step);
+      const std::string rows = "rows " + std::to_string(a) + ".." + std::to_string(b);
+      td::TensorDict view = t.index({at::indexing::Slice(a, b)});
+      std::vector<int64_t> want_lead{b - a};
+      try {
+        td::TensorDict chunk = view.to_tensordict();
+        for (size_t i = 0; i < l.tensors.size(); ++i)
+          if (!bad[i]) bad[i] = !compare(l.tensors[i], chunk, concat(want_lead, l.tensors[i].elem), rows);
+      } catch (const std::exception&) {  // which leaves: one read each
+        for (size_t i = 0; i < l.tensors.size(); ++i) {
+          if (bad[i]) continue;
+          try {
+            at::Tensor x = view.get(l.tensors[i].key);
+            bad[i] = !compare_tensor(l.tensors[i], x, concat(want_lead, l.tensors[i].elem), rows);
+          } catch (const std::exception& e) {
+            problems.push_back("leaf '" + key_str(l.tensors[i].key) + "': " + rows + " unreadable: " + first_line(e.what()));
+            bad[i] = true;
+          }
+        }
+      }
+    }
+  }
+
+  static std::string first_line(std::string s) {
+    if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+    return s;
+  }
+  static std::string key_str(const td::NestedKey& k) {
+    std::string out;
+    for (size_t i = 0; i < k.size(); ++i) out += (i ? "/" : "") + k[i];
+    return out;
+  }
+  static std::vector<int64_t> concat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  bool compare(const LeafSpec& s, const td::TensorDict& chunk, const std::vector<int64_t>& want,
+               const std::string& rows) {
+    if (!chunk.contains(s.key)) {
+      problems.push_back("leaf '" + key_str(s.key) + "': " + rows + " missing");
+      return false;
+    }
+    return compare_tensor(s, chunk.get(s.key), want, rows);
+  }
+  bool compare_tensor(const LeafSpec& s, const at::Tensor& x, const std::vector<int64_t>& want,
+                      const std::string& rows) {
+    const std::string where = "leaf '" + key_str(s.key) + "'" + (rows.empty() ? "" : ": " + rows);
+    if (x.scalar_type() != s.dtype) {
+      problems.push_back(where + ": dtype " + td::dtype_repr(x.scalar_type()) + ", expected " + td::dtype_repr(s.dtype));
+      return false;
+    }
+    if (x.sizes().vec() != want) {
+      problems.push_back(where + ": shape " + shape_str(x.sizes().vec()) + ", expected " + shape_str(want));
+      return false;
+    }
+    return true;
+  }
+};
+
+int cmd_verify_store(const std::string& path, InputKind kind) {
+  StoreVerifier v;
+  Input in;
+  try {
+    in = open_store_input(path, kind);
+  } catch (const ToolError&) {
+    throw;
+  } catch (const std::exception& e) {
+    v.problems.push_back(std::string("cannot open: ") + StoreVerifier::first_line(e.what()));
+  }
+  if (in.close) {
+    v.check(in.td);
+    try {
+      in.close();
+    } catch (const std::exception&) {
+    }
+  }
+  if (!v.problems.empty()) {
+    for (const auto& p : v.problems) std::cout << "PROBLEM: " << path << ": " << p << "\n";
+    std::cout << "FAILED: " << v.problems.size() << " problem" << (v.problems.size() == 1 ? "" : "s") << " in " << path
+              << "\n";
+    return kExitProblems;
+  }
+  std::cout << "OK: " << v.leaves << " leaves, " << v.bytes << " bytes";
+  if (v.bytes >= 1024) std::cout << " (" << human_bytes(v.bytes) << ")";
+  std::cout << "\n";
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------ convert
+struct ConvertOptions {
+  bool quiet = false;
+  bool force = false;
+};
+
+//! the source of a convert: memmap directories load read-only (private mappings); lazy stacks are refused
+Input open_source(const std::string& path) {
+  const InputKind kind = input_kind(path);
+  if (kind != InputKind::Memmap) return open_store_input(path, kind);
+  check_input_dir(path);
+  if (td::is_lazy_stack_dir(path))
+    throw ToolError("'" + path + "' holds a lazy stack: convert copies TensorDicts (stack it first)");
+  Input in;
+  in.kind = kind;
+  in.td = td::TensorDict::load_memmap(path, td::LoadOptions().writable(false).on_warning(
+                                                [](const std::string& w) { std::cerr << "tdx: warning: " << w << "\n"; }));
+  in.close = [] {};
+  return in;
+}
+
+int convert_into(const std::string& src_path, const std::string& dst_path, const ConvertOptions& o,
+                 std::function<void()>& dst_close);
+
+//! convert; a DST file or directory this call created is removed again when the copy fails
+int cmd_convert(const std::string& src_path, const std::string& dst_path, const ConvertOptions& o) {
+  const bool created = !is_redis_address(dst_path) && path_kind(dst_path) == PathKind::Missing;
+  std::function<void()> dst_close = [] {};
+  try {
+    return convert_into(src_path, dst_path, o, dst_close);
+  } catch (...) {
+    try {
+      dst_close();
+    } catch (...) {
+    }
+    std::error_code ec;
+    if (created) std::filesystem::remove_all(dst_path, ec);
+    throw;
+  }
+}
+
+int convert_into(const std::string& src_path, const std::string& dst_path, const ConvertOptions& o,
+                 std::function<void()>& dst_close) {
+  using at::indexing::Slice;
+  Input src = open_source(src_path);
+  const Layout l = layout_of(src.td);
+  td::Schema schema;
+  for (const auto& s : l.tensors) schema.push_back({s.key, {s.elem, s.dtype}});
+
+  // the destination, preallocated from the source's schema (no data written yet)
+  td::TensorDict dst;
+  std::string dst_name = dst_path;
+  const bool dst_redis = is_redis_address(dst_path);
+  if (!dst_redis) {
+    const PathKind pk = path_kind(dst_path);
+    if (pk != PathKind::Missing && !o.force)
+      throw ToolError("'" + dst_path + "' exists (convert writes a new file or directory; --force replaces it)");
+    if (pk == PathKind::Directory && path_kind(join_path(dst_path, "meta.json")) != PathKind::File)
+      throw ToolError("'" + dst_path + "' is a directory without meta.json: not replaced");
+    if (pk == PathKind::Other) throw ToolError("'" + dst_path + "' is not a file or directory");
+    if (pk != PathKind::Missing) std::filesystem::remove_all(dst_path);  // --force
+  }
+  if (dst_redis) {
+    td::RedisOptions ro = parse_redis_address(dst_path);
+    if (!ro.td_id().empty() && !o.force)
+      throw ToolError("'" + dst_path + "' names a store (td_id): convert makes a new one (leave td_id out, or --force)");
+    td::TensorDictStore s = td::TensorDictStore::from_schema(schema, l.batch, ro);
+    dst_name = s.address();
+    dst_close = [s] { s.close(); };
+    dst = s;
+  } else if (has_h5_extension(dst_path)) {
+    dst = td::TensorDict::from_schema(schema, l.batch, "h5", td::H5Options().filename(dst_path).mode("w"));
+    td::PersistentTensorDict h5(dst);
+    dst_close = [h5] { h5.close(); };
+  } else {
+    dst = td::TensorDict::from_schema(schema, l.batch, "memmap", td::MemmapOptions().prefix(dst_path));
+  }
+
+  // rows in chunks of <= ~64 MiB: one read of every leaf, one write
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t total = l.total_bytes();
+  double read_s = 0, write_s = 0;  // of the row chunks
+  if (!l.tensors.empty()) {
+    if (l.batch.empty()) {
+      td::TensorDict all = src.td.to_tensordict();
+      for (const auto& s : l.tensors) dst.set_(s.key, all.get(s.key));
+    } else {
+      const int64_t n = l.batch[0], step = rows_per_chunk(l);
+      const int64_t steps = (n + step - 1) / step;
+      td::actors::Progress bar(!o.quiet, steps, std::chrono::milliseconds(1000), "tdx convert");
+      int64_t done = 0;
+      for (int64_t a = 0; a < n; a += step) {
+        const int64_t b = std::min(n, a + step);
+        const auto r0 = std::chrono::steady_clock::now();
+        // a memmap source: the rows are a view of its mapping (copied once, by the write); a store: one read
+        td::TensorDict rows = src.td.index({Slice(a, b)});
+        if (src.kind != InputKind::Memmap) rows = rows.to_tensordict();
+        td::TensorDict tensors(rows.batch_size());
+        for (const auto& s : l.tensors) tensors.set(s.key, rows.get(s.key));
+        const auto r1 = std::chrono::steady_clock::now();
+        dst.index_put_({Slice(a, b)}, tensors);
+        read_s += std::chrono::duration<double>(r1 - r0).count();
+        write_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r1).count();
+        bar.update(++done);
+      }
+      bar.finish(true);
+    }
+  }
+  // non-tensor leaves, whole (one read each: the preview holds their first row only)
+  if (!l.non_tensors.empty()) {
+    std::vector<std::pair<td::NestedKey, td::Entry>> values;
+    for (const auto& nt : l.non_tensors) values.emplace_back(nt.first, src.td.get_entry(nt.first));
+    if (!dst_redis && !has_h5_extension(dst_path)) {
+      // a memmap directory: add them and rewrite meta.json (the tensor leaves stay where they are)
+      td::TensorDict d = dst;
+      d.unlock_();
+      for (const auto& v : values) d.set(v.first, v.second);
+      d.memmap_(dst_path, td::MemmapOptions().existsok(true));
+    } else {
+      for (const auto& v : values) dst.set(v.first, v.second);
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  dst_close();
+  src.close();
+  if (dst_redis) std::cout << dst_name << "\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%.1f MB/s", secs > 0 ? static_cast<double>(total) / 1e6 / secs : 0.0);
+  std::cerr << "tdx: converted " << count(static_cast<int64_t>(l.tensors.size() + l.non_tensors.size()), "leaf", "leaves")
+            << ", " << human_bytes(total) << " in " << std::fixed << std::setprecision(3) << secs << " s: " << line
+            << " (reading " << read_s << " s, writing " << write_s << " s)\n";
+  return 0;
+}
+
 int cmd_info(const std::string& path, bool files, size_t width) {
+  if (InputKind k = input_kind(path); k != InputKind::Memmap) return cmd_info_store(path, k, width);
   check_input_dir(path);
   tdb::ReadOptions ro;
   ro.allow_missing = true;  // shown as a warning
@@ -639,6 +1150,26 @@ void dump_td_text(const td::TensorDict& t, const td::NestedKey& prefix, const Du
 }
 
 int cmd_dump(const std::string& path, const DumpOptions& o) {
+  if (InputKind k = input_kind(path); k != InputKind::Memmap) {
+    Input in = open_store_input(path, k);
+    if (o.json) {
+      JsonValue d = describe_store(in.td, o.values);
+      std::string out;
+      if (o.compact)
+        out = json_line(d);
+      else
+        pretty_json(d, std::max(0, o.indent), 0, out);
+      std::cout << out << "\n";
+    } else {
+      const TensorPrinter printer(o.threshold, o.edgeitems);
+      std::ostringstream os;
+      os << store_root_line(in.td) << "\n";
+      dump_td_text(in.td.to_tensordict(), td::NestedKey(), o, printer, os);
+      std::cout << os.str();
+    }
+    in.close();
+    return 0;
+  }
   check_input_dir(path);
   const auto load = td::LoadOptions().writable(false).on_warning(
       [](const std::string& w) { std::cerr << "tdx: warning: " << w << "\n"; });
@@ -857,6 +1388,7 @@ struct FallbackScanner {
 };
 
 int cmd_verify(const std::string& path) {
+  if (InputKind k = input_kind(path); k != InputKind::Memmap) return cmd_verify_store(path, k);
   check_input_dir(path);
   Verifier v;
   try {
@@ -886,8 +1418,9 @@ int cmd_verify(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tdx: inspect tensordict memmap directories (written by Python tensordict or tensordict-cpp).\n"
-               "Read-only: never modifies what it reads. Exit: 0 ok, 1 verify found problems, 2 error.",
+  CLI::App app{"tdx: inspect tensordict memmap directories, HDF5 files (PersistentTensorDict) and Redis stores\n"
+               "(TensorDictStore), and convert between them. info/dump/verify never modify what they read.\n"
+               "Exit: 0 ok, 1 verify found problems, 2 error.",
                "tdx"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every subcommand");
@@ -897,7 +1430,7 @@ int main(int argc, char** argv) {
   size_t width = 60;
   CLI::App* info = app.add_subcommand("info", "the tree of a memmap directory: keys, kinds, dtypes, shapes, sizes, "
                                               "non-tensor values, sub-TensorDicts, lazy stacks, totals");
-  info->add_option("PATH", path, "memmap directory (holding meta.json)")->required();
+  info->add_option("PATH", path, "memmap directory (holding meta.json), .h5/.hdf5 file or redis://HOST:PORT/DB?prefix=P&td_id=ID")->required();
   info->add_flag("--files", files, "also show each leaf's file name and size on disk");
   info->add_option("--width", width, "truncate non-tensor values to this many characters")->capture_default_str();
 
@@ -905,7 +1438,7 @@ int main(int argc, char** argv) {
   bool no_values = false;
   CLI::App* dump = app.add_subcommand("dump", "every leaf with its values (text like torch prints, or --json: the "
                                               "fixtures' expected.json layout)");
-  dump->add_option("PATH", path, "memmap directory (holding meta.json)")->required();
+  dump->add_option("PATH", path, "memmap directory (holding meta.json), .h5/.hdf5 file or redis://HOST:PORT/DB?prefix=P&td_id=ID")->required();
   dump->add_flag("--json", dump_opts.json, "JSON: {loaded_type, structure, leaves} (NaN/Infinity as Python writes)");
   dump->add_flag("--compact", dump_opts.compact, "with --json: one line instead of indented");
   dump->add_option("--indent", dump_opts.indent, "with --json: spaces per level")->capture_default_str();
@@ -917,13 +1450,25 @@ int main(int argc, char** argv) {
 
   CLI::App* verify = app.add_subcommand("verify", "check meta.json files and that every leaf file is present and "
                                                   "long enough; prints OK or one line per problem (exit 1)");
-  verify->add_option("PATH", path, "memmap directory (holding meta.json)")->required();
+  verify->add_option("PATH", path, "memmap directory (holding meta.json), .h5/.hdf5 file or redis://HOST:PORT/DB?prefix=P&td_id=ID")->required();
+
+  std::string dst_path;
+  ConvertOptions conv_opts;
+  CLI::App* convert = app.add_subcommand("convert", "copy SRC to DST (memmap directory, .h5 file, Redis store: any "
+                                                    "pair) in row chunks of <= 64 MiB; prints the throughput");
+  convert->add_option("SRC", path, "memmap directory, .h5/.hdf5 file or redis://HOST:PORT/DB?prefix=P&td_id=ID")
+      ->required();
+  convert->add_option("DST", dst_path, "a new memmap directory, a new .h5/.hdf5 file, or redis://HOST:PORT/DB?prefix=P "
+                                       "(a new store; its address is printed)")
+      ->required();
+  convert->add_flag("--quiet,-q", conv_opts.quiet, "no progress bar");
+  convert->add_flag("--force", conv_opts.force, "replace an existing DST file or directory / write into a given td_id");
 
   // a clearer message than CLI11's "arguments were not expected" for a mistyped subcommand
   if (argc > 1 && argv[1][0] != '-') {
     const std::string sub = argv[1];
-    if (sub != "info" && sub != "dump" && sub != "verify") {
-      std::cerr << "tdx: unknown subcommand '" << sub << "' (expected info, dump or verify; see tdx --help)\n";
+    if (sub != "info" && sub != "dump" && sub != "verify" && sub != "convert") {
+      std::cerr << "tdx: unknown subcommand '" << sub << "' (expected info, dump, verify or convert; see tdx --help)\n";
       return kExitError;
     }
   }
@@ -946,13 +1491,14 @@ int main(int argc, char** argv) {
       return cmd_dump(path, dump_opts);
     }
     if (*verify) return cmd_verify(path);
+    if (*convert) return cmd_convert(path, dst_path, conv_opts);
   } catch (const ToolError& e) {
     std::cerr << "tdx: " << e.what() << "\n";
     return kExitError;
   } catch (const std::exception& e) {  // tensordict::Error (FormatError...), c10::Error, I/O
     std::string what = e.what();
     if (auto nl = what.find("\nException raised from"); nl != std::string::npos) what.resize(nl);  // c10 backtraces
-    std::cerr << "tdx: " << path << ": " << what << "\n";
+    std::cerr << "tdx: " << (*convert ? "convert " + path + " -> " + dst_path : path) << ": " << what << "\n";
     return kExitError;
   }
   return kExitError;
