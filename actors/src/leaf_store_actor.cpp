@@ -1,6 +1,7 @@
 #include "tensordict/actors/leaf_store_actor.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 #include <caf/all.hpp>
 
@@ -39,6 +40,12 @@ using leaf_atom = caf::atom_constant<caf::atom("tdleaf")>;
 struct LeafCallState {
   caf::actor actor;
   std::string describe;
+  //! the store (also the actor's); used under store_mu only
+  std::shared_ptr<backends::LeafStore> store;
+  //! held by whoever uses the store: the actor for a batch, or a caller on the fast path (try_direct)
+  std::mutex store_mu;
+  //! calls sent to the actor and not yet run: a caller takes the fast path only when there are none
+  std::atomic<int64_t> queued{0};
   mutable std::mutex mu;
   bool alive = true;
   bool closed = false;
@@ -115,7 +122,11 @@ class LeafStoreActor final : public HotActor {
             receive([&](leaf_atom, const leaf_call_ptr& c) { batch.push_back(c); }, on_exit,
                     caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
           }
-          run_batch(batch);
+          {
+            std::lock_guard<std::mutex> lock(impl_->store_mu);
+            run_batch(batch);
+          }
+          impl_->queued.fetch_sub(static_cast<int64_t>(batch.size()), std::memory_order_acq_rel);
         },
         on_exit);
     // the actor's end fails every call still registered (attach_functor)
@@ -211,6 +222,7 @@ std::shared_ptr<LeafStoreClient> LeafStoreClient::open(std::shared_ptr<Runtime> 
   c->impl_->rt = std::move(rt);
   c->impl_->st = std::make_shared<LeafCallState>();
   c->impl_->st->describe = c->describe_;
+  c->impl_->st->store = store;
   caf::actor a = c->impl_->rt->system().spawn<LeafStoreActor>(
       std::chrono::microseconds(c->impl_->rt->config().actor_spin_us), std::move(store), c->impl_->st);
   std::lock_guard<std::mutex> lock(c->impl_->st->mu);
@@ -230,6 +242,7 @@ void LeafStoreClient::send(const leaf_call_ptr& call) {
   std::string why;
   caf::actor to;
   if (!impl_->st->begin(call, &why, &to)) throw BackendError(why);
+  impl_->st->queued.fetch_add(1, std::memory_order_acq_rel);
   caf::anon_send(to, leaf_atom::value, call);
   // no timeout: a long HDF5 write is legitimate; an actor that dies fails the call (fail_all)
   call->reply.wait(std::chrono::steady_clock::time_point::max(),
@@ -237,7 +250,34 @@ void LeafStoreClient::send(const leaf_call_ptr& call) {
   impl_->st->end(call);
 }
 
+namespace {
+
+//! the fast path: when the store is idle (no call queued at its actor, nobody using it), the caller runs its
+//! call itself under the store's lock. That saves the two thread hand-offs of an actor request, which on a
+//! loaded 2-core VM cost far more than the store's own I/O (a Redis row read: ~40 us direct, 180-1400 us
+//! through the actor while the actor's thread sleeps on the socket). Calls that find the store busy go to
+//! the actor, which merges them into one store call. false: not run, send it.
+template <class F>
+bool try_direct(LeafCallState& st, F&& f) {
+  if (st.queued.load(std::memory_order_acquire) != 0) return false;
+  std::unique_lock<std::mutex> lock(st.store_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    if (!st.alive || !st.actor) throw BackendError(st.why_dead.empty() ? st.describe + " is closed" : st.why_dead);
+  }
+  f(*st.store);
+  return true;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> LeafStoreClient::read(std::vector<backends::LeafRead> reads) {
+  std::vector<at::Tensor> out;
+  if (try_direct(*impl_->st, [&](backends::LeafStore& s) { out = s.read(reads); })) {
+    impl_->st->count(1);
+    return out;
+  }
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Read;
   c->reads = std::move(reads);
@@ -246,6 +286,10 @@ std::vector<at::Tensor> LeafStoreClient::read(std::vector<backends::LeafRead> re
 }
 
 void LeafStoreClient::write(std::vector<backends::LeafWrite> writes) {
+  if (try_direct(*impl_->st, [&](backends::LeafStore& s) { s.write(writes); })) {
+    impl_->st->count(1);
+    return;
+  }
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Write;
   c->writes = std::move(writes);
@@ -254,6 +298,7 @@ void LeafStoreClient::write(std::vector<backends::LeafWrite> writes) {
 }
 
 void LeafStoreClient::run_void(const std::function<void(backends::LeafStore&)>& fn) {
+  if (try_direct(*impl_->st, fn)) return;
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Run;
   c->fn = fn;
