@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -497,7 +498,7 @@ class H5Store final : public LeafStore {
     std::vector<Prepared> prepared;
     prepared.reserve(writes.size());
     for (const auto& w : writes) prepared.push_back(prepare_write(w));
-    for (size_t i = 0; i < writes.size(); ++i) do_write(writes[i], prepared[i]);
+    for (size_t i = 0; i < writes.size(); ++i) do_write(writes[i]);
   }
 
   void create(const LeafPath& path, at::ScalarType dtype, const std::vector<int64_t>& shape, const at::Tensor& data,
@@ -524,6 +525,7 @@ class H5Store final : public LeafStore {
     }
     if (auto k = kind_at(path)) throw KeyError(where(path) + ": already exists (a " + *k + ")");
     ensure_parents(path);
+    forget(path);
 
     const CreateOptions& opt =
         (options.chunks.empty() && options.compression_level < 0 && !options.shuffle) ? defaults_ : options;
@@ -591,6 +593,7 @@ class H5Store final : public LeafStore {
     check_path(path, describe());
     if (path.empty()) throw ValueError(describe() + ": cannot erase the root group");
     if (!link_exists(path)) return false;
+    forget_all();  // the path may be a group, or the target of soft links cached under other paths
     if (H5Ldelete(root_.get(), rel_path(path).c_str(), H5P_DEFAULT) < 0) fail<BackendError>(path, "cannot delete");
     may_reuse_space_ = true;
     return true;
@@ -652,11 +655,13 @@ class H5Store final : public LeafStore {
     if (!space.valid()) fail<BackendError>(path, "cannot create the dataspace");
     if (auto k = kind_at(path)) {
       if (*k == "group") throw TypeError(where(path) + ": is a group, not a leaf");
+      forget_all();  // soft links elsewhere may have led to the dataset replaced here
       if (H5Ldelete(root_.get(), rel_path(path).c_str(), H5P_DEFAULT) < 0)
         fail<BackendError>(path, "cannot replace the dataset");
       may_reuse_space_ = true;
     }
     ensure_parents(path);
+    forget(path);
     Id lcpl = plist_id(H5Pcreate(H5P_LINK_CREATE));
     H5Pset_create_intermediate_group(lcpl.get(), 1);
     Id ds = dataset_id(H5Dcreate2(root_.get(), rel_path(path).c_str(), ftype.get(), space.get(), lcpl.get(),
@@ -678,6 +683,8 @@ class H5Store final : public LeafStore {
   void close() override {
     LibraryGuard g;
     if (!file_id_.valid()) return;
+    // the cached dataset ids first: H5F_CLOSE_STRONG would close them under the cache, leaving stale ids
+    datasets_.clear();
     root_.reset();
     hid_t f = file_id_.release();
     if (H5Fclose(f) < 0) throw BackendError(describe() + ": closing failed: " + hdf5_message());
@@ -688,6 +695,21 @@ class H5Store final : public LeafStore {
     at::ScalarType dtype = at::kFloat;
     std::vector<hsize_t> dims;
   };
+
+  //! an open dataset kept for tensor I/O, with what is derived from it. Valid while this store alone changes
+  //! the file's structure (a writer has the file to itself: HDF5's lock, and a second writer is refused).
+  struct CachedDataset {
+    Id ds, ftype, fspace;  //!< fspace: the file dataspace, its selection set anew by every transfer
+    TypeClass tc;
+    bool tensor_ready = false;  //!< p, mtype and read_type are set (a tensor dataset with a valid dataspace)
+    Prepared p;
+    Id mtype;      //!< the dtype's own type (writes; reads of every dtype but bool)
+    Id read_type;  //!< bool: the file's enum as native type (read as is, normalized to 0/1)
+    Id mspace;     //!< the memory dataspace of the last selection of `mspace_rows` rows
+    hsize_t mspace_rows = 0;
+  };
+  //! open datasets cached by path: far above the datasets of a TensorDict, bounded for files of many leaves
+  static constexpr size_t kMaxCachedDatasets = 4096;
 
   // ----------------------------------------------------------------------------- open / close
   void open() {
@@ -825,6 +847,7 @@ class H5Store final : public LeafStore {
   }
 
   void close_ids() {
+    datasets_.clear();
     root_.reset();
     file_id_.reset();
   }
@@ -1038,23 +1061,6 @@ class H5Store final : public LeafStore {
   }
 
   // ----------------------------------------------------------------------------- tensor I/O
-  //! the tensor dataset at `path`: its dtype and dims
-  Prepared tensor_dataset(const LeafPath& path, hid_t ds) const {
-    Id ftype = type_id(H5Dget_type(ds));
-    if (!ftype.valid()) fail<FormatError>(path, "cannot read the datatype");
-    TypeClass tc = classify(ftype.get());
-    if (tc.kind == TypeClass::Unsupported) throw TypeError(where(path) + ": unsupported HDF5 type: " + tc.why);
-    if (tc.kind != TypeClass::Tensor) throw TypeError(where(path) + ": is a non-tensor dataset, not a tensor");
-    Prepared p;
-    p.dtype = tc.dtype;
-    Id space = space_id(H5Dget_space(ds));
-    p.dims = dataspace_dims(path, space.get());
-    std::vector<int64_t> shape(p.dims.begin(), p.dims.end());
-    if (checked_numel(shape) < 0 || checked_numel(shape) > std::numeric_limits<int64_t>::max() / 16)
-      throw FormatError(where(path) + ": shape " + shape_str(shape) + " overflows");
-    return p;
-  }
-
   void check_rows(const LeafPath& path, const std::vector<hsize_t>& dims, const std::vector<int64_t>& rows) const {
     if (dims.empty()) throw ValueError(where(path) + ": a zero-dim dataset can only be read or written whole");
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -1070,10 +1076,13 @@ class H5Store final : public LeafStore {
   //! ~37 s). Batches of kRunsPerTransfer runs (one H5Dread/H5Dwrite each) keep it linear.
   static constexpr size_t kRunsPerTransfer = 32;
 
-  //! reads (or writes) `rows` (ascending, unique) along dim 0 from (to) the contiguous buffer `buf` of
-  //! [rows.size(), dims[1:]...] elements of `mtype`: runs of consecutive rows, kRunsPerTransfer per transfer
-  void transfer_rows(const LeafPath& path, hid_t ds, hid_t mtype, const std::vector<hsize_t>& dims,
-                     const std::vector<int64_t>& rows, void* buf, bool write) const {
+  //! reads (or writes) `rows` (ascending, unique) along dim 0 of the cached dataset `e` from (to) the
+  //! contiguous buffer `buf` of [rows.size(), dims[1:]...] elements of `mtype`. Runs of consecutive rows of one
+  //! length whose starts are evenly spaced (one run, td[a:b:s], blocks of a regular pattern) are ONE strided
+  //! hyperslab and one transfer; other rows go as runs, kRunsPerTransfer per transfer.
+  void transfer_rows(const LeafPath& path, CachedDataset& e, hid_t mtype, const std::vector<int64_t>& rows, void* buf,
+                     bool write) {
+    const std::vector<hsize_t>& dims = e.p.dims;
     const size_t rank = dims.size();
     size_t row_bytes = H5Tget_size(mtype);
     for (size_t d = 1; d < rank; ++d) row_bytes *= static_cast<size_t>(dims[d]);
@@ -1084,29 +1093,58 @@ class H5Store final : public LeafStore {
       runs.emplace_back(static_cast<hsize_t>(rows[i]), static_cast<hsize_t>(j - i));
       i = j;
     }
-    Id fspace = space_id(H5Dget_space(ds));
-    if (!fspace.valid()) fail<FormatError>(path, "cannot read the dataspace");
-    std::vector<hsize_t> start(rank, 0), count(dims), mdims(dims);
+    if (runs.empty()) return;
+    if (!e.fspace.valid()) fail<FormatError>(path, "cannot read the dataspace");
+    const hid_t fspace = e.fspace.get();
+    // inner dims: whole (stride = block = the dim: one block per row, never overlapping)
+    std::vector<hsize_t> start(rank, 0), stride(dims), count(rank, 1), block(dims);
+    auto transfer = [&](hsize_t n, size_t out_row) {
+      if (!e.mspace.valid() || e.mspace_rows != n) {
+        std::vector<hsize_t> mdims(dims);
+        mdims[0] = n;
+        e.mspace = space_id(H5Screate_simple(static_cast<int>(rank), mdims.data(), nullptr));
+        e.mspace_rows = n;
+        if (!e.mspace.valid()) fail<BackendError>(path, "cannot create the memory dataspace");
+      }
+      char* p = static_cast<char*>(buf) + out_row * row_bytes;
+      if (write) {
+        if (H5Dwrite(e.ds.get(), mtype, e.mspace.get(), fspace, H5P_DEFAULT, p) < 0)
+          fail<BackendError>(path, "cannot write");
+      } else {
+        if (H5Dread(e.ds.get(), mtype, e.mspace.get(), fspace, H5P_DEFAULT, p) < 0)
+          fail<FormatError>(path, "cannot read");
+      }
+    };
+    bool regular = true;
+    const hsize_t len = runs[0].second;
+    const hsize_t step = runs.size() > 1 ? runs[1].first - runs[0].first : len;
+    for (size_t k = 1; regular && k < runs.size(); ++k)
+      regular = runs[k].second == len && runs[k].first - runs[k - 1].first == step;
+    if (regular) {
+      start[0] = runs[0].first;
+      stride[0] = step;
+      count[0] = static_cast<hsize_t>(runs.size());
+      block[0] = len;
+      if (H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), stride.data(), count.data(), block.data()) < 0)
+        fail<BackendError>(path, "cannot select rows");
+      transfer(count[0] * len, 0);
+      return;
+    }
     size_t out_row = 0;
+    stride[0] = 1;
+    block[0] = 1;
     for (size_t b = 0; b < runs.size(); b += kRunsPerTransfer) {
-      const size_t e = std::min(runs.size(), b + kRunsPerTransfer);
+      const size_t end = std::min(runs.size(), b + kRunsPerTransfer);
       hsize_t n = 0;
-      for (size_t k = b; k < e; ++k) {
+      for (size_t k = b; k < end; ++k) {
         start[0] = runs[k].first;
         count[0] = runs[k].second;
         n += runs[k].second;
-        if (H5Sselect_hyperslab(fspace.get(), k == b ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
-                                count.data(), nullptr) < 0)
+        if (H5Sselect_hyperslab(fspace, k == b ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), stride.data(),
+                                count.data(), block.data()) < 0)
           fail<BackendError>(path, "cannot select rows");
       }
-      mdims[0] = n;
-      Id mspace = space_id(H5Screate_simple(static_cast<int>(rank), mdims.data(), nullptr));
-      char* p = static_cast<char*>(buf) + out_row * row_bytes;
-      if (write) {
-        if (H5Dwrite(ds, mtype, mspace.get(), fspace.get(), H5P_DEFAULT, p) < 0) fail<BackendError>(path, "cannot write");
-      } else {
-        if (H5Dread(ds, mtype, mspace.get(), fspace.get(), H5P_DEFAULT, p) < 0) fail<FormatError>(path, "cannot read");
-      }
+      transfer(n, out_row);
       out_row += static_cast<size_t>(n);
     }
   }
@@ -1120,10 +1158,64 @@ class H5Store final : public LeafStore {
     throw BackendError(where(path) + ": cannot allocate a tensor of shape " + shape_str(shape));
   }
 
+  // ----------------------------------------------------------------------------- dataset cache
+  //! forget the cached dataset at `path` (and below it)
+  void forget(const LeafPath& path) {
+    const std::string key = rel_path(path);
+    for (auto it = datasets_.begin(); it != datasets_.end();) {
+      const std::string& k = it->first;
+      if (k == key || (k.size() > key.size() && k.compare(0, key.size(), key) == 0 && k[key.size()] == '/'))
+        it = datasets_.erase(it);
+      else
+        ++it;
+    }
+  }
+  void forget_all() { datasets_.clear(); }
+
+  //! the dataset at `path`, opened once and kept (open_dataset's checks and errors on the first use)
+  CachedDataset& cached_dataset(const LeafPath& path) {
+    if (path.empty()) throw KeyError(describe() + ": the root is a group, not a dataset");
+    const std::string key = rel_path(path);
+    auto it = datasets_.find(key);
+    if (it != datasets_.end()) {
+      if (H5Iis_valid(it->second->ds.get()) > 0) return *it->second;
+      clear_errors();
+      datasets_.erase(it);
+    }
+    auto e = std::make_unique<CachedDataset>();
+    e->ds = open_dataset(path);
+    e->ftype = type_id(H5Dget_type(e->ds.get()));
+    if (!e->ftype.valid()) fail<FormatError>(path, "cannot read the datatype");
+    e->tc = classify(e->ftype.get());
+    e->fspace = space_id(H5Dget_space(e->ds.get()));
+    if (datasets_.size() >= kMaxCachedDatasets) datasets_.clear();
+    return *datasets_.emplace(key, std::move(e)).first->second;
+  }
+
+  //! the tensor dataset at `path` (tensor_dataset's checks and errors), its dtype, dims and memory types set
+  CachedDataset& cached_tensor(const LeafPath& path) {
+    CachedDataset& e = cached_dataset(path);
+    if (e.tc.kind == TypeClass::Unsupported) throw TypeError(where(path) + ": unsupported HDF5 type: " + e.tc.why);
+    if (e.tc.kind != TypeClass::Tensor) throw TypeError(where(path) + ": is a non-tensor dataset, not a tensor");
+    if (e.tensor_ready) return e;
+    Prepared p;
+    p.dtype = e.tc.dtype;
+    p.dims = dataspace_dims(path, e.fspace.get());
+    std::vector<int64_t> shape(p.dims.begin(), p.dims.end());
+    if (checked_numel(shape) < 0 || checked_numel(shape) > std::numeric_limits<int64_t>::max() / 16)
+      throw FormatError(where(path) + ": shape " + shape_str(shape) + " overflows");
+    e.mtype = std::move(*h5_type_of(p.dtype));
+    if (p.dtype == at::kBool) e.read_type = type_id(H5Tget_native_type(e.ftype.get(), H5T_DIR_ASCEND));
+    clear_errors();
+    e.p = std::move(p);
+    e.tensor_ready = true;
+    return e;
+  }
+
   at::Tensor read_one(const LeafRead& r) {
     check_path(r.path, describe());
-    Id ds = open_dataset(r.path);
-    Prepared p = tensor_dataset(r.path, ds.get());
+    CachedDataset& e = cached_tensor(r.path);
+    const Prepared& p = e.p;
     const bool whole = r.whole && r.rows.empty();
     std::vector<int64_t> shape(p.dims.begin(), p.dims.end());
     if (!whole) {
@@ -1134,19 +1226,13 @@ class H5Store final : public LeafStore {
     if (out.numel() == 0) return out;
     // memory type: the dtype's own type (HDF5 converts byte order / float layouts); bool reads the file's
     // enum as is (no enum conversion), normalized to 0/1 below
-    Id mtype;
-    if (p.dtype == at::kBool) {
-      Id ftype = type_id(H5Dget_type(ds.get()));
-      mtype = type_id(H5Tget_native_type(ftype.get(), H5T_DIR_ASCEND));
-    } else {
-      mtype = std::move(*h5_type_of(p.dtype));
-    }
+    const Id& mtype = p.dtype == at::kBool ? e.read_type : e.mtype;
     if (!mtype.valid()) fail<FormatError>(r.path, "cannot build the memory type");
     if (whole) {
-      if (H5Dread(ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data_ptr()) < 0)
+      if (H5Dread(e.ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data_ptr()) < 0)
         fail<FormatError>(r.path, "cannot read");
     } else {
-      transfer_rows(r.path, ds.get(), mtype.get(), p.dims, r.rows, out.data_ptr(), /*write=*/false);
+      transfer_rows(r.path, e, mtype.get(), r.rows, out.data_ptr(), /*write=*/false);
     }
     if (p.dtype == at::kBool) {
       at::Tensor bytes = out.view(at::kByte);
@@ -1155,10 +1241,9 @@ class H5Store final : public LeafStore {
     return out;
   }
 
-  Prepared prepare_write(const LeafWrite& w) const {
+  Prepared prepare_write(const LeafWrite& w) {
     check_path(w.path, describe());
-    Id ds = open_dataset(w.path);
-    Prepared p = tensor_dataset(w.path, ds.get());
+    const Prepared& p = cached_tensor(w.path).p;
     if (!w.data.defined()) throw ValueError(where(w.path) + ": no data to write");
     if (w.data.scalar_type() != p.dtype)
       throw TypeError(where(w.path) + ": data of dtype " + c10::toString(w.data.scalar_type()) +
@@ -1175,18 +1260,17 @@ class H5Store final : public LeafStore {
     return p;
   }
 
-  void do_write(const LeafWrite& w, const Prepared& p) {
+  void do_write(const LeafWrite& w) {
     if (w.data.numel() == 0) return;
     at::Tensor src = w.data.to(at::kCPU).contiguous();
     if (src.is_conj()) src = src.resolve_conj();
     if (src.is_neg()) src = src.resolve_neg();
-    Id ds = open_dataset(w.path);
-    Id mtype = std::move(*h5_type_of(p.dtype));
+    CachedDataset& e = cached_tensor(w.path);
     if (w.whole && w.rows.empty()) {
-      if (H5Dwrite(ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, src.data_ptr()) < 0)
+      if (H5Dwrite(e.ds.get(), e.mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, src.data_ptr()) < 0)
         fail<BackendError>(w.path, "cannot write");
     } else {
-      transfer_rows(w.path, ds.get(), mtype.get(), p.dims, w.rows, src.data_ptr(), /*write=*/true);
+      transfer_rows(w.path, e, e.mtype.get(), w.rows, src.data_ptr(), /*write=*/true);
     }
   }
 
@@ -1442,6 +1526,7 @@ class H5Store final : public LeafStore {
   LeafPath group_;
   CreateOptions defaults_;
   Id file_id_, root_;
+  std::unordered_map<std::string, std::unique_ptr<CachedDataset>> datasets_;  //!< by rel_path; cleared before close
   bool may_reuse_space_ = false;  //!< freed file space may be reused: write fill values for new datasets
 };
 
