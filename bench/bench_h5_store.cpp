@@ -4,8 +4,10 @@
 //! 100..355 and rows 0, 3, 6, ... (3334 rows, td[::3]). The baseline does the same 5 selections with the
 //! raw C API, datasets and file dataspaces kept open: one hyperslab each (a strided one for ::3), one
 //! H5Dread / H5Dwrite per dataset into a buffer that already exists.
+//! Reads also report raw_alloc_us: the raw reads into tensors allocated per call, as the store returns new ones.
 //! Each sample repeats the call until at least 2 ms have passed; store and raw samples alternate (the store
 //! and the raw handles are open on the same file at once, read-write); the median per-call time is reported.
+//! Argument: run only the results whose name contains it (e.g. "read step").
 //! Prints one JSON object; asserts nothing. Runs in a few seconds (a temp dir under /tmp, removed at the end).
 #include <hdf5.h>
 #include <unistd.h>
@@ -83,13 +85,17 @@ struct Raw {
     H5Fclose(file);
   }
   //! rows start, start+stride, ... (count of them) of every leaf into / from bufs
+  //! alloc: read into fresh tensors (allocated per call, as a store read returns new tensors)
   void transfer(hsize_t start, hsize_t stride, hsize_t count, hid_t mspace, std::vector<std::vector<float>>& bufs,
-                bool write) {
+                bool write, bool alloc = false) {
     const hsize_t st[2] = {start, 0}, sd[2] = {stride, 1}, cn[2] = {count, static_cast<hsize_t>(kCols)};
     for (size_t i = 0; i < static_cast<size_t>(kLeaves); ++i) {
       H5Sselect_hyperslab(fspace[i], H5S_SELECT_SET, st, sd, cn, nullptr);
-      herr_t rc = write ? H5Dwrite(ds[i], H5T_NATIVE_FLOAT, mspace, fspace[i], H5P_DEFAULT, bufs[i].data())
-                        : H5Dread(ds[i], H5T_NATIVE_FLOAT, mspace, fspace[i], H5P_DEFAULT, bufs[i].data());
+      at::Tensor fresh;
+      if (alloc) fresh = at::empty({static_cast<int64_t>(count), kCols});
+      float* buf = alloc ? fresh.data_ptr<float>() : bufs[i].data();
+      herr_t rc = write ? H5Dwrite(ds[i], H5T_NATIVE_FLOAT, mspace, fspace[i], H5P_DEFAULT, buf)
+                        : H5Dread(ds[i], H5T_NATIVE_FLOAT, mspace, fspace[i], H5P_DEFAULT, buf);
       if (rc < 0) throw std::runtime_error("raw: transfer failed");
     }
   }
@@ -102,7 +108,8 @@ struct Case {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string only = argc > 1 ? argv[1] : "";  // run only the results whose name contains this
   const fs::path dir = fs::temp_directory_path() / ("td_bench_h5_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string file = (dir / "bench.h5").string();
@@ -145,19 +152,26 @@ int main() {
       const hsize_t mdims[2] = {c.count, static_cast<hsize_t>(kCols)};
       hid_t mspace = H5Screate_simple(2, mdims, nullptr);
       for (bool write : {false, true}) {
+        if ((std::string(write ? "write " : "read ") + c.name).find(only) == std::string::npos) continue;
         std::function<void()> td_op = write ? std::function<void()>([&] { store->write(writes); })
                                             : std::function<void()>([&] { (void)store->read(reads); });
         std::function<void()> raw_op = [&] { raw.transfer(c.start, c.stride, c.count, mspace, bufs, write); };
+        std::function<void()> raw_alloc_op = [&] {
+          raw.transfer(c.start, c.stride, c.count, mspace, bufs, write, /*alloc=*/true);
+        };
         td_op();
         raw_op();
-        std::vector<double> td_s, raw_s;
+        std::vector<double> td_s, raw_s, raw_alloc_s;
         for (int s = 0; s < 15; ++s) {
           td_s.push_back(sample_us(td_op));
           raw_s.push_back(sample_us(raw_op));
+          if (!write) raw_alloc_s.push_back(sample_us(raw_alloc_op));
         }
         const double t = median(td_s), r = median(raw_s);
         out << (first ? "" : ",") << "{\"name\":\"" << (write ? "write " : "read ") << c.name
-            << "\",\"td_us\":" << fmt(t, 2) << ",\"raw_us\":" << fmt(r, 2) << ",\"ratio\":" << fmt(t / r, 2) << "}";
+            << "\",\"td_us\":" << fmt(t, 2) << ",\"raw_us\":" << fmt(r, 2) << ",\"ratio\":" << fmt(t / r, 2);
+        if (!write) out << ",\"raw_alloc_us\":" << fmt(median(raw_alloc_s), 2);
+        out << "}";
         first = false;
       }
       H5Sclose(mspace);
