@@ -10,11 +10,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -44,6 +47,22 @@ bool library_threadsafe() {
 std::recursive_mutex& library_mutex() {
   static std::recursive_mutex m;
   return m;
+}
+
+//! the structure generation of one file (by device and inode), shared by this process's stores of the file:
+//! HDF5 lets several stores of one process open a file (even read-write), and each store keeps datasets open,
+//! so a store that creates, erases or replaces a dataset bumps it and the others drop what they keep
+using Generation = std::atomic<uint64_t>;
+std::shared_ptr<Generation> file_generation(dev_t dev, ino_t ino) {
+  static std::mutex m;
+  static auto* files = new std::map<std::pair<dev_t, ino_t>, std::weak_ptr<Generation>>();  // never destroyed
+  std::lock_guard<std::mutex> lock(m);
+  for (auto it = files->begin(); it != files->end();) it = it->second.expired() ? files->erase(it) : std::next(it);
+  std::weak_ptr<Generation>& w = (*files)[{dev, ino}];
+  if (auto g = w.lock()) return g;
+  auto g = std::make_shared<Generation>(0);
+  w = g;
+  return g;
 }
 
 //! held for the duration of every public call: takes the process-wide mutex when the library is not
@@ -502,10 +521,8 @@ class H5Store final : public LeafStore {
     ensure_open();
     ensure_writable("write");
     // validate everything first: a bad request leaves the file untouched
-    std::vector<Prepared> prepared;
-    prepared.reserve(writes.size());
-    for (const auto& w : writes) prepared.push_back(prepare_write(w));
-    for (size_t i = 0; i < writes.size(); ++i) do_write(writes[i]);
+    for (const auto& w : writes) check_write(w);
+    for (const auto& w : writes) do_write(w);
   }
 
   void create(const LeafPath& path, at::ScalarType dtype, const std::vector<int64_t>& shape, const at::Tensor& data,
@@ -533,6 +550,7 @@ class H5Store final : public LeafStore {
     if (auto k = kind_at(path)) throw KeyError(where(path) + ": already exists (a " + *k + ")");
     ensure_parents(path);
     forget(path);
+    StructureChange change(*this);  // bumps the generation when done, failed or not
 
     const CreateOptions& opt =
         (options.chunks.empty() && options.compression_level < 0 && !options.shuffle) ? defaults_ : options;
@@ -601,6 +619,7 @@ class H5Store final : public LeafStore {
     if (path.empty()) throw ValueError(describe() + ": cannot erase the root group");
     if (!link_exists(path)) return false;
     forget_all();  // the path may be a group, or the target of soft links cached under other paths
+    StructureChange change(*this);  // bumps the generation when done, failed or not
     if (H5Ldelete(root_.get(), rel_path(path).c_str(), H5P_DEFAULT) < 0) fail<BackendError>(path, "cannot delete");
     may_reuse_space_ = true;
     return true;
@@ -669,6 +688,7 @@ class H5Store final : public LeafStore {
     }
     ensure_parents(path);
     forget(path);
+    StructureChange change(*this);  // bumps the generation when done, failed or not
     Id lcpl = plist_id(H5Pcreate(H5P_LINK_CREATE));
     H5Pset_create_intermediate_group(lcpl.get(), 1);
     Id ds = dataset_id(H5Dcreate2(root_.get(), rel_path(path).c_str(), ftype.get(), space.get(), lcpl.get(),
@@ -774,6 +794,11 @@ class H5Store final : public LeafStore {
         may_reuse_space_ = true;
       clear_errors();
     }
+    // this process's stores of the file share its structure generation
+    struct stat opened;
+    generation_ = ::stat(file_.c_str(), &opened) == 0 ? file_generation(opened.st_dev, opened.st_ino)
+                                                       : std::make_shared<Generation>(0);
+    seen_generation_ = generation_->load();
     // the root group
     if (group_.empty()) {
       root_ = group_id(H5Gopen2(file_id_.get(), "/", H5P_DEFAULT));
@@ -1190,13 +1215,33 @@ class H5Store final : public LeafStore {
   }
   void forget_all() { datasets_.clear(); }
 
+  //! tells this process's other stores of the file that its structure changed (this store forgets itself)
+  void changed_structure() noexcept {
+    const uint64_t before = generation_->fetch_add(1);
+    if (before == seen_generation_) seen_generation_ = before + 1;  // no other store changed it meanwhile
+  }
+  //! calls changed_structure() at the end of a scope that changes the structure: after the change, so that a
+  //! store on another thread cannot keep what it opened while the change was under way
+  struct StructureChange {
+    H5Store& store;
+    explicit StructureChange(H5Store& s) : store(s) {}
+    StructureChange(const StructureChange&) = delete;
+    StructureChange& operator=(const StructureChange&) = delete;
+    ~StructureChange() { store.changed_structure(); }
+  };
+
   //! the dataset at `path`, opened once and kept (open_dataset's checks and errors on the first use)
   CachedDataset& cached_dataset(const LeafPath& path) {
     if (path.empty()) throw KeyError(describe() + ": the root is a group, not a dataset");
+    const uint64_t generation = generation_->load();
+    if (generation != seen_generation_) {  // another store of this process changed the file's structure
+      datasets_.clear();
+      seen_generation_ = generation;
+    }
     const std::string key = rel_path(path);
     auto it = datasets_.find(key);
     // the ids stay valid until this store closes them: another store's H5F_CLOSE_STRONG closes only the
-    // objects opened through its own file id (two_stores_on_one_file)
+    // objects opened through its own file id (two_stores_on_one_file); structure changes: generation_
     if (it != datasets_.end()) return *it->second;
     auto e = std::make_unique<CachedDataset>();
     e->ds = open_dataset(path);
@@ -1259,7 +1304,7 @@ class H5Store final : public LeafStore {
     return out;
   }
 
-  Prepared prepare_write(const LeafWrite& w) {
+  void check_write(const LeafWrite& w) {
     check_key(w.path);
     const Prepared& p = cached_tensor(w.path).p;
     if (!w.data.defined()) throw ValueError(where(w.path) + ": no data to write");
@@ -1275,7 +1320,6 @@ class H5Store final : public LeafStore {
     if (w.data.sizes() != at::IntArrayRef(expect))
       throw ValueError(where(w.path) + ": data of shape " + shape_str(w.data.sizes().vec()) + ", expected " +
                        shape_str(expect));
-    return p;
   }
 
   void do_write(const LeafWrite& w) {
@@ -1545,6 +1589,8 @@ class H5Store final : public LeafStore {
   CreateOptions defaults_;
   Id file_id_, root_;
   std::unordered_map<std::string, std::unique_ptr<CachedDataset>> datasets_;  //!< by rel_path; cleared before close
+  std::shared_ptr<Generation> generation_ = std::make_shared<Generation>(0);  //!< see file_generation()
+  uint64_t seen_generation_ = 0;  //!< the generation datasets_ is valid for
   bool may_reuse_space_ = false;  //!< freed file space may be reused: write fill values for new datasets
 };
 

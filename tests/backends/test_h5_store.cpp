@@ -528,6 +528,33 @@ BOOST_AUTO_TEST_CASE(open_datasets_follow_changes) {
   BOOST_TEST(same(read1(*r, {"x"}), at::tensor({0.0, 9.0, 2.0, 9.0, 4.0}, at::kDouble)));
 }
 
+BOOST_AUTO_TEST_CASE(stores_of_one_process_see_each_others_changes) {
+  // HDF5 lets one process open a file in several stores, read-write too: each keeps datasets open, so a
+  // structure change by one must reach the others
+  TempDir dir;
+  const std::string f = dir / "t.h5";
+  auto a = be::open_h5_store(f, be::H5Mode::Write);
+  a->create({"x"}, at::kLong, {3}, at::arange(3), {});
+  a->create({"g", "y"}, at::kInt, {2}, at::arange(2, at::kInt), {});
+  auto b = be::open_h5_store(f, be::H5Mode::ReadWrite);
+  const std::string link = dir / "hard-link.h5";
+  std::filesystem::create_hard_link(f, link);  // one file, another name: HDF5 and the store know it by inode
+  auto r = be::open_h5_store(link, be::H5Mode::Append, {"g"});
+  BOOST_TEST(same(read1(*a, {"x"}), at::arange(3)));
+  BOOST_TEST(same(read1(*b, {"x"}), at::arange(3)));
+  BOOST_TEST(same(read1(*r, {"y"}), at::arange(2, at::kInt)));
+  // rows written by one store: the same object in HDF5, seen at once
+  b->write({be::LeafWrite{{"x"}, false, {1}, at::tensor({7}, at::kLong)}});
+  BOOST_TEST(same(read1(*a, {"x"}), at::tensor({0, 7, 2}, at::kLong)));
+  // replaced by another store: a sees the new dataset, not the one it kept open
+  BOOST_TEST(b->erase({"x"}));
+  check_throws<tensordict::KeyError>([&] { read1(*a, {"x"}); }, {"/x", "no such dataset"});
+  b->create({"x"}, at::kDouble, {2}, at::full({2}, 1.5, at::kDouble), {});
+  BOOST_TEST(same(read1(*a, {"x"}), at::full({2}, 1.5, at::kDouble)));
+  a->write_non_tensor({"g", "y"}, {JsonValue(3), false});
+  check_throws<tensordict::TypeError>([&] { read1(*r, {"y"}); }, {"hard-link.h5", "/y", "non-tensor"});
+}
+
 BOOST_AUTO_TEST_CASE(soft_link_to_an_erased_dataset) {
   // a dataset kept open under a soft link's path: erasing its target must not leave it readable
   TempDir dir;
