@@ -9,15 +9,22 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <limits>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <unordered_map>
 #include <utility>
+
+#include <ATen/EmptyTensor.h>
 
 #include "tensordict/errors.hpp"
 
@@ -40,6 +47,22 @@ bool library_threadsafe() {
 std::recursive_mutex& library_mutex() {
   static std::recursive_mutex m;
   return m;
+}
+
+//! the structure generation of one file (by device and inode), shared by this process's stores of the file:
+//! HDF5 lets several stores of one process open a file (even read-write), and each store keeps datasets open,
+//! so a store that creates, erases or replaces a dataset bumps it and the others drop what they keep
+using Generation = std::atomic<uint64_t>;
+std::shared_ptr<Generation> file_generation(dev_t dev, ino_t ino) {
+  static std::mutex m;
+  static auto* files = new std::map<std::pair<dev_t, ino_t>, std::weak_ptr<Generation>>();  // never destroyed
+  std::lock_guard<std::mutex> lock(m);
+  for (auto it = files->begin(); it != files->end();) it = it->second.expired() ? files->erase(it) : std::next(it);
+  std::weak_ptr<Generation>& w = (*files)[{dev, ino}];
+  if (auto g = w.lock()) return g;
+  auto g = std::make_shared<Generation>(0);
+  w = g;
+  return g;
 }
 
 //! held for the duration of every public call: takes the process-wide mutex when the library is not
@@ -305,10 +328,14 @@ std::string rel_path(const LeafPath& p) {
   return s;
 }
 
+bool bad_part(const std::string& part) {
+  return part.empty() || part == "." || part == ".." || part.find('/') != std::string::npos ||
+         part.find('\0') != std::string::npos;
+}
+
 void check_path(const LeafPath& p, const std::string& where) {
   for (const auto& part : p)
-    if (part.empty() || part == "." || part == ".." || part.find('/') != std::string::npos ||
-        part.find('\0') != std::string::npos)
+    if (bad_part(part))
       throw ValueError(where + ": invalid key part '" + part + "' in " + join_path(p) +
                        " (HDF5 names cannot be empty, '.', '..' or hold '/')");
 }
@@ -494,10 +521,8 @@ class H5Store final : public LeafStore {
     ensure_open();
     ensure_writable("write");
     // validate everything first: a bad request leaves the file untouched
-    std::vector<Prepared> prepared;
-    prepared.reserve(writes.size());
-    for (const auto& w : writes) prepared.push_back(prepare_write(w));
-    for (size_t i = 0; i < writes.size(); ++i) do_write(writes[i], prepared[i]);
+    for (const auto& w : writes) check_write(w);
+    for (const auto& w : writes) do_write(w);
   }
 
   void create(const LeafPath& path, at::ScalarType dtype, const std::vector<int64_t>& shape, const at::Tensor& data,
@@ -524,6 +549,8 @@ class H5Store final : public LeafStore {
     }
     if (auto k = kind_at(path)) throw KeyError(where(path) + ": already exists (a " + *k + ")");
     ensure_parents(path);
+    forget(path);
+    StructureChange change(*this);  // bumps the generation when done, failed or not
 
     const CreateOptions& opt =
         (options.chunks.empty() && options.compression_level < 0 && !options.shuffle) ? defaults_ : options;
@@ -591,6 +618,8 @@ class H5Store final : public LeafStore {
     check_path(path, describe());
     if (path.empty()) throw ValueError(describe() + ": cannot erase the root group");
     if (!link_exists(path)) return false;
+    forget_all();  // the path may be a group, or the target of soft links cached under other paths
+    StructureChange change(*this);  // bumps the generation when done, failed or not
     if (H5Ldelete(root_.get(), rel_path(path).c_str(), H5P_DEFAULT) < 0) fail<BackendError>(path, "cannot delete");
     may_reuse_space_ = true;
     return true;
@@ -652,11 +681,14 @@ class H5Store final : public LeafStore {
     if (!space.valid()) fail<BackendError>(path, "cannot create the dataspace");
     if (auto k = kind_at(path)) {
       if (*k == "group") throw TypeError(where(path) + ": is a group, not a leaf");
+      forget_all();  // soft links elsewhere may have led to the dataset replaced here
       if (H5Ldelete(root_.get(), rel_path(path).c_str(), H5P_DEFAULT) < 0)
         fail<BackendError>(path, "cannot replace the dataset");
       may_reuse_space_ = true;
     }
     ensure_parents(path);
+    forget(path);
+    StructureChange change(*this);  // bumps the generation when done, failed or not
     Id lcpl = plist_id(H5Pcreate(H5P_LINK_CREATE));
     H5Pset_create_intermediate_group(lcpl.get(), 1);
     Id ds = dataset_id(H5Dcreate2(root_.get(), rel_path(path).c_str(), ftype.get(), space.get(), lcpl.get(),
@@ -678,6 +710,8 @@ class H5Store final : public LeafStore {
   void close() override {
     LibraryGuard g;
     if (!file_id_.valid()) return;
+    // the cached dataset ids first: H5F_CLOSE_STRONG would close them under the cache, leaving stale ids
+    datasets_.clear();
     root_.reset();
     hid_t f = file_id_.release();
     if (H5Fclose(f) < 0) throw BackendError(describe() + ": closing failed: " + hdf5_message());
@@ -688,6 +722,22 @@ class H5Store final : public LeafStore {
     at::ScalarType dtype = at::kFloat;
     std::vector<hsize_t> dims;
   };
+
+  //! an open dataset kept for tensor I/O, with what is derived from it. Valid while this store alone changes
+  //! the file's structure (a writer has the file to itself: HDF5's lock, and a second writer is refused).
+  struct CachedDataset {
+    Id ds, ftype, fspace;  //!< fspace: the file dataspace, its selection set anew by every transfer
+    TypeClass tc;
+    bool tensor_ready = false;  //!< p, mtype and read_type are set (a tensor dataset with a valid dataspace)
+    Prepared p;
+    Id mtype;      //!< the dtype's own type (writes; reads of every dtype but bool)
+    Id read_type;  //!< bool: the file's enum as native type (read as is, normalized to 0/1)
+    size_t row_bytes = 0;  //!< bytes of one row (dim 0) in memory
+    Id mspace;             //!< the memory dataspace of the last selection of `mspace_rows` rows
+    hsize_t mspace_rows = 0;
+  };
+  //! open datasets cached by path: far above the datasets of a TensorDict, bounded for files of many leaves
+  static constexpr size_t kMaxCachedDatasets = 4096;
 
   // ----------------------------------------------------------------------------- open / close
   void open() {
@@ -744,6 +794,11 @@ class H5Store final : public LeafStore {
         may_reuse_space_ = true;
       clear_errors();
     }
+    // this process's stores of the file share its structure generation
+    struct stat opened;
+    generation_ = ::stat(file_.c_str(), &opened) == 0 ? file_generation(opened.st_dev, opened.st_ino)
+                                                       : std::make_shared<Generation>(0);
+    seen_generation_ = generation_->load();
     // the root group
     if (group_.empty()) {
       root_ = group_id(H5Gopen2(file_id_.get(), "/", H5P_DEFAULT));
@@ -825,6 +880,7 @@ class H5Store final : public LeafStore {
   }
 
   void close_ids() {
+    datasets_.clear();
     root_.reset();
     file_id_.reset();
   }
@@ -837,6 +893,12 @@ class H5Store final : public LeafStore {
   }
 
   std::string where(const LeafPath& path) const { return describe() + ", dataset " + join_path(path); }
+
+  //! check_path(path, describe()), the message built only for a bad path (reads and writes of rows are hot)
+  void check_key(const LeafPath& path) const {
+    for (const auto& part : path)
+      if (bad_part(part)) check_path(path, describe());
+  }
 
   template <class E>
   [[noreturn]] void fail(const LeafPath& path, const std::string& what) const {
@@ -1038,23 +1100,6 @@ class H5Store final : public LeafStore {
   }
 
   // ----------------------------------------------------------------------------- tensor I/O
-  //! the tensor dataset at `path`: its dtype and dims
-  Prepared tensor_dataset(const LeafPath& path, hid_t ds) const {
-    Id ftype = type_id(H5Dget_type(ds));
-    if (!ftype.valid()) fail<FormatError>(path, "cannot read the datatype");
-    TypeClass tc = classify(ftype.get());
-    if (tc.kind == TypeClass::Unsupported) throw TypeError(where(path) + ": unsupported HDF5 type: " + tc.why);
-    if (tc.kind != TypeClass::Tensor) throw TypeError(where(path) + ": is a non-tensor dataset, not a tensor");
-    Prepared p;
-    p.dtype = tc.dtype;
-    Id space = space_id(H5Dget_space(ds));
-    p.dims = dataspace_dims(path, space.get());
-    std::vector<int64_t> shape(p.dims.begin(), p.dims.end());
-    if (checked_numel(shape) < 0 || checked_numel(shape) > std::numeric_limits<int64_t>::max() / 16)
-      throw FormatError(where(path) + ": shape " + shape_str(shape) + " overflows");
-    return p;
-  }
-
   void check_rows(const LeafPath& path, const std::vector<hsize_t>& dims, const std::vector<int64_t>& rows) const {
     if (dims.empty()) throw ValueError(where(path) + ": a zero-dim dataset can only be read or written whole");
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -1070,62 +1115,172 @@ class H5Store final : public LeafStore {
   //! ~37 s). Batches of kRunsPerTransfer runs (one H5Dread/H5Dwrite each) keep it linear.
   static constexpr size_t kRunsPerTransfer = 32;
 
-  //! reads (or writes) `rows` (ascending, unique) along dim 0 from (to) the contiguous buffer `buf` of
-  //! [rows.size(), dims[1:]...] elements of `mtype`: runs of consecutive rows, kRunsPerTransfer per transfer
-  void transfer_rows(const LeafPath& path, hid_t ds, hid_t mtype, const std::vector<hsize_t>& dims,
-                     const std::vector<int64_t>& rows, void* buf, bool write) const {
+  //! reads (or writes) `rows` (ascending, unique) along dim 0 of the cached dataset `e` from (to) the
+  //! contiguous buffer `buf` of [rows.size(), dims[1:]...] elements of `mtype`. Runs of consecutive rows of one
+  //! length whose starts are evenly spaced (one run, td[a:b:s], blocks of a regular pattern) are ONE strided
+  //! hyperslab and one transfer; other rows go as runs, kRunsPerTransfer per transfer.
+  void transfer_rows(const LeafPath& path, CachedDataset& e, hid_t mtype, const std::vector<int64_t>& rows, void* buf,
+                     bool write) {
+    if (rows.empty()) return;
+    if (!e.fspace.valid()) fail<FormatError>(path, "cannot read the dataspace");
+    const std::vector<hsize_t>& dims = e.p.dims;
     const size_t rank = dims.size();
-    size_t row_bytes = H5Tget_size(mtype);
-    for (size_t d = 1; d < rank; ++d) row_bytes *= static_cast<size_t>(dims[d]);
+    const hid_t fspace = e.fspace.get();
+    // inner dims: whole (stride = block = the dim: one block per row, never overlapping)
+    std::array<hsize_t, H5S_MAX_RANK> start{}, stride{}, count{}, block{}, mdims{};
+    for (size_t d = 1; d < rank; ++d) {
+      stride[d] = block[d] = mdims[d] = dims[d];
+      count[d] = 1;
+    }
+    auto transfer = [&](hsize_t n, size_t out_row) {
+      if (!e.mspace.valid() || e.mspace_rows != n) {
+        mdims[0] = n;
+        e.mspace = space_id(H5Screate_simple(static_cast<int>(rank), mdims.data(), nullptr));
+        e.mspace_rows = n;
+        if (!e.mspace.valid()) fail<BackendError>(path, "cannot create the memory dataspace");
+      }
+      char* p = static_cast<char*>(buf) + out_row * e.row_bytes;
+      if (write) {
+        if (H5Dwrite(e.ds.get(), mtype, e.mspace.get(), fspace, H5P_DEFAULT, p) < 0)
+          fail<BackendError>(path, "cannot write");
+      } else {
+        if (H5Dread(e.ds.get(), mtype, e.mspace.get(), fspace, H5P_DEFAULT, p) < 0)
+          fail<FormatError>(path, "cannot read");
+      }
+    };
+    // regular: runs of one length `len` whose starts are `step` apart (maximal runs: step > len)
+    const size_t n_rows = rows.size();
+    size_t len = 1;
+    while (len < n_rows && rows[len] == rows[len - 1] + 1) ++len;
+    bool regular = n_rows % len == 0;
+    const int64_t step = len < n_rows ? rows[len] - rows[0] : static_cast<int64_t>(len);
+    for (size_t i = len; regular && i < n_rows; ++i)
+      regular = rows[i] - rows[i - len] == step;  // periodic differences: runs of len, step apart
+    if (regular) {
+      start[0] = static_cast<hsize_t>(rows[0]);
+      stride[0] = static_cast<hsize_t>(step);
+      count[0] = static_cast<hsize_t>(n_rows / len);
+      block[0] = static_cast<hsize_t>(len);
+      if (H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), stride.data(), count.data(), block.data()) < 0)
+        fail<BackendError>(path, "cannot select rows");
+      transfer(static_cast<hsize_t>(n_rows), 0);
+      return;
+    }
     std::vector<std::pair<hsize_t, hsize_t>> runs;  // (first row, count)
-    for (size_t i = 0; i < rows.size();) {
+    for (size_t i = 0; i < n_rows;) {
       size_t j = i + 1;
-      while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+      while (j < n_rows && rows[j] == rows[j - 1] + 1) ++j;
       runs.emplace_back(static_cast<hsize_t>(rows[i]), static_cast<hsize_t>(j - i));
       i = j;
     }
-    Id fspace = space_id(H5Dget_space(ds));
-    if (!fspace.valid()) fail<FormatError>(path, "cannot read the dataspace");
-    std::vector<hsize_t> start(rank, 0), count(dims), mdims(dims);
     size_t out_row = 0;
+    stride[0] = 1;
+    block[0] = 1;
     for (size_t b = 0; b < runs.size(); b += kRunsPerTransfer) {
-      const size_t e = std::min(runs.size(), b + kRunsPerTransfer);
+      const size_t end = std::min(runs.size(), b + kRunsPerTransfer);
       hsize_t n = 0;
-      for (size_t k = b; k < e; ++k) {
+      for (size_t k = b; k < end; ++k) {
         start[0] = runs[k].first;
         count[0] = runs[k].second;
         n += runs[k].second;
-        if (H5Sselect_hyperslab(fspace.get(), k == b ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
-                                count.data(), nullptr) < 0)
+        if (H5Sselect_hyperslab(fspace, k == b ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), stride.data(),
+                                count.data(), block.data()) < 0)
           fail<BackendError>(path, "cannot select rows");
       }
-      mdims[0] = n;
-      Id mspace = space_id(H5Screate_simple(static_cast<int>(rank), mdims.data(), nullptr));
-      char* p = static_cast<char*>(buf) + out_row * row_bytes;
-      if (write) {
-        if (H5Dwrite(ds, mtype, mspace.get(), fspace.get(), H5P_DEFAULT, p) < 0) fail<BackendError>(path, "cannot write");
-      } else {
-        if (H5Dread(ds, mtype, mspace.get(), fspace.get(), H5P_DEFAULT, p) < 0) fail<FormatError>(path, "cannot read");
-      }
+      transfer(n, out_row);
       out_row += static_cast<size_t>(n);
     }
   }
 
-  at::Tensor allocate(const LeafPath& path, const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  at::Tensor allocate(const LeafPath& path, at::IntArrayRef shape, at::ScalarType dtype) const {
     try {
-      return at::empty(shape, at::TensorOptions().dtype(dtype));
+      return at::detail::empty_cpu(shape, dtype);  // at::empty without the dispatcher (~0.3 us a call)
     } catch (const std::bad_alloc&) {
     } catch (const c10::Error&) {
     }
-    throw BackendError(where(path) + ": cannot allocate a tensor of shape " + shape_str(shape));
+    throw BackendError(where(path) + ": cannot allocate a tensor of shape " + shape_str(shape.vec()));
+  }
+
+  // ----------------------------------------------------------------------------- dataset cache
+  //! forget the cached dataset at `path` (and below it)
+  void forget(const LeafPath& path) {
+    const std::string key = rel_path(path);
+    for (auto it = datasets_.begin(); it != datasets_.end();) {
+      const std::string& k = it->first;
+      if (k == key || (k.size() > key.size() && k.compare(0, key.size(), key) == 0 && k[key.size()] == '/'))
+        it = datasets_.erase(it);
+      else
+        ++it;
+    }
+  }
+  void forget_all() { datasets_.clear(); }
+
+  //! tells this process's other stores of the file that its structure changed (this store forgets itself)
+  void changed_structure() noexcept {
+    const uint64_t before = generation_->fetch_add(1);
+    if (before == seen_generation_) seen_generation_ = before + 1;  // no other store changed it meanwhile
+  }
+  //! calls changed_structure() at the end of a scope that changes the structure: after the change, so that a
+  //! store on another thread cannot keep what it opened while the change was under way
+  struct StructureChange {
+    H5Store& store;
+    explicit StructureChange(H5Store& s) : store(s) {}
+    StructureChange(const StructureChange&) = delete;
+    StructureChange& operator=(const StructureChange&) = delete;
+    ~StructureChange() { store.changed_structure(); }
+  };
+
+  //! the dataset at `path`, opened once and kept (open_dataset's checks and errors on the first use)
+  CachedDataset& cached_dataset(const LeafPath& path) {
+    if (path.empty()) throw KeyError(describe() + ": the root is a group, not a dataset");
+    const uint64_t generation = generation_->load();
+    if (generation != seen_generation_) {  // another store of this process changed the file's structure
+      datasets_.clear();
+      seen_generation_ = generation;
+    }
+    const std::string key = rel_path(path);
+    auto it = datasets_.find(key);
+    // the ids stay valid until this store closes them: another store's H5F_CLOSE_STRONG closes only the
+    // objects opened through its own file id (two_stores_on_one_file); structure changes: generation_
+    if (it != datasets_.end()) return *it->second;
+    auto e = std::make_unique<CachedDataset>();
+    e->ds = open_dataset(path);
+    e->ftype = type_id(H5Dget_type(e->ds.get()));
+    if (!e->ftype.valid()) fail<FormatError>(path, "cannot read the datatype");
+    e->tc = classify(e->ftype.get());
+    e->fspace = space_id(H5Dget_space(e->ds.get()));
+    if (datasets_.size() >= kMaxCachedDatasets) datasets_.clear();
+    return *datasets_.emplace(key, std::move(e)).first->second;
+  }
+
+  //! the tensor dataset at `path` (tensor_dataset's checks and errors), its dtype, dims and memory types set
+  CachedDataset& cached_tensor(const LeafPath& path) {
+    CachedDataset& e = cached_dataset(path);
+    if (e.tc.kind == TypeClass::Unsupported) throw TypeError(where(path) + ": unsupported HDF5 type: " + e.tc.why);
+    if (e.tc.kind != TypeClass::Tensor) throw TypeError(where(path) + ": is a non-tensor dataset, not a tensor");
+    if (e.tensor_ready) return e;
+    Prepared p;
+    p.dtype = e.tc.dtype;
+    p.dims = dataspace_dims(path, e.fspace.get());
+    std::vector<int64_t> shape(p.dims.begin(), p.dims.end());
+    if (checked_numel(shape) < 0 || checked_numel(shape) > std::numeric_limits<int64_t>::max() / 16)
+      throw FormatError(where(path) + ": shape " + shape_str(shape) + " overflows");
+    e.mtype = std::move(*h5_type_of(p.dtype));
+    if (p.dtype == at::kBool) e.read_type = type_id(H5Tget_native_type(e.ftype.get(), H5T_DIR_ASCEND));
+    clear_errors();
+    e.row_bytes = c10::elementSize(p.dtype);  // the memory types' size (bool: the file's 1-byte enum)
+    for (size_t d = 1; d < p.dims.size(); ++d) e.row_bytes *= static_cast<size_t>(p.dims[d]);
+    e.p = std::move(p);
+    e.tensor_ready = true;
+    return e;
   }
 
   at::Tensor read_one(const LeafRead& r) {
-    check_path(r.path, describe());
-    Id ds = open_dataset(r.path);
-    Prepared p = tensor_dataset(r.path, ds.get());
+    check_key(r.path);
+    CachedDataset& e = cached_tensor(r.path);
+    const Prepared& p = e.p;
     const bool whole = r.whole && r.rows.empty();
-    std::vector<int64_t> shape(p.dims.begin(), p.dims.end());
+    c10::SmallVector<int64_t, 8> shape(p.dims.begin(), p.dims.end());
     if (!whole) {
       check_rows(r.path, p.dims, r.rows);
       shape[0] = static_cast<int64_t>(r.rows.size());
@@ -1134,19 +1289,13 @@ class H5Store final : public LeafStore {
     if (out.numel() == 0) return out;
     // memory type: the dtype's own type (HDF5 converts byte order / float layouts); bool reads the file's
     // enum as is (no enum conversion), normalized to 0/1 below
-    Id mtype;
-    if (p.dtype == at::kBool) {
-      Id ftype = type_id(H5Dget_type(ds.get()));
-      mtype = type_id(H5Tget_native_type(ftype.get(), H5T_DIR_ASCEND));
-    } else {
-      mtype = std::move(*h5_type_of(p.dtype));
-    }
+    const Id& mtype = p.dtype == at::kBool ? e.read_type : e.mtype;
     if (!mtype.valid()) fail<FormatError>(r.path, "cannot build the memory type");
     if (whole) {
-      if (H5Dread(ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data_ptr()) < 0)
+      if (H5Dread(e.ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data_ptr()) < 0)
         fail<FormatError>(r.path, "cannot read");
     } else {
-      transfer_rows(r.path, ds.get(), mtype.get(), p.dims, r.rows, out.data_ptr(), /*write=*/false);
+      transfer_rows(r.path, e, mtype.get(), r.rows, out.data_ptr(), /*write=*/false);
     }
     if (p.dtype == at::kBool) {
       at::Tensor bytes = out.view(at::kByte);
@@ -1155,10 +1304,9 @@ class H5Store final : public LeafStore {
     return out;
   }
 
-  Prepared prepare_write(const LeafWrite& w) const {
-    check_path(w.path, describe());
-    Id ds = open_dataset(w.path);
-    Prepared p = tensor_dataset(w.path, ds.get());
+  void check_write(const LeafWrite& w) {
+    check_key(w.path);
+    const Prepared& p = cached_tensor(w.path).p;
     if (!w.data.defined()) throw ValueError(where(w.path) + ": no data to write");
     if (w.data.scalar_type() != p.dtype)
       throw TypeError(where(w.path) + ": data of dtype " + c10::toString(w.data.scalar_type()) +
@@ -1169,24 +1317,22 @@ class H5Store final : public LeafStore {
       check_rows(w.path, p.dims, w.rows);
       expect[0] = static_cast<int64_t>(w.rows.size());
     }
-    if (w.data.sizes().vec() != expect)
+    if (w.data.sizes() != at::IntArrayRef(expect))
       throw ValueError(where(w.path) + ": data of shape " + shape_str(w.data.sizes().vec()) + ", expected " +
                        shape_str(expect));
-    return p;
   }
 
-  void do_write(const LeafWrite& w, const Prepared& p) {
+  void do_write(const LeafWrite& w) {
     if (w.data.numel() == 0) return;
-    at::Tensor src = w.data.to(at::kCPU).contiguous();
+    at::Tensor src = (w.data.is_cpu() ? w.data : w.data.to(at::kCPU)).contiguous();
     if (src.is_conj()) src = src.resolve_conj();
     if (src.is_neg()) src = src.resolve_neg();
-    Id ds = open_dataset(w.path);
-    Id mtype = std::move(*h5_type_of(p.dtype));
+    CachedDataset& e = cached_tensor(w.path);
     if (w.whole && w.rows.empty()) {
-      if (H5Dwrite(ds.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, src.data_ptr()) < 0)
+      if (H5Dwrite(e.ds.get(), e.mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, src.data_ptr()) < 0)
         fail<BackendError>(w.path, "cannot write");
     } else {
-      transfer_rows(w.path, ds.get(), mtype.get(), p.dims, w.rows, src.data_ptr(), /*write=*/true);
+      transfer_rows(w.path, e, e.mtype.get(), w.rows, src.data_ptr(), /*write=*/true);
     }
   }
 
@@ -1442,6 +1588,9 @@ class H5Store final : public LeafStore {
   LeafPath group_;
   CreateOptions defaults_;
   Id file_id_, root_;
+  std::unordered_map<std::string, std::unique_ptr<CachedDataset>> datasets_;  //!< by rel_path; cleared before close
+  std::shared_ptr<Generation> generation_ = std::make_shared<Generation>(0);  //!< see file_generation()
+  uint64_t seen_generation_ = 0;  //!< the generation datasets_ is valid for
   bool may_reuse_space_ = false;  //!< freed file space may be reused: write fill values for new datasets
 };
 

@@ -12,6 +12,8 @@
 //! Errors name the file and the dataset and carry HDF5's own message (its error stack).
 //! Thread-safety: one store is used by one thread at a time (its actor); stores of different files may run
 //! on different threads (see backends/README.md: the library build is checked at run time).
+//! A store keeps the tensor datasets it reads or writes open until close(); the stores of one file in this
+//! process drop them when one of them creates, erases or replaces a dataset (backends/README.md).
 #include <memory>
 #include <optional>
 #include <string>
