@@ -691,6 +691,20 @@ TensorDict TensorDict::index(const Index& index) const {
   }
 }
 
+namespace {
+//! td[idx] = tensor / scalar on a remote node (HDF5, Redis): read the rows, write the value into them, write
+//! them back (one request each)
+template <class V>
+void remote_fill(TensorDict& td, const Index& index, const V& value) {
+  on_write_index([&] {
+    validate_for_node(td.batch_size(), index);
+    TensorDict rows = td.index(index).contiguous();
+    rows.index_put_(Index{}, value);
+    td.node()->write(index, rows);
+  });
+}
+}  // namespace
+
 TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) {
   if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined TensorDict");
   if (auto* lz = detail::lazy_node(*this)) {
@@ -723,13 +737,8 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) 
     });
     return *this;
   }
-  if (detail::is_remote(*this)) {  // read the rows, write the value into them, write them back (one request each)
-    on_write_index([&] {
-      validate_for_node(batch_size(), index);
-      TensorDict rows = this->index(index).contiguous();
-      rows.index_put_(Index{}, value);
-      node_->write(index, rows);
-    });
+  if (detail::is_remote(*this)) {
+    remote_fill(*this, index, value);
     return *this;
   }
   Prepared p = prepare_write(d()->batch_size, index);
@@ -746,12 +755,7 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) 
     return *this;
   }
   if (detail::is_remote(*this)) {
-    on_write_index([&] {
-      validate_for_node(batch_size(), index);
-      TensorDict rows = this->index(index).contiguous();
-      rows.index_put_(Index{}, value);
-      node_->write(index, rows);
-    });
+    remote_fill(*this, index, value);
     return *this;
   }
   Prepared p = prepare_write(d()->batch_size, index);

@@ -14,21 +14,7 @@ namespace {
 
 at::Tensor plus_one(const at::Tensor& t) { return t + 1; }
 
-//! runs body(td, ref) on a fresh td of every member, in a context naming it
-template <class F>
-void for_each_member(F&& body) {
-  for (const Member& m : conformance::members()) {
-    BOOST_TEST_CONTEXT("zoo member " << m.name) {
-      try {
-        TensorDict td = m.make();
-        TensorDict ref = td.contiguous().clone();
-        body(m, td, ref);
-      } catch (const std::exception& e) {  // name the member, go on with the others
-        BOOST_ERROR("zoo member " << m.name << ": unexpected exception: " << e.what());
-      }
-    }
-  }
-}
+using conformance::for_each_member;
 
 //! got has want's batch size and, for every tensor leaf of want, an equal leaf (got may hold more: a lazy
 //! stack's member keeps its exclusive keys, which the dense reference drops)

@@ -11,21 +11,7 @@ using conformance::Member;
 
 namespace {
 
-//! runs body(member, td, ref) on a fresh td of every member (ref: its dense form, cloned)
-template <class F>
-void each_member(F&& body) {
-  for (const Member& m : conformance::members()) {
-    BOOST_TEST_CONTEXT("zoo member " << m.name) {
-      try {
-        TensorDict td = m.make();
-        TensorDict ref = td.contiguous().clone();
-        body(m, td, ref);
-      } catch (const std::exception& e) {  // name the member, go on with the others
-        BOOST_ERROR("zoo member " << m.name << ": unexpected exception: " << e.what());
-      }
-    }
-  }
-}
+using conformance::for_each_member;
 
 at::Tensor longs(std::vector<int64_t> v) { return at::tensor(v, at::kLong); }
 at::Tensor mask(std::vector<int64_t> v) { return at::tensor(v, at::kLong).to(at::kBool); }
@@ -59,7 +45,7 @@ BOOST_AUTO_TEST_SUITE(parity)
 
 BOOST_AUTO_TEST_CASE(test_setitem_refuses_values_whose_batch_does_not_fit) {
   // upstream __setitem__: RuntimeError "indexed destination TensorDict batch size is ..." and nothing written
-  each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
+  for_each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
     if (!m.writable) return;
     auto refused = [](const RuntimeError& e) { return has(e, "indexed destination TensorDict batch size is"); };
     // buf[1:3] = td_of_batch_[2]: the other dims of the buffer differ
@@ -88,7 +74,7 @@ BOOST_AUTO_TEST_CASE(test_setitem_refuses_values_whose_batch_does_not_fit) {
 BOOST_AUTO_TEST_CASE(test_setitem_advanced_index_needs_the_leaf_dtype) {
   // torch's index_put_ (upstream's tensor[idx] = value): a float64 [1, 3] broadcast into two rows of float32
   // leaves through a fancy index or a mask raises RuntimeError; with a slice it is converted
-  each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
+  for_each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
     if (!m.writable) return;
     TensorDict ab = td.select({"a", "b"});
     const at::Tensor v = at::ones({1, 1}, at::kDouble);
@@ -108,7 +94,7 @@ BOOST_AUTO_TEST_CASE(test_malformed_indices_raise_runtime_error) {
   // upstream _getitem_batch_size / convert_ellipsis_to_idx: RuntimeError for a mask of the wrong shape,
   // index tensors that do not broadcast together, two ellipses and too many indices in a write; reads keep
   // torch's IndexError for out-of-range and too many indices
-  each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
+  for_each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
     BOOST_CHECK_THROW(td.index({mask({1, 0, 1})}), RuntimeError);
     BOOST_CHECK_THROW(td.index({longs({0, 1}), longs({0, 1, 2})}), RuntimeError);
     BOOST_CHECK_THROW(td.index({Ellipsis, 0, Ellipsis}), RuntimeError);
@@ -126,7 +112,7 @@ BOOST_AUTO_TEST_CASE(test_malformed_indices_raise_runtime_error) {
 
 BOOST_AUTO_TEST_CASE(test_index_full_slices_return_self) {
   // upstream: td[:], td[...], and full slices beyond the batch dims return the TensorDict itself
-  each_member([](const Member&, const TensorDict& td, const TensorDict&) {
+  for_each_member([](const Member&, const TensorDict& td, const TensorDict&) {
     BOOST_TEST(td.index({Slice()}).is_same(td));
     BOOST_TEST(td.index({Ellipsis}).is_same(td));
     BOOST_TEST(td.index({Slice(), Slice(), Slice(), Slice()}).is_same(td));
@@ -140,7 +126,7 @@ BOOST_AUTO_TEST_CASE(test_index_full_slices_return_self) {
 
 BOOST_AUTO_TEST_CASE(test_dim_errors_are_upstreams) {
   // unsqueeze / cat / all / any: RuntimeError; permute / transpose: ValueError; view: AssertionError
-  each_member([](const Member&, const TensorDict& td, const TensorDict&) {
+  for_each_member([](const Member&, const TensorDict& td, const TensorDict&) {
     BOOST_CHECK_THROW(td.unsqueeze(5), RuntimeError);
     BOOST_CHECK_THROW(td.unsqueeze(-6), RuntimeError);
     BOOST_CHECK_THROW(cat({td, td}, 4), RuntimeError);
@@ -158,7 +144,7 @@ BOOST_AUTO_TEST_CASE(test_dim_errors_are_upstreams) {
 
 BOOST_AUTO_TEST_CASE(test_stack_and_cat_dims_as_torch) {
   // torch.stack accepts -(n+1) ... n for n batch dims; cat accepts -n ... n-1
-  each_member([](const Member&, const TensorDict& td, const TensorDict& ref) {
+  for_each_member([](const Member&, const TensorDict& td, const TensorDict& ref) {
     for (int64_t dim = -5; dim <= 4; ++dim) {
       BOOST_TEST_CONTEXT("stack dim " << dim) {
         TensorDict s = stack({td, td}, dim).contiguous();
@@ -180,7 +166,7 @@ BOOST_AUTO_TEST_CASE(test_stack_and_cat_dims_as_torch) {
 
 BOOST_AUTO_TEST_CASE(test_nested_key_through_a_tensor) {
   // upstream: ValueError when setting ("a", "x") with "a" a tensor, AttributeError when getting it
-  each_member([](const Member&, TensorDict td, const TensorDict&) {
+  for_each_member([](const Member&, TensorDict td, const TensorDict&) {
     BOOST_CHECK_THROW(td.set({"a", "x"}, at::zeros({4, 3, 2, 1})), ValueError);
     BOOST_CHECK_THROW(td.get({"a", "x"}), AttributeError);
     BOOST_CHECK_THROW(td.get_entry({"a", "x"}), AttributeError);
@@ -191,7 +177,7 @@ BOOST_AUTO_TEST_CASE(test_nested_key_through_a_tensor) {
 BOOST_AUTO_TEST_CASE(test_reduction_without_dim_reduces_every_dim) {
   // v0.14: sum() / mean() without dim reduce every dim of each leaf; dim may be a tuple; reduce=True gives one
   // tensor; mean of integer leaves raises as torch.mean
-  each_member([](const Member&, const TensorDict& td, const TensorDict& ref) {
+  for_each_member([](const Member&, const TensorDict& td, const TensorDict& ref) {
     TensorDict s = td.sum();
     BOOST_TEST(s.batch_size().empty());
     for (const char* k : {"a", "b", "c"}) {
@@ -223,7 +209,7 @@ BOOST_AUTO_TEST_CASE(test_reduction_without_dim_reduces_every_dim) {
 
 BOOST_AUTO_TEST_CASE(test_reflected_and_inplace_arithmetic) {
   // upstream __rsub__ / __rtruediv__, -= /= (and += *= with tensors), comparisons with tensors
-  each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
+  for_each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
     TensorDict r = 2 - td;
     BOOST_TEST(r.get("a").equal(2 - ref.get("a")));
     BOOST_TEST(r.get("c").equal(2 - ref.get("c")));
@@ -267,7 +253,7 @@ BOOST_AUTO_TEST_CASE(test_reflected_and_inplace_arithmetic) {
 
 BOOST_AUTO_TEST_CASE(test_exclude_inplace_on_locked) {
   // upstream allows exclude(..., inplace=True) on a locked (memmap, shared) TensorDict
-  each_member([](const Member&, TensorDict td, const TensorDict&) {
+  for_each_member([](const Member&, TensorDict td, const TensorDict&) {
     td.lock_();
     // a memmap / shared store (zero-copy views of its snapshot) cannot remove keys at all (locked or not);
     // the HDF5 and Redis nodes erase them in their storage
@@ -284,7 +270,7 @@ BOOST_AUTO_TEST_CASE(test_exclude_inplace_on_locked) {
 
 BOOST_AUTO_TEST_CASE(test_update_with_keys_to_update) {
   // upstream update_(other, keys_to_update=...): only those keys are written, in place
-  each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
+  for_each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
     if (!m.writable) return;
     TensorDict other = (ref.select({"a", "b"}) + 1);
     td.update_(other, {"a"});

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/test/unit_test.hpp>
+
 #include "engine/fixtures.hpp"
 #include "redis_server.hpp"
 #include "engine/zoo.hpp"
@@ -145,6 +147,23 @@ inline std::vector<Member> members() {
                  },
                  true});
   return out;
+}
+
+//! runs body(member, td, ref) on a fresh td of every member (ref: its dense form, cloned), in a Boost.Test
+//! context naming the member; an exception fails that member and the others still run
+template <class F>
+void for_each_member(F&& body) {
+  for (const Member& m : members()) {
+    BOOST_TEST_CONTEXT("zoo member " << m.name) {
+      try {
+        TensorDict td = m.make();
+        TensorDict ref = td.contiguous().clone();
+        body(m, td, ref);
+      } catch (const std::exception& e) {
+        BOOST_ERROR("zoo member " << m.name << ": unexpected exception: " << e.what());
+      }
+    }
+  }
 }
 
 }  // namespace conformance
