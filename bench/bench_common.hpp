@@ -1,5 +1,5 @@
 #pragma once
-//! Timing helpers shared by bench_h5 and bench_redis: alternating samples of "ours" and "raw", medians,
+//! Timing helpers shared by bench_h5, bench_redis and bench_storage: alternating samples of "ours" and "raw", medians,
 //! and a small ordered JSON builder. Header-only; not part of the library.
 #include <algorithm>
 #include <chrono>

@@ -25,11 +25,17 @@
 #include <tensordict/tensordict.hpp>
 #include <torch/serialize.h>
 
+#include "bench_common.hpp"
+
 using namespace tensordict;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 namespace {
+
+using benchutil::fmt;
+using benchutil::Json;
+using benchutil::median;
 
 volatile double g_sink = 0;
 
@@ -37,12 +43,6 @@ double seconds_of(const std::function<void()>& f) {
   auto t0 = Clock::now();
   f();
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 //! median seconds of `reps` runs of f; `before` runs untimed before each (cleanup, dropping results)
@@ -54,36 +54,6 @@ double median_seconds(int reps, const std::function<void()>& f, const std::funct
   }
   return median(s);
 }
-
-std::string fmt(double v, int prec = 1) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(prec);
-  os << v;
-  return os.str();
-}
-
-//! a tiny ordered JSON object builder (numbers and nested objects only)
-struct Json {
-  std::vector<std::pair<std::string, std::string>> kv;
-  Json& num(const std::string& k, double v, int prec = 1) {
-    kv.emplace_back(k, fmt(v, prec));
-    return *this;
-  }
-  Json& str(const std::string& k, const std::string& v) {
-    kv.emplace_back(k, "\"" + v + "\"");
-    return *this;
-  }
-  Json& obj(const std::string& k, const Json& j) {
-    kv.emplace_back(k, j.dump());
-    return *this;
-  }
-  std::string dump() const {
-    std::string s = "{";
-    for (size_t i = 0; i < kv.size(); ++i) s += (i ? ", " : "") + ("\"" + kv[i].first + "\": ") + kv[i].second;
-    return s + "}";
-  }
-};
 
 constexpr double kMiB = 1024.0 * 1024.0;
 

@@ -407,6 +407,20 @@ std::vector<LeafInfo> RedisStore::list() {
   return out;
 }
 
+namespace {
+//! the distinct paths of `items` (LeafReads or LeafWrites) whose metadata is not cached yet
+template <class Items>
+std::vector<LeafPath> uncached(const Items& items, const std::map<std::string, RedisLeafMeta>& cache) {
+  std::vector<LeafPath> missing;
+  std::set<std::string> seen;
+  for (const auto& it : items) {
+    std::string j = redis_join_path(it.path);
+    if (!cache.count(j) && seen.insert(j).second) missing.push_back(it.path);
+  }
+  return missing;
+}
+}  // namespace
+
 std::vector<at::Tensor> RedisStore::read(const std::vector<LeafRead>& reads) {
   if (reads.empty()) return {};
   std::vector<size_t> bad;
@@ -422,13 +436,7 @@ std::vector<at::Tensor> RedisStore::read(const std::vector<LeafRead>& reads) {
 
 std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads, std::vector<size_t>* bad) {
   // metadata of every leaf (cached; the missing ones in one pipeline)
-  std::vector<LeafPath> missing;
-  std::set<std::string> seen;
-  for (const auto& r : reads) {
-    std::string j = redis_join_path(r.path);
-    if (!meta_cache_.count(j) && seen.insert(j).second) missing.push_back(r.path);
-  }
-  if (!missing.empty()) fetch_meta(missing);
+  if (auto missing = uncached(reads, meta_cache_); !missing.empty()) fetch_meta(missing);
 
   enum class Op { Get, GetRange, Ranges, None };
   struct Plan {
@@ -573,13 +581,7 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
 
 void RedisStore::write(const std::vector<LeafWrite>& writes) {
   if (writes.empty()) return;
-  std::vector<LeafPath> missing;
-  std::set<std::string> seen;
-  for (const auto& w : writes) {
-    std::string j = redis_join_path(w.path);
-    if (!meta_cache_.count(j) && seen.insert(j).second) missing.push_back(w.path);
-  }
-  if (!missing.empty()) fetch_meta(missing);
+  if (auto missing = uncached(writes, meta_cache_); !missing.empty()) fetch_meta(missing);
 
   std::vector<at::Tensor> keep;  // payloads are borrowed by the commands
   std::vector<RedisCommand> cmds;
