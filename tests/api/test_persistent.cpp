@@ -243,4 +243,16 @@ BOOST_AUTO_TEST_CASE(storage_spec_reopens_the_file) {
   BOOST_CHECK_THROW(StorageSpec::of(ro.index({1})), ValueError);
 }
 
+BOOST_AUTO_TEST_CASE(per_row_non_tensor_writes_are_refused) {
+  // HDF5 keeps one non-tensor value per dataset: a write of one row's value is refused, the file unchanged
+  TempDir dir("persistent");
+  TensorDict td({{"x", at::zeros({3})}}, {3});
+  td.set("name", Entry(JsonValue("all")));
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(td, dir.path + "/nt.h5");
+  TensorDict row({{"x", at::ones({})}}, {});
+  row.set("name", Entry(JsonValue("one")));
+  BOOST_CHECK_THROW(h5.index_put_({1}, row), NotImplementedError);
+  BOOST_TEST(h5.get_non_tensor("name").as_string() == "all");
+}
+
 BOOST_AUTO_TEST_SUITE_END()

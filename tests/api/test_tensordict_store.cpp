@@ -221,4 +221,25 @@ BOOST_AUTO_TEST_CASE(closed_store_views_fail_with_a_typed_error) {
   BOOST_CHECK_THROW(s.index_put_({0}, at::Scalar(1)), BackendError);
 }
 
+BOOST_AUTO_TEST_CASE(non_tensors_whole_per_row_and_refused) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  TensorDict td({{"x", at::zeros({3})}}, {3});
+  td.set("name", Entry(JsonValue("all")));
+  TensorDictStore s = TensorDictStore::from_tensordict(td, o);
+  BOOST_TEST(s.get_non_tensor("name").as_string() == "all");
+  // one row written: upstream's json_array, the other rows keep the broadcast value
+  TensorDict row({{"x", at::ones({})}}, {});
+  row.set("name", Entry(JsonValue("one")));
+  s.index_put_({1}, row);
+  Entry e = s.get_entry("name");
+  BOOST_REQUIRE(e.is_non_tensor_stack());
+  BOOST_TEST(e.non_tensor_stack().at(0).as_string() == "all");
+  BOOST_TEST(e.non_tensor_stack().at(1).as_string() == "one");
+  // a NonTensorStack over two batch dims has no place in the layout (one value per row along dim 0)
+  TensorDict two({{"x", at::zeros({2, 2})}}, {2, 2});
+  two.set("s", Entry(NonTensorStack({JsonValue("a"), JsonValue("b"), JsonValue("c"), JsonValue("d")}, {2, 2})));
+  BOOST_CHECK_THROW(TensorDictStore::from_tensordict(two, o), NotImplementedError);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
