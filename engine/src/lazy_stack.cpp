@@ -427,7 +427,7 @@ std::shared_ptr<Node> LazyStackNode::index(const Index& index) const {
       break;
   }
   if (locked && !out.is_locked()) out.lock_();
-  return out.node();
+  return out.node_with_schema();  // a typed member stays typed
 }
 
 void LazyStackNode::index_put(const Index& index, const TensorDict* td_value, const at::Tensor* tensor_value,

@@ -587,6 +587,7 @@ TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape
 std::string TensorDict::memmap_prefix() const { return d()->memmap_prefix; }
 
 std::string TensorDict::type_name() const {
+  if (typed_) return typed_->name;
   if (!is_dense() && node() && !node()->dense_view()) return node()->type_name();
   if (d()->type_repr.empty()) return "TensorDict";
   // "<class 'pkg.mod.Name'>" -> "Name"

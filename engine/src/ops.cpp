@@ -720,6 +720,7 @@ bool equal_entries(const Entry& a, const Entry& b) {
 
 // ================================================================================================ apply family
 TensorDict TensorDict::apply(const LeafFn& fn, const ApplyOptions& options) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).apply(fn, options));
   if (!fn) throw ValueError("apply: fn is empty");
   if (detail::is_remote(*this)) return contiguous().apply(fn, options);  // a remote node: on its dense form
   if (auto* lz = detail::lazy_node(*this)) {  // member by member: a lazy stack again (upstream test_stack_apply)
@@ -736,6 +737,7 @@ TensorDict TensorDict::apply(const LeafFn& fn, const ApplyOptions& options) cons
 
 TensorDict TensorDict::apply(const MultiLeafFn& fn, const std::vector<TensorDict>& others,
                              const ApplyOptions& options) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).apply(fn, others, options));
   if (!fn) throw ValueError("apply: fn is empty");
   if (detail::is_remote(*this)) return contiguous().apply(fn, others, options);  // a remote node: on its dense form
   ApplyCall c;
@@ -783,6 +785,7 @@ TensorDict& TensorDict::apply_(const MultiLeafFn& fn, const std::vector<TensorDi
 }
 
 TensorDict TensorDict::named_apply(const NamedLeafFn& fn, const ApplyOptions& options) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).named_apply(fn, options));
   if (!is_dense()) return contiguous().named_apply(fn, options);  // another node kind: on its dense form
   if (!fn) throw ValueError("named_apply: fn is empty");
   ApplyCall c;

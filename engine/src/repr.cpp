@@ -342,6 +342,12 @@ std::string lazy_repr(const TensorDict& td, const LazyStackNode& lz) {
 }
 
 std::string td_repr(const TensorDict& td) {
+  if (td.typed_schema()) {  // a typed wrapper: its storage's repr under the class's name
+    std::string r = td_repr(td.with_schema(nullptr));
+    const std::string dense = "TensorDict(";
+    if (r.compare(0, dense.size(), dense) == 0) r = td.typed_schema()->name + "(" + r.substr(dense.size());
+    return r;
+  }
   if (const LazyStackNode* lz = detail::lazy_node(td)) return lazy_repr(td, *lz);
   if (!td.is_dense()) {
     if (auto view = td.node()->dense_view()) return td_repr(TensorDict(view));  // a store: its storage

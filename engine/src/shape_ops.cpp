@@ -342,6 +342,7 @@ TensorDict TensorDict::transpose(int64_t dim0, int64_t dim1) const {
 }
 
 TensorDict TensorDict::expand(BatchSize shape) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).expand(shape));
   if (!is_dense()) return contiguous().expand(shape);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   const size_t nd = bs.size();
@@ -380,6 +381,7 @@ TensorDict TensorDict::expand(BatchSize shape) const {
 
 // ============================================================================ unbind / split / chunk
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).unbind(dim));
   if (detail::is_remote(*this)) return contiguous().unbind(dim);  // a remote node: on its dense form
   if (auto* lz = detail::lazy_node(*this)) {
     const int64_t dd = detail::normalize_dim(dim, batch_dims());
@@ -473,6 +475,7 @@ std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
 }
 
 TensorDict TensorDict::to_tensordict() const {
+  if (typed_) return with_schema(nullptr).to_tensordict();  // a plain TensorDict, whatever wrapped it
   if (is_dense() || (node() && node()->dense_view())) return clone();
   return contiguous();  // a lazy stack or a remote node: a new dense TensorDict already
 }

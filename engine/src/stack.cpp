@@ -347,9 +347,24 @@ bool all_dense(const std::vector<TensorDict>& tds) {
     if (td.defined() && !td.is_dense()) return false;
   return true;
 }
+//! the schema every input carries (typed wrappers of one class), or null; `plain` gets the inputs untyped
+std::shared_ptr<const TypedSchema> common_schema(const std::vector<TensorDict>& tds, std::vector<TensorDict>& plain) {
+  if (tds.empty() || !tds[0].typed_schema()) return nullptr;
+  const auto& s = tds[0].typed_schema();
+  for (const auto& t : tds)
+    if (!t.typed_schema() || t.typed_schema()->name != s->name) return nullptr;
+  plain.reserve(tds.size());
+  for (const auto& t : tds) plain.push_back(t.with_schema(nullptr));
+  return s;
+}
+
 }  // namespace
 
 TensorDict stack(const std::vector<TensorDict>& tds_in, int64_t dim, std::optional<TensorDict> out) {
+  {
+    std::vector<TensorDict> plain;
+    if (auto s = common_schema(tds_in, plain)) return stack(plain, dim, out).with_schema(s);
+  }
   check_inputs("stack", tds_in);
   const std::vector<TensorDict> tds = dense_levels(tds_in);
   if (!all_dense(tds)) {
@@ -368,6 +383,10 @@ TensorDict stack(const std::vector<TensorDict>& tds_in, int64_t dim, std::option
 }
 
 TensorDict cat(const std::vector<TensorDict>& tds_in, int64_t dim, std::optional<TensorDict> out) {
+  {
+    std::vector<TensorDict> plain;
+    if (auto s = common_schema(tds_in, plain)) return cat(plain, dim, out).with_schema(s);
+  }
   check_inputs("cat", tds_in);
   const std::vector<TensorDict> tds = dense_levels(tds_in);
   if (!all_dense(tds)) return cat(densified(tds), dim, out);

@@ -250,7 +250,7 @@ using detail::throw_missing_key;
 
 // ============================================================================ Entry
 Entry::Entry(at::Tensor t) : kind_(Kind::Tensor), tensor_(std::move(t)) {}
-Entry::Entry(TensorDict td) : kind_(Kind::TensorDict), td_(td.node()) {
+Entry::Entry(TensorDict td) : kind_(Kind::TensorDict), td_(td.node()), typed_(td.typed_schema()) {
   if (!td_) throw TypeError("cannot make an entry of an undefined TensorDict");
 }
 Entry::Entry(NonTensorData d) : kind_(Kind::NonTensorData), nt_(std::move(d)) {}
@@ -281,6 +281,7 @@ const at::Tensor& Entry::tensor() const {
 }
 TensorDict Entry::tensordict() const {
   if (kind_ != Kind::TensorDict) wrong_kind(Kind::TensorDict, kind_);
+  if (typed_) return TensorDict(td_).with_schema(typed_);
   return TensorDict(td_);
 }
 const NonTensorData& Entry::non_tensor_data() const {
@@ -455,7 +456,18 @@ static TensorDictImpl* as_dense(const std::shared_ptr<Node>& node) {
   return node && node->kind() == NodeType::Dense ? static_cast<TensorDictImpl*>(node.get()) : nullptr;
 }
 
-TensorDict::TensorDict(std::shared_ptr<Node> node) : node_(std::move(node)), dense_(as_dense(node_)) {}
+TensorDict::TensorDict(std::shared_ptr<Node> node) : node_(std::move(node)) {
+  if (node_ && node_->kind() == NodeType::Typed) std::tie(node_, typed_) = detail::unwrap_typed_node(node_);
+  dense_ = as_dense(node_);
+}
+
+TensorDict TensorDict::with_schema(std::shared_ptr<const TypedSchema> schema) const {
+  TensorDict out = *this;
+  out.typed_ = std::move(schema);
+  return out;
+}
+
+std::shared_ptr<Node> TensorDict::node_with_schema() const { return detail::make_typed_node(node_, typed_); }
 TensorDict::TensorDict(std::shared_ptr<TensorDictImpl> impl) : node_(std::move(impl)), dense_(as_dense(node_)) {}
 
 std::shared_ptr<TensorDictImpl> TensorDict::impl() const {
@@ -1132,6 +1144,7 @@ TensorDict TensorDict::empty(bool recurse) const {
 }
 
 TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, bool inplace) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).select(keys, strict, inplace));
   if (detail::is_remote(*this)) {
     if (inplace) throw NotImplementedError("select(..., inplace=true) on a " + node_->type_name() + ": use exclude or del");
     return contiguous().select(keys, strict);  // a remote node: on its dense form
@@ -1202,6 +1215,7 @@ static void exclude_into(const TensorDictImpl& src, TensorDictImpl& dst, const s
 }
 
 TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).exclude(keys, inplace));
   if (detail::is_remote(*this) && !inplace) return contiguous().exclude(keys);  // a remote node: on its dense form
   if (auto* lz = detail::lazy_node(*this)) {
     std::vector<TensorDict> parts;
@@ -1323,6 +1337,7 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace
 
 // ============================================================================ clone, to
 TensorDict TensorDict::clone(bool recurse) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).clone(recurse));
   if (detail::is_remote(*this)) return contiguous();  // a remote node: its dense form is a copy already
   if (auto* lz = detail::lazy_node(*this)) {
     std::vector<TensorDict> members;

@@ -10,6 +10,7 @@
 
 #include "tensordict/node.hpp"
 #include "tensordict/tensor_dict.hpp"
+#include "tensordict/typed_schema.hpp"
 
 namespace tensordict {
 
@@ -71,6 +72,21 @@ struct TensorDictImpl : Node {
 };
 
 namespace detail {
+
+//! the typed node over `source` (tensordict/typed_schema.hpp); `source` itself when schema is null
+std::shared_ptr<Node> make_typed_node(std::shared_ptr<Node> source, std::shared_ptr<const TypedSchema> schema);
+//! the source under any typed nodes, and the outermost schema (null when `node` is not typed)
+std::pair<std::shared_ptr<Node>, std::shared_ptr<const TypedSchema>> unwrap_typed_node(std::shared_ptr<Node> node);
+//! `out` under the schema of `like` (upstream's _wrap_td: results of ops keep the typed class, unvalidated)
+inline TensorDict keep_type(const TensorDict& like, TensorDict out) {
+  if (like.typed_schema() && out.defined()) return out.with_schema(like.typed_schema());
+  return out;
+}
+inline std::vector<TensorDict> keep_type(const TensorDict& like, std::vector<TensorDict> out) {
+  if (like.typed_schema())
+    for (auto& t : out) t = keep_type(like, std::move(t));
+  return out;
+}
 
 std::string shape_str(at::IntArrayRef shape);          //!< "torch.Size([3, 4])"
 std::string shape_list(at::IntArrayRef shape);         //!< "[3, 4]"

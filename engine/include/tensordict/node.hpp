@@ -14,7 +14,8 @@
 
 namespace tensordict {
 
-enum class NodeType { Dense, LazyStack, Store };
+//! Typed: a typed handle in node form (tensordict/typed_schema.hpp); TensorDict(node) unwraps it at once
+enum class NodeType { Dense, LazyStack, Store, Typed };
 
 //! what a node can do; replaces tests of is_memmap() || is_shared() in the algorithms
 struct NodeCaps {

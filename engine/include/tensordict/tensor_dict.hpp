@@ -29,6 +29,7 @@ struct MapOptions;
 class MapIter;
 class LazyStackedTensorDict;
 struct StorageOptions;
+struct TypedSchema;
 //! fn for map/map_iter: gets one chunk, returns its result (undefined TensorDict = upstream's None)
 using MapFn = std::function<TensorDict(const TensorDict&)>;
 
@@ -399,6 +400,14 @@ class TensorDict {
   //! a handle over any node (tensordict/node.hpp)
   explicit TensorDict(std::shared_ptr<Node> node);
   const std::shared_ptr<Node>& node() const { return node_; }
+
+  // ---------------------------------------------------------------- typed wrappers (tensordict/typed.hpp)
+  //! the schema of the typed wrapper this handle is (TypedTensorDict / TensorClass), or null
+  const std::shared_ptr<const TypedSchema>& typed_schema() const { return typed_; }
+  //! the same storage under another schema (null: a plain TensorDict); no validation, no copy
+  TensorDict with_schema(std::shared_ptr<const TypedSchema> schema) const;
+  //! node() wrapped with the schema when there is one: what a node that hands out this TensorDict returns
+  std::shared_ptr<Node> node_with_schema() const;
   //! the node is the dense kind (in-memory, memmap or shared leaves)
   bool is_dense() const { return dense_ != nullptr; }
   //! internal (engine and upper layers): the dense node; NotImplementedError naming the node's type when
@@ -411,6 +420,7 @@ class TensorDict {
   TensorDictImpl* d(const char* what = nullptr) const;
   std::shared_ptr<Node> node_;
   TensorDictImpl* dense_ = nullptr;  //!< node_ when it is dense (the fast paths), else nullptr
+  std::shared_ptr<const TypedSchema> typed_;  //!< the typed wrapper's schema, or null
 };
 
 //! the value at a key: a tensor, a sub-TensorDict, a NonTensorData, a NonTensorStack, or (only as
@@ -453,6 +463,7 @@ class Entry {
   Kind kind_ = Kind::None;
   at::Tensor tensor_;
   std::shared_ptr<Node> td_;
+  std::shared_ptr<const TypedSchema> typed_;  //!< a typed sub-TensorDict's schema
   NonTensorData nt_;
   NonTensorStack nts_;
   std::shared_ptr<Dict> dict_;
