@@ -6,6 +6,7 @@
 #include "tensordict/backends/redis_store.hpp"
 #include "tensordict/config.hpp"
 #include "tensordict/engine.hpp"
+#include "tensordict/typed_schema.hpp"
 
 namespace tensordict {
 
@@ -112,7 +113,22 @@ TensorDictStore TensorDictStore::from_tensordict(const TensorDict& td, const Red
   if (!td.defined()) throw ValueError("TensorDictStore.from_tensordict: the TensorDict is undefined");
   auto tree = create(td.batch_size(), options);
   remote::upload_all(*tree, {}, td);
-  return TensorDictStore(remote::make_remote(tree));
+  TensorDictStore out(remote::make_remote(tree));
+  // a TensorClass's TensorDict: its class path, as Python's from_tensordict(tc) stores it
+  if (td.typed_schema() && td.typed_schema()->tensorclass) out.set_tensorclass(td.typed_schema()->class_path);
+  return out;
+}
+
+std::string TensorDictStore::tensorclass() const {
+  std::string out;
+  node_of(*this).tree()->client()->run(
+      [&](backends::LeafStore& s) { out = dynamic_cast<backends::RedisStore&>(s).tensorclass(); });
+  return out;
+}
+
+void TensorDictStore::set_tensorclass(const std::string& class_path) const {
+  node_of(*this).tree()->client()->run(
+      [&](backends::LeafStore& s) { dynamic_cast<backends::RedisStore&>(s).set_tensorclass(class_path); });
 }
 
 TensorDictStore TensorDictStore::from_schema(const Schema& schema, const BatchSize& batch_size,

@@ -345,6 +345,16 @@ void RedisStore::set_device(const std::string& device) {
   client().command(RedisCommand{"SET", key("__device__"), device});
 }
 
+std::string RedisStore::tensorclass() const {
+  RedisReply r = client().command(RedisCommand{"GET", key("__tensorclass__")});
+  if (r.is_error()) redis_reply_error(r, key("__tensorclass__"));
+  return r.is_nil() ? std::string() : r.str;
+}
+
+void RedisStore::set_tensorclass(const std::string& class_path) {
+  client().command(RedisCommand{"SET", key("__tensorclass__"), class_path});
+}
+
 std::vector<std::string> RedisStore::members() const {
   RedisReply r = client().command(RedisCommand{"SMEMBERS", key("__keys__")});
   std::vector<std::string> out;

@@ -21,11 +21,17 @@
 #include "tensordict/lazy_stack.hpp"
 #include "tensordict/node.hpp"
 #include "tensordict/tensordict.hpp"
+#include "tensordict/typed.hpp"
 
 namespace conformance {
 
 using tensordict::BatchSize;
 using tensordict::TensorDict;
+
+//! the typed wrapper of the zoo's leaves (upstream's typed_td / nested_typed_td members)
+struct ZooTyped : tensordict::TypedTensorDict<ZooTyped> {
+  TD_FIELDS(ZooTyped, TD_TENSOR(a), TD_TENSOR(b), TD_TENSOR(c))
+};
 
 struct Member {
   std::string name;
@@ -144,6 +150,28 @@ inline std::vector<Member> members() {
                      parts.push_back(p);
                    }
                    return TensorDict(lazy_stack(parts, 0));
+                 },
+                 true});
+  // typed wrappers (TypedTensorDict) over memory, HDF5 and a lazy stack, and one nested in a TensorDict
+  out.push_back({"typed_td", [=] { return TensorDict(ZooTyped::from_tensordict(zoo::plain(bs, 121))); }, true});
+  out.push_back({"typed_h5_td",
+                 [=] {
+                   return TensorDict(ZooTyped::from_tensordict(
+                       tensordict::PersistentTensorDict::from_dict(zoo::plain(bs, 123), fresh_dir("h5t") + ".h5")));
+                 },
+                 true});
+  out.push_back({"typed_lazy_td",
+                 [] {
+                   std::vector<TensorDict> parts;
+                   for (int i = 0; i < 4; ++i) parts.push_back(zoo::plain({3, 2, 1}, 125 + i));
+                   return TensorDict(ZooTyped::from_tensordict(lazy_stack(parts, 0)));
+                 },
+                 true});
+  out.push_back({"nested_typed_td",
+                 [=] {
+                   TensorDict td = zoo::plain(bs, 131);
+                   td.set("typed", ZooTyped::from_tensordict(zoo::plain(bs, 133)));
+                   return td;
                  },
                  true});
   return out;

@@ -15,3 +15,4 @@
 #include "tensordict/tensordict_store.hpp"
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/store.hpp"
+#include "tensordict/typed.hpp"

@@ -69,6 +69,11 @@ class TensorDictStore : public TensorDict {
   //! (element-major data, offset tables for ragged leaves); returns the new store's td_id
   static std::string save_lazy_stack(const LazyStackedTensorDict& td, const RedisOptions& options = {});
 
+  //! the tensorclass path stored in __tensorclass__ ("module.QualName", as Python stores it; "" when none).
+  //! from_tensordict of a TensorClass's tensordict() records its class path there.
+  std::string tensorclass() const;
+  void set_tensorclass(const std::string& class_path) const;
+
   const std::string& td_id() const;
   //! "redis://HOST:PORT/DB?prefix=P&td_id=ID" (what tdx accepts)
   std::string address() const;

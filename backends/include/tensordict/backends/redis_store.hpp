@@ -121,6 +121,9 @@ class RedisStore : public LeafStore {
   //! the stored __device__ ("" when none / missing)
   std::string device() const;
   void set_device(const std::string& device);
+  //! the stored __tensorclass__ (Python's "module.QualName" of a tensorclass; "" when none)
+  std::string tensorclass() const;
+  void set_tensorclass(const std::string& class_path);
   //! the connection (tests; raw access for tools)
   RedisClient& client() const;
   //! forgets the cached metadata (m: hashes); the next access re-reads them
