@@ -196,6 +196,87 @@ struct Combiner {
     }
   }
 
+  // ------------------------------------------------------------------ fast path (no out)
+  //! the dense node behind a node handle (a store: its snapshot, kept alive by the node)
+  static const TensorDictImpl* dense_of(const std::shared_ptr<Node>& n) {
+    if (!n) return nullptr;
+    if (n->kind() == NodeType::Dense) return static_cast<const TensorDictImpl*>(n.get());
+    return n->dense_view().get();
+  }
+
+  //! leaf shapes fit (stack: equal; cat: equal but along dim)
+  bool fits(at::IntArrayRef a, at::IntArrayRef b) const {
+    if (is_stack) return a.equals(b);
+    if (a.size() != b.size()) return false;
+    for (size_t j = 0; j < a.size(); ++j)
+      if (static_cast<int64_t>(j) != dim && a[j] != b[j]) return false;
+    return true;
+  }
+
+  //! validates and builds in one walk over raw nodes, matching keys by position (inputs built the same way
+  //! list their keys in the same order). false at the first thing out of the ordinary (a key order that
+  //! differs, any mismatch, a torch failure): the caller then takes the checked path, which reports errors.
+  bool fast_build(const std::vector<const TensorDictImpl*>& ims, TensorDict* result_out) const {
+    const TensorDictImpl& f = *ims[0];
+    for (size_t i = 1; i < ims.size(); ++i) {
+      if (!ims[i] || !fits(ims[i]->batch_size, f.batch_size) || ims[i]->entries.size() != f.entries.size()) {
+        return false;
+      }
+    }
+    BatchSize rs = f.batch_size;
+    if (is_stack) {
+      rs.insert(rs.begin() + dim, static_cast<int64_t>(ims.size()));
+    } else {
+      int64_t total = 0;
+      for (const auto* im : ims) total += im->batch_size[static_cast<size_t>(dim)];
+      rs[static_cast<size_t>(dim)] = total;
+    }
+    TensorDict result = detail::make_empty(f, rs);
+    TensorDictImpl& r = *static_cast<TensorDictImpl*>(result.node().get());
+    r.entries.reserve(f.entries.size());
+    std::vector<at::Tensor> ts(ims.size());
+    for (size_t j = 0; j < f.entries.size(); ++j) {
+      const std::string& key = f.entries[j].first;
+      const Entry& e0 = f.entries[j].second;
+      const Cat c = category(e0);
+      for (size_t i = 1; i < ims.size(); ++i) {
+        const auto& kv = ims[i]->entries[j];
+        if (kv.first != key || category(kv.second) != c) return false;
+      }
+      if (c == Cat::Tensor) {
+        for (size_t i = 0; i < ims.size(); ++i) {
+          const at::Tensor& t = ims[i]->entries[j].second.tensor();
+          if (i && !fits(t.sizes(), ts[0].sizes())) return false;
+          ts[i] = t;
+        }
+        try {
+          r.entries.emplace_back(key, Entry(is_stack ? at::stack(ts, dim) : at::cat(ts, dim)));
+        } catch (const c10::Error&) {
+          return false;
+        }
+      } else if (c == Cat::TensorDict) {
+        std::vector<const TensorDictImpl*> sub(ims.size());
+        for (size_t i = 0; i < ims.size(); ++i) {
+          sub[i] = dense_of(ims[i]->entries[j].second.tensordict().node());
+          if (!sub[i]) return false;
+        }
+        TensorDict child;
+        if (!fast_build(sub, &child)) return false;
+        r.entries.emplace_back(key, Entry(child));
+      } else {
+        std::vector<Entry> es;
+        es.reserve(ims.size());
+        for (size_t i = 0; i < ims.size(); ++i) {
+          es.push_back(ims[i]->entries[j].second);
+          if (i && !fits(es[i].shape(), es[0].shape())) return false;
+        }
+        r.entries.emplace_back(key, Entry(combine_non_tensor(es)));
+      }
+    }
+    *result_out = std::move(result);
+    return true;
+  }
+
   // ------------------------------------------------------------------ building
   NonTensorStack combine_non_tensor(const std::vector<Entry>& es) const {
     std::vector<at::Tensor> pos;
@@ -309,6 +390,13 @@ int64_t norm_dim(const char* op, int64_t dim, const BatchSize& bs, int64_t n, Er
 }
 
 TensorDict run(const Combiner& c, const std::vector<TensorDict>& tds, const std::optional<TensorDict>& out) {
+  if (!out) {
+    std::vector<const TensorDictImpl*> ims;
+    ims.reserve(tds.size());
+    for (const auto& td : tds) ims.push_back(Combiner::dense_of(td.node()));
+    TensorDict r;
+    if (ims[0] && c.fast_build(ims, &r)) return r;
+  }
   c.validate(tds, NestedKey());
   if (!out) return c.build(tds, NestedKey());
   if (!out->defined()) throw ValueError(std::string(c.name()) + ": out is an undefined TensorDict");
@@ -360,6 +448,41 @@ std::shared_ptr<const TypedSchema> common_schema(const std::vector<TensorDict>& 
 
 }  // namespace
 
+//! upstream _lazy_cat: every input a lazy stack along the same dim. Along the stack dim the result stacks every
+//! member; along another dim, member i of the result is the cat of the inputs' members i (same member count).
+//! nullopt when the inputs are not all such lazy stacks.
+static std::optional<TensorDict> lazy_cat(const std::vector<TensorDict>& tds, int64_t dim) {
+  std::vector<LazyStackedTensorDict> ls;
+  for (const auto& td : tds) {
+    if (!LazyStackedTensorDict::is_lazy_stack(td)) return std::nullopt;
+    ls.emplace_back(td);
+  }
+  const int64_t sd = ls[0].stack_dim();
+  const int64_t nd = ls[0].batch_dims();
+  for (const auto& l : ls)
+    if (l.stack_dim() != sd || l.batch_dims() != nd) return std::nullopt;
+  const int64_t d = norm_dim("cat", dim, ls[0].batch_size(), nd, ErrorCode::Runtime);
+  std::vector<TensorDict> members;
+  if (d == sd) {
+    for (const auto& l : ls) members.insert(members.end(), l.tensordicts().begin(), l.tensordicts().end());
+    return TensorDict(lazy_stack(members, sd));
+  }
+  const size_t k = ls[0].size();
+  for (const auto& l : ls) {
+    if (l.size() != k) {
+      throw RuntimeError("cat of lazy stacks along dim " + std::to_string(d) + " (not the stack dim " +
+                         std::to_string(sd) + ") needs the same number of members, got " + std::to_string(k) +
+                         " and " + std::to_string(l.size()));
+    }
+  }
+  for (size_t i = 0; i < k; ++i) {
+    std::vector<TensorDict> parts;
+    for (const auto& l : ls) parts.push_back(l.tensordicts()[i]);
+    members.push_back(cat(parts, d < sd ? d : d - 1));
+  }
+  return TensorDict(lazy_stack(members, sd));
+}
+
 TensorDict stack(const std::vector<TensorDict>& tds_in, int64_t dim, std::optional<TensorDict> out) {
   {
     std::vector<TensorDict> plain;
@@ -389,6 +512,9 @@ TensorDict cat(const std::vector<TensorDict>& tds_in, int64_t dim, std::optional
   }
   check_inputs("cat", tds_in);
   const std::vector<TensorDict> tds = dense_levels(tds_in);
+  if (!out) {
+    if (auto lazy = lazy_cat(tds, dim)) return *lazy;  // upstream _lazy_cat: lazy stacks stay lazy
+  }
   if (!all_dense(tds)) return cat(densified(tds), dim, out);
   const BatchSize& bs = tds[0].batch_size();
   if (bs.empty()) {

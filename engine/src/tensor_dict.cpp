@@ -1,5 +1,6 @@
 // TensorDict core: construction, metadata, keys, get/set/update, key-structure ops, clone, lock.
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "lazy_stack_node.hpp"
@@ -766,8 +767,9 @@ at::Tensor TensorDict::get(const NestedKey& key) const {
 
 at::Tensor TensorDict::get(const char* key) const {
   if (dense_) {
+    const size_t n = std::strlen(key);  // once, not per entry
     for (const auto& kv : dense_->entries)
-      if (kv.first == key) return kv.second.tensor();
+      if (kv.first.size() == n && std::memcmp(kv.first.data(), key, n) == 0) return kv.second.tensor();
   }
   return get(NestedKey(key));  // missing, or another node kind: the general path and its errors
 }
