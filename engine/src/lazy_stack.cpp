@@ -593,6 +593,53 @@ void LazyStackedTensorDict::insert(int64_t index, const TensorDict& td) {
   n.refresh();
 }
 
+std::vector<at::Tensor> LazyStackedTensorDict::get_list(const NestedKey& key) const {
+  std::vector<at::Tensor> out;
+  const auto& ms = tensordicts();
+  out.reserve(ms.size());
+  for (size_t i = 0; i < ms.size(); ++i) {
+    std::optional<Entry> e = ms[i].get_entry_opt(key);
+    if (!e) throw KeyError("key " + key.repr() + " not found in member " + std::to_string(i) + " of the lazy stack");
+    if (!e->is_tensor()) {
+      throw TypeError("get_list: key " + key.repr() + " is a " + Entry::kind_name(e->kind()) + " in member " +
+                      std::to_string(i) + ", not a tensor");
+    }
+    out.push_back(e->tensor());
+  }
+  return out;
+}
+
+at::Tensor LazyStackedTensorDict::get_padded(const NestedKey& key, double padding_value,
+                                             const std::string& padding_side) const {
+  if (padding_side != "right" && padding_side != "left") {
+    throw ValueError("padding_side must be 'left' or 'right', got '" + padding_side + "'");
+  }
+  std::vector<at::Tensor> ts = get_list(key);
+  if (ts.empty()) throw RuntimeError("get_padded: the lazy stack has no member");
+  const int64_t nd = ts[0].dim();
+  std::vector<int64_t> maxs(ts[0].sizes().begin(), ts[0].sizes().end());
+  for (size_t i = 1; i < ts.size(); ++i) {
+    if (ts[i].dim() != nd) {
+      throw RuntimeError("get_padded: key " + key.repr() + " has " + std::to_string(nd) + " dims in member 0 and " +
+                         std::to_string(ts[i].dim()) + " in member " + std::to_string(i));
+    }
+    for (int64_t d = 0; d < nd; ++d) maxs[static_cast<size_t>(d)] = std::max(maxs[static_cast<size_t>(d)], ts[i].size(d));
+  }
+  std::vector<at::Tensor> padded;
+  padded.reserve(ts.size());
+  for (const auto& t : ts) {
+    at::Tensor p = at::full(maxs, padding_value, t.options());
+    at::Tensor view = p;
+    for (int64_t d = 0; d < nd; ++d) {
+      const int64_t extra = maxs[static_cast<size_t>(d)] - t.size(d);
+      view = view.narrow(d, padding_side == "left" ? extra : 0, t.size(d));
+    }
+    view.copy_(t);
+    padded.push_back(p);
+  }
+  return at::stack(padded, stack_dim());
+}
+
 void LazyStackedTensorDict::append(const TensorDict& td) { insert(static_cast<int64_t>(size()), td); }
 
 LazyStackedTensorDict lazy_stack(const std::vector<TensorDict>& tds, int64_t dim) {

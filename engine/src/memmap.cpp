@@ -11,6 +11,7 @@
 #include <iostream>
 #include <thread>
 
+#include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/backends/memmap_format.hpp"
@@ -129,6 +130,27 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
     } else if (e.is_tensordict()) {
       TensorDict child = e.tensordict();
       std::string cdir = join_path(td_dir, backends::encode_key(key));
+      if (const LazyStackNode* lz = detail::lazy_node(child)) {
+        // a lazy stack inside the TensorDict: its directory {"_type", "stack_dim"} and its members in 0/, 1/...
+        // (upstream's layout; loading keeps it lazy)
+        make_dirs(cdir);
+        auto lnode = std::make_shared<DirNode>();
+        lnode->kind = NodeKind::LazyStackedTensorDict;
+        lnode->type_repr = backends::type_repr::kLazyStackedTensorDict;
+        lnode->stack_dim = lz->stack_dim;
+        lnode->batch_size = child.batch_size();
+        for (size_t i = 0; i < lz->members.size(); ++i) {
+          const TensorDict& m = lz->members[i];
+          if (!m.is_dense()) {
+            throw NotImplementedError("memmap of the lazy stack at '" + key + "': member " + std::to_string(i) +
+                                      " is a " + m.node()->type_name() + " (dense members only)");
+          }
+          plan_tree(*m.impl(), join_path(cdir, std::to_string(i)), o, like, replace, plan);
+        }
+        plan.metas.emplace_back(cdir, lnode);
+        node->add_child(key, *lnode);
+        continue;
+      }
       auto cnode = plan_tree(*child.impl(), cdir, o, like, replace, plan);
       DirNode copy = *cnode;
       node->add_child(key, copy);
@@ -209,7 +231,14 @@ void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string&
   for (auto& kv : impl->entries) {
     if (kv.second.is_tensordict()) {
       std::string sub = base.empty() ? "" : join_path(base, backends::encode_key(kv.first));
-      mark_memmap(kv.second.tensordict().impl(), sub);
+      TensorDict child = kv.second.tensordict();
+      if (const LazyStackNode* lz = detail::lazy_node(child)) {  // members in sub/0, sub/1, ...
+        for (size_t i = 0; i < lz->members.size(); ++i) {
+          mark_memmap(lz->members[i].impl(), sub.empty() ? "" : join_path(sub, std::to_string(i)));
+        }
+        continue;
+      }
+      mark_memmap(child.impl(), sub);
     }
   }
 }

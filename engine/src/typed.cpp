@@ -3,6 +3,7 @@
 #include "tensordict/typed.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "tensor_dict_internal.hpp"
@@ -182,6 +183,15 @@ void check_tensorclass_keys(const TypedSchema& s, const TensorDict& td, const No
 
 // ---------------------------------------------------------------------------------------- field access
 at::Tensor get_tensor(const TypedSchema& s, const TensorDict& td, const char* field) {
+  if (td.is_dense()) {  // fast path: a lookup in the dense node, no key object, no entry copy
+    const auto* impl = static_cast<const TensorDictImpl*>(td.node().get());
+    const size_t n = std::strlen(field);
+    for (const auto& kv : impl->entries) {
+      if (kv.first.size() == n && std::memcmp(kv.first.data(), field, n) == 0 && kv.second.is_tensor()) {
+        return kv.second.tensor();
+      }
+    }
+  }
   std::optional<Entry> e = td.get_entry_opt(field);
   if (!e) {
     if (s.tensorclass) return at::Tensor();  // upstream: None

@@ -2,6 +2,7 @@
 // Test names follow upstream's where one exists.
 #include <boost/test/unit_test.hpp>
 
+#include "engine/fixtures.hpp"
 #include "engine/zoo.hpp"
 #include "tensordict/index_math.hpp"
 #include "tensordict/lazy_stack.hpp"
@@ -364,6 +365,64 @@ BOOST_AUTO_TEST_CASE(repr_as_upstream) {
 BOOST_AUTO_TEST_CASE(not_yet_generic_ops_raise_not_implemented) {
   LazyStackedTensorDict lazy = lazy_stack(members(2), 0);
   BOOST_TEST(throws_with<NotImplementedError>([&] { lazy.share_memory_(); }, {"LazyStackedTensorDict"}));
+}
+
+BOOST_AUTO_TEST_CASE(test_lazy_get_as_list_and_as_padded_tensor) {
+  TensorDict t0({{"a", at::ones({2, 3})}}, {2});
+  TensorDict t1({{"a", at::full({2, 5}, 2.f)}}, {2});
+  LazyStackedTensorDict lazy = lazy_stack({t0, t1}, 0);
+  BOOST_TEST(throws_with<RuntimeError>([&] { lazy.get("a"); }, {"Failed to stack tensors within a tensordict"}));
+  std::vector<at::Tensor> parts = lazy.get_list("a");  // as_list=True
+  BOOST_TEST(parts.size() == 2u);
+  BOOST_TEST((parts[1].sizes() == at::IntArrayRef{2, 5}));
+  at::Tensor right = lazy.get_padded("a");  // as_padded_tensor=True: padded at the end, zeros
+  BOOST_TEST((right.sizes() == at::IntArrayRef{2, 2, 5}));
+  BOOST_TEST(right[0][0][2].item<float>() == 1.f);
+  BOOST_TEST(right[0][0][3].item<float>() == 0.f);
+  at::Tensor left = lazy.get_padded("a", -1.0, "left");  // padding_side="left", padding_value=-1
+  BOOST_TEST(left[0][0][0].item<float>() == -1.f);
+  BOOST_TEST(left[0][0][4].item<float>() == 1.f);
+  BOOST_TEST(left[1][1][0].item<float>() == 2.f);
+  BOOST_TEST(throws_with<ValueError>([&] { lazy.get_padded("a", 0, "middle"); }, {"padding_side"}));
+  BOOST_TEST(throws_with<KeyError>([&] { lazy.get_list("missing"); }, {"missing"}));
+  // stack dim 1: padded leaves stacked along it
+  LazyStackedTensorDict l1 = lazy_stack({t0, t1}, 1);
+  BOOST_TEST((l1.get_padded("a").sizes() == at::IntArrayRef{2, 2, 5}));
+}
+
+BOOST_AUTO_TEST_CASE(test_lazy_cat_keeps_laziness) {
+  TensorDict t0({{"a", at::zeros({2, 3})}}, {2});
+  TensorDict t1({{"a", at::ones({2, 5})}}, {2});
+  LazyStackedTensorDict x = lazy_stack({t0, t1}, 0);
+  LazyStackedTensorDict y = lazy_stack({t1.clone(), t0.clone(), t1.clone()}, 0);
+  TensorDict along = cat({x, y}, 0);  // along the stack dim: every member, lazily
+  BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(along));
+  BOOST_TEST((along.batch_size() == BatchSize{5, 2}));
+  BOOST_TEST(LazyStackedTensorDict(along).member(0).is_same(t0));  // the members themselves
+  TensorDict across = cat({x, x}, 1);  // member i = cat of the members i
+  BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(across));
+  BOOST_TEST((across.batch_size() == BatchSize{2, 4}));
+  BOOST_TEST((LazyStackedTensorDict(across).member(1).get("a").sizes() == at::IntArrayRef{4, 5}));
+  BOOST_TEST(throws_with<RuntimeError>([&] { cat({x, y}, 1); }, {"same number of members"}));
+}
+
+BOOST_AUTO_TEST_CASE(test_memmap_td_holding_a_lazy_stack) {
+  fixtures::TempDir dir("lazychild");
+  TensorDict t0({{"a", at::zeros({2, 3})}}, {2});
+  TensorDict t1({{"a", at::ones({2, 5})}, {"only1", at::ones({2})}}, {2});
+  TensorDict outer({{"x", at::arange(2)}}, {2});
+  outer.set("lazy", lazy_stack({t0, t1}, 1));
+  outer.memmap_(dir.path + "/td");
+  BOOST_TEST(outer.is_memmap());
+  BOOST_TEST(t1.is_memmap());  // the members are memory-mapped in place
+  TensorDict back = TensorDict::load_memmap(dir.path + "/td");
+  TensorDict lz = back.get_td("lazy");
+  BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(lz));  // stays lazy, as upstream loads it
+  LazyStackedTensorDict l(lz);
+  BOOST_TEST(l.stack_dim() == 1);
+  BOOST_TEST(l.member(1).get("a").sum().item<float>() == 10.f);
+  BOOST_TEST(l.member(1).contains("only1"));
+  BOOST_TEST(back.get("x")[1].item<int64_t>() == 1);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

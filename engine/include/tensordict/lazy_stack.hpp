@@ -39,6 +39,14 @@ class LazyStackedTensorDict : public TensorDict {
   const TensorDict& member(int64_t i) const;
   const TensorDict& operator[](size_t i) const { return member(static_cast<int64_t>(i)); }
   using TensorDict::operator[];
+  //! upstream get(key, as_list=True): every member's value at key (leaves of any shape), in member order;
+  //! KeyError when a member lacks it, TypeError when it is not a tensor
+  std::vector<at::Tensor> get_list(const NestedKey& key) const;
+  //! upstream get(key, as_padded_tensor=True, padding_side=, padding_value=): the members' leaves padded to
+  //! the largest size in every dim ("right": after the values, "left": before them; ValueError otherwise)
+  //! and stacked along the stack dim
+  at::Tensor get_padded(const NestedKey& key, double padding_value = 0.0,
+                        const std::string& padding_side = "right") const;
   //! upstream append / insert: td's batch size must equal the members' (ValueError "Batch sizes in
   //! tensordicts differs"); LockedError when locked
   void append(const TensorDict& td);
