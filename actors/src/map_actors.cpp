@@ -333,9 +333,6 @@ namespace {
 caf::behavior map_helper(caf::event_based_actor* self, std::shared_ptr<SharedMapJob> job, int64_t index) {
   return {
       [=](map_chunk_atom) {
-        int64_t expected = 0;
-        job->first_helper_start_ns.compare_exchange_strong(
-            expected, std::chrono::steady_clock::now().time_since_epoch().count());
         MapWorkerContext ctx;
         ctx.worker_index = index;
         ctx.seed = job->plan.seed + index;

@@ -257,9 +257,10 @@ struct TorchThreadsGuard {
 };
 
 //! how many workers (the caller included) finish the remaining chunks soonest: w workers take
-//! ceil(chunks / w) chunk-times each, plus what starting w - 1 helpers costs (spawned one after the other
-//! on the caller's thread, then woken by the scheduler). Everything is measured: the chunk time on chunk 0,
-//! the helper costs on earlier calls. A second worker must save at least a tenth of the time.
+//! ceil(chunks / w) chunk-times each, plus what w - 1 helpers cost: their spawn on the caller's thread, and
+//! the time the last calls with helpers lost against their ideal split (a late start, slower chunks on a
+//! helper's thread). Everything is measured: the chunk time on chunk 0, the helper costs on earlier calls.
+//! A second worker must save at least a tenth of the time.
 int64_t workers_for(int64_t max_workers, int64_t chunks_left, double rows_left, double ns_per_row,
                     double chunk_ns, double spawn_ns, double start_ns) {
   const double serial = rows_left * ns_per_row;
@@ -351,6 +352,12 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
     const int64_t max_workers = std::min({plan.num_workers, cores, c.scheduler_threads + 1});
     const int64_t w = workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
                                   static_cast<double>(helper_spawn_ns_.load()), static_cast<double>(helper_start_ns_.load()));
+    if (w == 1 && workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
+                              static_cast<double>(helper_spawn_ns_.load()), 0.0) > 1) {
+      // only what helpers lost lately keeps this call inline: let it fade, so that helpers are tried again
+      // once the machine may have changed (a measurement is only taken when helpers run)
+      helper_start_ns_.store(helper_start_ns_.load() * 7 / 8);
+    }
     if (w > 1) {
       const int64_t t_spawn = now_ns();
       for (int64_t i = 1; i < w; ++i) {
@@ -369,9 +376,12 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
         auto ev = job->events->pop();
         handle(*ev);
       }
-      // a helper that had not started by the end costs at least that long
-      const int64_t started = job->first_helper_start_ns.load();
-      smooth(helper_start_ns_, std::max<int64_t>((started > 0 ? started : now_ns()) - spawned, 0));
+      // what the helpers really cost: the wall time beyond the ideal split of the chunks (a helper that starts
+      // late, chunks that run slower on a helper's thread: cold memory, a core shared with other work), as
+      // the start-up term of the next decision (it counts 1/w there)
+      const double ideal = static_cast<double>((total - 1 + w - 1) / w) * chunk0_ns;
+      const double excess = static_cast<double>(now_ns() - spawned) - ideal;
+      smooth(helper_start_ns_, static_cast<int64_t>(std::max(0.0, excess) * static_cast<double>(w)));
     } else {
       for (int64_t chunk = job->claim(); chunk >= 0; chunk = job->claim()) run_own(chunk);
     }

@@ -66,8 +66,6 @@ struct SharedMapJob {
   std::atomic<bool> cancelled{false};  //!< an error: nobody claims chunks any more
   //! Result (a chunk done by a helper), Error (a helper's fn failed), End (a helper exited)
   std::shared_ptr<Inbox<MapEvent>> events;
-  //! steady_clock time (ns since epoch) when the first helper began claiming: its start-up cost
-  std::atomic<int64_t> first_helper_start_ns{0};
   //! the next chunk index, or -1 when every chunk is claimed or the job is cancelled
   int64_t claim() {
     if (cancelled.load(std::memory_order_relaxed)) return -1;

@@ -49,8 +49,8 @@ class Runtime : public MapBackend, public std::enable_shared_from_this<Runtime> 
   std::unique_ptr<caf::actor_system_config> cfg_;
   std::unique_ptr<caf::actor_system> system_;
   caf::actor echo_;  // after system_: released first
-  //! measured by map: what a helper worker costs before it runs its first chunk (spawn on the caller's
-  //! thread, then the scheduler's wake-up), smoothed over the calls that started helpers
+  //! measured by map over the calls that started helpers (smoothed): the spawn of one helper on the caller's
+  //! thread, and what the helpers lost against the ideal split of the chunks (times the number of workers)
   std::atomic<int64_t> helper_spawn_ns_{20000};
   std::atomic<int64_t> helper_start_ns_{100000};
 };
