@@ -3,7 +3,9 @@
 //    from_schema (files preallocated sparse, filled block by block),
 // 2. maps a transform (horizontal flip, normalise to float16, label bucketing) over it with the
 //    configured workers, written in place into a preallocated memmap `out`, with a progress bar,
-// 3. reloads the output from disk as Python would (load_memmap) and verifies every row.
+// 3. reloads the output from disk as Python would (load_memmap) and verifies every row,
+// 4. prints the map's throughput next to the floor: the same transform over the same chunks in one thread
+//    on in-memory tensors (no map, no memmap), i.e. what one core does with libtorch's kernels alone.
 // Usage: preprocess [--rows N] [--dir DIR] [--keep] [--workers K] [--chunk C]
 #include <malloc.h>
 #include <unistd.h>
@@ -15,6 +17,7 @@
 #include <iostream>
 #include <string>
 
+#include <ATen/Parallel.h>
 #include <tensordict/tensordict.hpp>
 
 using namespace tensordict;
@@ -38,13 +41,27 @@ TensorDict synth_block(int64_t start, int64_t n) {
   return TensorDict(Dict{{"image", image}, {"label", label}}, {n});
 }
 
-//! the transform each worker runs on its chunk
+//! the transform each worker runs on its chunk: horizontal flip, (x / 255 - 0.5) / 0.25 == x * 4/255 - 2 in
+//! float32, stored as float16; labels bucketed. The image goes through three scratch buffers of this thread
+//! (uint8, float32, float16), reused chunk after chunk: fresh temporaries of ~40 MB per chunk would cost a
+//! page fault per 4 KiB on every chunk where malloc hands back memory (DESIGN.md, "Data paths"). The result
+//! holds the float16 buffer: map writes it into `out` before this thread runs its next chunk, and the
+//! verification below compares it at once.
 TensorDict transform(const TensorDict& chunk) {
-  // (x / 255 - 0.5) / 0.25 == x * 4/255 - 2, computed in place on one float buffer
-  at::Tensor img = chunk.get("image").flip({-1}).to(at::kFloat);
-  at::Tensor norm = img.mul_(4.0f / 255.0f).sub_(2.0f).to(at::kHalf);
+  thread_local at::Tensor u8, f32, f16;
+  const at::Tensor image = chunk.get("image");
+  const int64_t n = image.size(0);
+  if (!u8.defined() || u8.size(0) < n) {
+    u8 = at::empty({n, kC, kH, kW}, at::kByte);
+    f32 = at::empty({n, kC, kH, kW}, at::kFloat);
+    f16 = at::empty({n, kC, kH, kW}, at::kHalf);
+  }
+  at::Tensor a = u8.narrow(0, 0, n), f = f32.narrow(0, 0, n), h = f16.narrow(0, 0, n);
+  at::flip_out(a, image, {-1});
+  f.copy_(a).mul_(4.0f / 255.0f).sub_(2.0f);
+  h.copy_(f);
   at::Tensor bucket = at::floor_divide(chunk.get("label"), kLabels / kBuckets);
-  return TensorDict(Dict{{"image", norm}, {"bucket", bucket}}, chunk.batch_size());
+  return TensorDict(Dict{{"image", h}, {"bucket", bucket}}, chunk.batch_size());
 }
 
 int64_t arg_int(int argc, char** argv, const std::string& name, int64_t dflt) {
@@ -121,7 +138,23 @@ int main(int argc, char** argv) {
     }
     std::printf("  verify: all %lld rows equal the expected output (%.2f s)\n", (long long)rows, t_verify);
     std::cout << "  output: " << back.index({Slice(0, 2)}) << "\n";
-    std::printf("OK: %.0f rows/s through map (%.2f s total)\n", rows / t_map, seconds_since(t0));
+
+    // 4. the floor: the transform alone, one thread, in-memory chunks of the same size (the dataset read into
+    // memory first), results dropped
+    double t_floor = 0;
+    {
+      const int saved = at::get_num_threads();
+      at::set_num_threads(1);
+      TensorDict mem = data.clone();
+      for (int64_t s = 0; s < std::min(rows, 2 * chunk); s += chunk) transform(mem.index({Slice(s, std::min(rows, s + chunk))}));
+      auto t3 = Clock::now();
+      for (int64_t s = 0; s < rows; s += chunk) transform(mem.index({Slice(s, std::min(rows, s + chunk))}));
+      t_floor = seconds_since(t3);
+      at::set_num_threads(saved);
+    }
+    std::printf("  floor: the transform alone in one thread over in-memory chunks: %.0f rows/s\n", rows / t_floor);
+    std::printf("OK: %.0f rows/s through map with %lld workers = %.2fx the one-thread floor (%.0f rows/s); %.2f s total\n",
+                rows / t_map, (long long)workers, t_floor / t_map, rows / t_floor, seconds_since(t0));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "preprocess failed: %s\n", e.what());
     if (!keep) std::filesystem::remove_all(dir);

@@ -329,5 +329,41 @@ caf::actor spawn_map_coordinator(caf::actor_system& sys, std::shared_ptr<LocalMa
   return sys.spawn(map_coordinator, std::move(job));
 }
 
+namespace {
+caf::behavior map_helper(caf::event_based_actor* self, std::shared_ptr<SharedMapJob> job, int64_t index) {
+  return {
+      [=](map_chunk_atom) {
+        MapWorkerContext ctx;
+        ctx.worker_index = index;
+        ctx.seed = job->plan.seed + index;
+        ctx.generator = at::detail::createCPUGenerator(static_cast<uint64_t>(ctx.seed));
+        for (int64_t c = job->claim(); c >= 0; c = job->claim()) {
+          MapEvent ev;
+          ev.chunk = c;
+          try {
+            ev.result = map_detail::run_chunk(job->src, job->fn, job->plan, static_cast<size_t>(c), ctx);
+            ev.kind = MapEvent::Kind::Result;
+          } catch (...) {
+            job->cancelled = true;
+            ev.kind = MapEvent::Kind::Error;
+            ev.error = map_detail::carry_current_exception(c);
+          }
+          const bool failed = ev.kind == MapEvent::Kind::Error;
+          job->events->push(std::move(ev));
+          if (failed) break;
+        }
+        job->events->push(MapEvent{});  // End: this helper is done with the job
+        self->quit();
+      },
+  };
+}
+}  // namespace
+
+caf::actor spawn_map_helper(caf::actor_system& sys, std::shared_ptr<SharedMapJob> job, int64_t index) {
+  caf::actor h = sys.spawn(map_helper, std::move(job), index);
+  caf::anon_send(h, map_chunk_atom::value);
+  return h;
+}
+
 }  // namespace actors
 }  // namespace tensordict

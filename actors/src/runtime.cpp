@@ -2,15 +2,20 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <random>
+#include <thread>
+
+#include <ATen/Parallel.h>
 
 #include <caf/io/all.hpp>
 
 #include "tensordict/actors/hot_actor.hpp"
 #include "tensordict/actors/map_actors.hpp"
 #include "tensordict/actors/messages.hpp"
+#include "tensordict/actors/progress.hpp"
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/logging.hpp"
 
@@ -177,12 +182,19 @@ int64_t Runtime::ping(int64_t x) {
 }
 
 namespace {
+MapOutWrite out_write_mode(const Config& c) {
+  if (c.map_out_write == "copy") return MapOutWrite::Copy;
+  if (c.map_out_write == "populate") return MapOutWrite::Populate;
+  return MapOutWrite::Pwrite;
+}
+
 std::shared_ptr<LocalMapJob> make_job(const Runtime& rt, const TensorDict& src, const MapFn& fn,
                                       const MapOptions& options, bool for_iter) {
   const Config& c = rt.config();
   auto job = std::make_shared<LocalMapJob>();
   job->plan = map_detail::plan(src, options, for_iter, c.map_num_workers, c.map_torch_threads_per_worker,
                                c.map_progress);  // validation: throws before any actor exists
+  job->plan.out_write = out_write_mode(c);
   job->src = src;
   job->fn = fn;
   job->progress_interval = std::chrono::milliseconds(c.map_progress_interval_ms);
@@ -227,14 +239,157 @@ std::string random_token() {
 }
 }  // namespace
 
+namespace {
+int64_t now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
+//! rows of a chunk along the mapped dim (an element of chunksize 0 counts as one row)
+int64_t chunk_rows(const MapChunk& c) {
+  if (c.drop_dim) return 1;
+  return c.indices.empty() ? c.length : static_cast<int64_t>(c.indices.size());
+}
+
+//! the caller's torch thread count comes back as it was (run_chunk sets it for fn)
+struct TorchThreadsGuard {
+  int saved = at::get_num_threads();
+  ~TorchThreadsGuard() {
+    if (at::get_num_threads() != saved) at::set_num_threads(saved);
+  }
+};
+
+//! how many workers (the caller included) finish the remaining chunks soonest: w workers take
+//! ceil(chunks / w) chunk-times each, plus what w - 1 helpers cost: their spawn on the caller's thread, and
+//! the time the last calls with helpers lost against their ideal split (a late start, slower chunks on a
+//! helper's thread). Everything is measured: the chunk time on chunk 0, the helper costs on earlier calls.
+//! A second worker must save at least a tenth of the time.
+int64_t workers_for(int64_t max_workers, int64_t chunks_left, double rows_left, double ns_per_row,
+                    double chunk_ns, double spawn_ns, double start_ns) {
+  const double serial = rows_left * ns_per_row;
+  int64_t best = 1;
+  double best_t = serial;
+  for (int64_t w = 2; w <= std::min(max_workers, chunks_left + 1); ++w) {
+    // the caller starts at once, helpers after start_ns: the caller's share grows by what they miss
+    const double t = static_cast<double>((chunks_left + w - 1) / w) * chunk_ns + static_cast<double>(w - 1) * spawn_ns +
+                     start_ns / static_cast<double>(w);
+    if (t < best_t * 0.9) {
+      best = w;
+      best_t = t;
+    }
+  }
+  return best;
+}
+}  // namespace
+
 TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions& options) {
-  auto job = make_job(*this, src, fn, options, false);
+  const Config& c = config_;
+  auto job = std::make_shared<SharedMapJob>();
+  job->plan = map_detail::plan(src, options, false, c.map_num_workers, c.map_torch_threads_per_worker,
+                               c.map_progress);  // validation: throws before anything runs
   if (job->plan.num_processes > 0) {
     throw ValueError("map: worker processes run named functions only: register fn with "
                      "tensordict::register_map_fn(\"name\", fn) and call td.map(\"name\", options)");
   }
-  ActorMapIter it(shared_from_this(), job);
-  return collect(it, job->plan);
+  job->plan.out_write = out_write_mode(c);
+  job->src = src;
+  job->fn = fn;
+  job->events = std::make_shared<Inbox<MapEvent>>(std::chrono::microseconds(0));
+  const MapPlan& plan = job->plan;
+  const auto total = static_cast<int64_t>(plan.chunks.size());
+  const bool plain_out = plan.out && !plan.in_place_out;
+  std::vector<TensorDict> results(plan.chunks.size(), TensorDict(std::shared_ptr<TensorDictImpl>()));
+  Progress progress(plan.progress, total, std::chrono::milliseconds(c.map_progress_interval_ms), "map");
+  TorchThreadsGuard threads_guard;
+  MapWorkerContext ctx;  // the caller is worker 0
+  ctx.worker_index = 0;
+  ctx.seed = plan.seed;
+  ctx.generator = at::detail::createCPUGenerator(static_cast<uint64_t>(ctx.seed));
+  int64_t done = 0;
+  int64_t helpers = 0, helpers_ended = 0;
+  auto consume = [&](int64_t chunk, TensorDict r) {
+    const auto i = static_cast<size_t>(chunk);
+    if (plain_out) {
+      map_detail::write_chunk(*plan.out, plan, i, r);
+    } else if (!plan.in_place_out) {
+      results[i] = std::move(r);
+    }
+    progress.update(++done);
+  };
+  // on any failure: nobody claims more chunks, the helpers finish the chunk in hand (fn must not run after
+  // map returns) and the first error is what the caller sees, with its type and message
+  auto fail = [&](const map_detail::CarriedError& err) {
+    job->cancelled = true;
+    while (helpers_ended < helpers) {
+      auto ev = job->events->pop();
+      if (ev && ev->kind == MapEvent::Kind::End) ++helpers_ended;
+    }
+    progress.finish(false);
+    map_detail::rethrow(err);
+  };
+  auto handle = [&](MapEvent& ev) {
+    switch (ev.kind) {
+      case MapEvent::Kind::Result: consume(ev.chunk, std::move(ev.result)); return;
+      case MapEvent::Kind::End: ++helpers_ended; return;
+      case MapEvent::Kind::Error: fail(ev.error);
+    }
+  };
+  auto run_own = [&](int64_t chunk) {
+    try {
+      consume(chunk, map_detail::run_chunk(src, fn, plan, static_cast<size_t>(chunk), ctx));
+    } catch (...) {
+      fail(map_detail::carry_current_exception(chunk));
+    }
+  };
+  if (total > 0) {
+    // chunk 0 on this thread, timed: its cost per row says whether helpers pay off for the rest
+    const int64_t first = job->claim();
+    const int64_t t0 = now_ns();
+    run_own(first);
+    const double chunk0_ns = static_cast<double>(std::max<int64_t>(now_ns() - t0, 1));
+    double rows_left = 0;
+    for (int64_t i = 1; i < total; ++i) rows_left += static_cast<double>(chunk_rows(plan.chunks[static_cast<size_t>(i)]));
+    const double ns_per_row = chunk0_ns / static_cast<double>(std::max<int64_t>(chunk_rows(plan.chunks[0]), 1));
+    // helpers run on the scheduler's threads, never more workers than cores
+    const auto cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+    const int64_t max_workers = std::min({plan.num_workers, cores, c.scheduler_threads + 1});
+    const int64_t w = workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
+                                  static_cast<double>(helper_spawn_ns_.load()), static_cast<double>(helper_start_ns_.load()));
+    if (w == 1 && workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
+                              static_cast<double>(helper_spawn_ns_.load()), 0.0) > 1) {
+      // only what helpers lost lately keeps this call inline: let it fade, so that helpers are tried again
+      // once the machine may have changed (a measurement is only taken when helpers run)
+      helper_start_ns_.store(helper_start_ns_.load() * 7 / 8);
+    }
+    if (w > 1) {
+      const int64_t t_spawn = now_ns();
+      for (int64_t i = 1; i < w; ++i) {
+        spawn_map_helper(system(), job, i);
+        ++helpers;
+      }
+      const int64_t spawned = now_ns();
+      auto smooth = [](std::atomic<int64_t>& v, int64_t sample) { v.store((3 * v.load() + sample) / 4); };
+      smooth(helper_spawn_ns_, (spawned - t_spawn) / (w - 1));
+      // the caller claims chunks too; between its own chunks it takes what the helpers have done
+      for (int64_t chunk = job->claim(); chunk >= 0; chunk = job->claim()) {
+        run_own(chunk);
+        while (auto ev = job->events->try_pop()) handle(*ev);
+      }
+      while (done < total) {
+        auto ev = job->events->pop();
+        handle(*ev);
+      }
+      // what the helpers really cost: the wall time beyond the ideal split of the chunks (a helper that starts
+      // late, chunks that run slower on a helper's thread: cold memory, a core shared with other work), as
+      // the start-up term of the next decision (it counts 1/w there)
+      const double ideal = static_cast<double>((total - 1 + w - 1) / w) * chunk0_ns;
+      const double excess = static_cast<double>(now_ns() - spawned) - ideal;
+      smooth(helper_start_ns_, static_cast<int64_t>(std::max(0.0, excess) * static_cast<double>(w)));
+    } else {
+      for (int64_t chunk = job->claim(); chunk >= 0; chunk = job->claim()) run_own(chunk);
+    }
+  }
+  progress.finish(true);
+  if (plan.in_place_out) return TensorDict(std::shared_ptr<TensorDictImpl>());
+  if (plain_out) return *plan.out;
+  return map_detail::gather(results, plan);
 }
 
 TensorDict Runtime::map_named(const TensorDict& src, const std::string& name, const MapFn& fn,

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -235,6 +236,62 @@ void flush(const at::Tensor& t) {
   }
   // `t` keeps the mapping alive while we sync it.
   if (::msync(base, len, MS_SYNC) != 0) os_error("msync failed for", name, errno);
+}
+
+namespace {
+//! the registry entry of t's storage and t's byte range inside the mapping; false if t is not mapped here
+bool view_range(const at::Tensor& t, Entry* out, int64_t* begin, int64_t* len) {
+  if (!t.defined() || !t.has_storage() || t.numel() == 0) return false;
+  const void* key = t.storage().data();
+  if (key == nullptr) return false;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(key);
+    if (it == registry().end()) return false;
+    *out = it->second;
+  }
+  *begin = static_cast<int64_t>(static_cast<const char*>(t.data_ptr()) - static_cast<const char*>(key));
+  *len = static_cast<int64_t>(t.numel() * t.element_size());
+  return *begin >= 0 && *begin + *len <= out->info.nbytes;
+}
+}  // namespace
+
+bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src) {
+  Entry e{};
+  int64_t begin = 0, len = 0;
+  if (!dst.is_contiguous() || !view_range(dst, &e, &begin, &len)) return false;
+  if (!e.info.writable || e.info.anonymous || e.info.filename.empty()) return false;
+  if (!src.defined() || src.sizes() != dst.sizes() || src.device() != dst.device()) return false;
+  const at::Tensor bytes = src.to(dst.scalar_type()).contiguous();
+  FdGuard fd{::open(e.info.filename.c_str(), O_WRONLY | O_CLOEXEC)};
+  if (fd.fd < 0) os_error("cannot open for writing", e.info.filename, errno);
+  const char* p = static_cast<const char*>(bytes.data_ptr());
+  const int64_t at = e.info.file_offset + begin;
+  int64_t done = 0;
+  while (done < len) {
+    const ssize_t w = ::pwrite(fd.fd, p + done, static_cast<size_t>(len - done), static_cast<off_t>(at + done));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      os_error("pwrite failed for", e.info.filename, errno);
+    }
+    done += w;
+  }
+  return true;
+}
+
+bool populate_for_write(const at::Tensor& dst) {
+#ifdef MADV_POPULATE_WRITE
+  if (!dst.defined() || !dst.device().is_cpu() || dst.numel() == 0 || !dst.is_contiguous()) return false;
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(dst.data_ptr());
+  const uintptr_t end = begin + static_cast<uintptr_t>(dst.numel() * dst.element_size());
+  const uintptr_t first = begin / page * page, last = (end + page - 1) / page * page;
+  // pages are the unit of a mapping: the rounded range lies inside the mapping(s) that hold the view
+  return ::madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE) == 0;
+#else
+  (void)dst;
+  return false;
+#endif
 }
 
 size_t live_mappings() {

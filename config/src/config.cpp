@@ -40,6 +40,7 @@ const std::map<std::string, Field>& fields() {
       {"map.progress", {Kind::Bool, nullptr, &Config::map_progress}},
       {"map.progress_interval_ms", {Kind::Int, &Config::map_progress_interval_ms}},
       {"map.process_exit_grace_ms", {Kind::Int, &Config::map_process_exit_grace_ms}},
+      {"map.out_write", {Kind::String, nullptr, nullptr, &Config::map_out_write}},
       {"shm.prefix", {Kind::String, nullptr, nullptr, &Config::shm_prefix}},
       {"redis.host", {Kind::String, nullptr, nullptr, &Config::redis_host}},
       {"redis.port", {Kind::Int, &Config::redis_port}},
@@ -177,6 +178,10 @@ void Config::validate() const {
   positive("map.torch_threads_per_worker", map_torch_threads_per_worker);
   non_negative("map.progress_interval_ms", map_progress_interval_ms);
   non_negative("map.process_exit_grace_ms", map_process_exit_grace_ms);
+  if (map_out_write != "pwrite" && map_out_write != "populate" && map_out_write != "copy") {
+    throw ValueError("config key 'map.out_write': expected \"pwrite\", \"populate\" or \"copy\", got \"" +
+                     map_out_write + "\"");
+  }
   if (redis_port <= 0 || redis_port > 65535) {
     throw ValueError("config key 'redis.port': expected 1..65535, got " + std::to_string(redis_port));
   }

@@ -592,13 +592,20 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
   }
 }
 
-template <class F>
-void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn) {
+//! fn(key, leaf) for every tensor leaf of the dense levels; other(sub) for a sub-TensorDict of another node
+//! kind (a lazy stack below a dense TensorDict), which writes itself
+template <class F, class G>
+void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn, const G& other) {
   for (const auto& kv : impl.entries) {
     if (kv.second.is_tensor()) {
       fn(kv.first, kv.second.tensor());
     } else if (kv.second.is_tensordict()) {
-      for_each_tensor_leaf(*kv.second.tensordict().impl(), fn);
+      TensorDict sub = kv.second.tensordict();
+      if (sub.is_dense()) {
+        for_each_tensor_leaf(*sub.impl(), fn, other);
+      } else {
+        other(sub);
+      }
     }
   }
 }
@@ -743,7 +750,9 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) 
     return *this;
   }
   Prepared p = prepare_write(d()->batch_size, index);
-  for_each_tensor_leaf(*d(), [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); });
+  for_each_tensor_leaf(
+      *d(), [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); },
+      [&](TensorDict& sub) { sub.index_put_(p.as_index(), value); });
   return *this;
 }
 
@@ -760,13 +769,16 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) 
     return *this;
   }
   Prepared p = prepare_write(d()->batch_size, index);
-  for_each_tensor_leaf(*d(), [&](const std::string& key, const at::Tensor& t) {
-    try {
-      p.fill(t, value);
-    } catch (const c10::Error& e) {
-      detail::rethrow_torch_error(e, "td[idx] = scalar: cannot fill key '" + key + "'");
-    }
-  });
+  for_each_tensor_leaf(
+      *d(),
+      [&](const std::string& key, const at::Tensor& t) {
+        try {
+          p.fill(t, value);
+        } catch (const c10::Error& e) {
+          detail::rethrow_torch_error(e, "td[idx] = scalar: cannot fill key '" + key + "'");
+        }
+      },
+      [&](TensorDict& sub) { sub.index_put_(p.as_index(), value); });
   return *this;
 }
 

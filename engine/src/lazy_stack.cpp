@@ -9,6 +9,7 @@
 #include "tensor_dict_internal.hpp"
 #include "tensordict/index_math.hpp"
 #include "tensordict/map.hpp"
+#include "torch_errors.hpp"
 
 namespace tensordict {
 
@@ -430,6 +431,92 @@ std::shared_ptr<Node> LazyStackNode::index(const Index& index) const {
   return out.node_with_schema();  // a typed member stays typed
 }
 
+namespace {
+//! td[index] = value on a lazy stack for any index torch accepts on its batch (ints mixed with index lists,
+//! several index tensors, ...): the selected elements as positions of the batch (torch's own indexing of an
+//! arange, so the order and the indexed shape are torch's), each member's share as coordinates in its batch,
+//! written with the member's own index_put_ (one index tensor per member batch dim).
+void put_by_positions(const LazyStackNode& node, const Index& index, const TensorDict* td_value,
+                      const at::Tensor* tensor_value, const at::Scalar* scalar_value) {
+  const BatchSize& batch = node.batch_size;
+  for (int64_t s : batch) {
+    if (s < 0) {
+      throw NotImplementedError("index assignment with the index " + index_repr(index) +
+                                " on a LazyStackedTensorDict whose members differ in batch size");
+    }
+  }
+  int64_t numel = 1;
+  for (int64_t s : batch) numel *= s;
+  at::Tensor pos;
+  try {
+    pos = at::arange(numel, at::kLong).view(batch).index(index);
+  } catch (const c10::Error& e) {
+    detail::rethrow_torch_error(e, "td[" + index_repr(index) + "] = value on batch size " + detail::shape_str(batch));
+  }
+  const BatchSize selected(pos.sizes().begin(), pos.sizes().end());
+  const at::Tensor flat = pos.reshape({-1});
+  const int64_t count = flat.numel();
+  // the coordinates of every selected element, one tensor per batch dim
+  std::vector<at::Tensor> coords(batch.size());
+  int64_t stride = 1;
+  for (size_t d = batch.size(); d-- > 0;) {
+    coords[d] = at::remainder(at::div(flat, stride, "floor"), batch[d]);
+    stride *= batch[d];
+  }
+  const at::Tensor member_of = coords[static_cast<size_t>(node.stack_dim)];
+  // the value, one row per selected element
+  std::optional<TensorDict> rows;
+  if (td_value) {
+    TensorDict v = td_value->batch_size() == selected ? *td_value : td_value->expand(selected);
+    rows = v.reshape({count});
+  }
+  for (size_t i = 0; i < node.members.size(); ++i) {
+    const at::Tensor which = (member_of == static_cast<int64_t>(i)).nonzero().reshape({-1});
+    if (which.numel() == 0) continue;
+    Index at_member;
+    for (size_t d = 0; d < batch.size(); ++d) {
+      if (static_cast<int64_t>(d) != node.stack_dim) at_member.emplace_back(coords[d].index({which}));
+    }
+    TensorDict member = node.members[i];
+    if (at_member.empty()) {  // 0-dim members: the (last) row for that member is the whole member
+      const int64_t last = which[-1].item<int64_t>();
+      if (scalar_value) {
+        member.index_put_({at::indexing::Ellipsis}, *scalar_value);
+      } else if (rows) {
+        member.index_put_({at::indexing::Ellipsis}, rows->index({last}));
+      } else {
+        member.index_put_({at::indexing::Ellipsis}, tensor_value->expand(selected).reshape({count}).index({last}));
+      }
+      continue;
+    }
+    if (scalar_value) {
+      member.index_put_(at_member, *scalar_value);
+    } else if (rows) {
+      member.index_put_(at_member, rows->index({which}));
+    } else {
+      // a tensor: broadcast to each leaf's indexed shape (selected batch + the leaf's own dims), as torch's
+      // tensor[index] = value does per leaf, then the member's rows of it
+      TensorDict part(BatchSize{which.numel()}, member.device());
+      for (const auto& kv : member.items(KeysOptions().include_nested(true).leaves_only(true))) {
+        const at::Tensor& leaf = kv.second.tensor();
+        std::vector<int64_t> shape(selected.begin(), selected.end());
+        shape.insert(shape.end(), leaf.sizes().begin() + member.batch_dims(), leaf.sizes().end());
+        at::Tensor v;
+        try {
+          v = tensor_value->expand(shape);
+        } catch (const c10::Error& e) {
+          detail::rethrow_torch_error(e, "td[idx] = tensor: cannot write key " + kv.first.repr());
+        }
+        std::vector<int64_t> flat_shape{count};
+        flat_shape.insert(flat_shape.end(), shape.begin() + static_cast<long>(selected.size()), shape.end());
+        part.set(kv.first, v.reshape(flat_shape).index({which}));
+      }
+      member.index_put_(at_member, part);
+    }
+  }
+}
+}  // namespace
+
 void LazyStackNode::index_put(const Index& index, const TensorDict* td_value, const at::Tensor* tensor_value,
                               const at::Scalar* scalar_value) {
   Plan p = plan_index(*this, index);
@@ -486,9 +573,8 @@ void LazyStackNode::index_put(const Index& index, const TensorDict* td_value, co
       return;
     }
     case Plan::Dense:
-      throw NotImplementedError("index assignment with the index " + index_repr(index) +
-                                " on a LazyStackedTensorDict (supported: ints, slices, index lists and masks "
-                                "over the stack dim, and one index tensor elsewhere)");
+      put_by_positions(*this, index, td_value, tensor_value, scalar_value);
+      return;
   }
 }
 

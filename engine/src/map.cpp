@@ -3,11 +3,12 @@
 
 #include <map>
 #include <mutex>
-#include <random>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
 #include "tensor_dict_internal.hpp"
+#include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/lazy_stack.hpp"
 #include "torch_errors.hpp"
 
@@ -250,8 +251,12 @@ MapPlan plan(const TensorDict& src, const MapOptions& o, bool for_iter, int64_t 
   if (o.seed()) {
     p.seed = *o.seed();
   } else {
-    std::random_device rd;
-    p.seed = static_cast<int64_t>(((static_cast<uint64_t>(rd()) << 31) ^ rd()) & ((uint64_t{1} << 62) - 1));
+    // upstream: seed = torch.empty((), int64).random_(generator), i.e. drawn from torch's default generator
+    // (at::manual_seed makes it reproducible); a std::random_device costs ~26 us per map call here
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    p.seed = static_cast<int64_t>(at::check_generator<at::CPUGeneratorImpl>(gen)->random64() &
+                                  ((uint64_t{1} << 62) - 1));
   }
 
   const int64_t n = bs[static_cast<size_t>(p.dim)];
@@ -325,6 +330,32 @@ TensorDict take_chunk(const TensorDict& td, const MapPlan& plan, const MapChunk&
   return detail::map_batch(td, nb, [&](const at::Tensor& t) { return t.narrow(d, c.start, c.length); }, true);
 }
 
+namespace {
+//! out_chunk.update_(result) for a memmap / shared out without a page fault per fresh page: each tensor leaf
+//! of result goes into its leaf of out_chunk by pwrite (a file mapping) or after MADV_POPULATE_WRITE, else by
+//! stores. False (nothing written) when the leaves do not pair up one to one (update_ then raises or copies).
+bool write_mapped(const TensorDict& view, const TensorDict& result, MapOutWrite mode) {
+  if (!view.is_dense() || !detail::is_dense_tree(view) || !detail::is_dense_tree(result)) return false;
+  const auto leaves = result.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true));
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+  for (const auto& kv : leaves) {
+    if (!kv.second.is_tensor() || !view.contains(kv.first)) return false;
+    const Entry dst = view.get_entry(kv.first);
+    if (!dst.is_tensor()) return false;
+    const at::Tensor& s = kv.second.tensor();
+    const at::Tensor& d = dst.tensor();
+    if (s.sizes() != d.sizes()) return false;  // broadcasting: update_'s copy
+    pairs.emplace_back(d, s);
+  }
+  for (auto& p : pairs) {
+    if (mode == MapOutWrite::Pwrite && backends::pwrite_into_mapping(p.first, p.second)) continue;
+    backends::populate_for_write(p.first);  // false (nothing done) where it does not apply
+    p.first.copy_(p.second);
+  }
+  return true;
+}
+}  // namespace
+
 void write_chunk(const TensorDict& out, const MapPlan& plan, size_t i, const TensorDict& result) {
   if (!result.defined()) return;  // fn returned None: nothing to write (it may have worked in place)
   try {
@@ -332,6 +363,9 @@ void write_chunk(const TensorDict& out, const MapPlan& plan, size_t i, const Ten
     if (view.batch_size() != result.batch_size()) {
       throw BatchSizeError("the result has batch_size " + detail::shape_str(result.batch_size()) +
                            " but out's slice has batch_size " + detail::shape_str(view.batch_size()));
+    }
+    if (plan.in_place_out && plan.out_write != MapOutWrite::Copy && write_mapped(view, result, plan.out_write)) {
+      return;
     }
     view.update_(result);
   } catch (...) {

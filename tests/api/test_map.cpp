@@ -131,6 +131,98 @@ BOOST_AUTO_TEST_CASE(out_shared_is_written_by_workers) {
   BOOST_TEST(out.equal(td.apply(plus_one)));
 }
 
+BOOST_AUTO_TEST_CASE(out_write_modes_give_the_same_files) {
+  // map.out_write: pwrite into the page cache, MADV_POPULATE_WRITE then stores, or plain stores: the same
+  // bytes in the files, for memmap and shared outs, chunks along dim 0 (contiguous) and dim 1 (strided: the
+  // stores path), and results whose dtype differs from out's (converted as update_ does)
+  fixtures::TempDir dir("map-out-write");
+  TensorDict td = sample();
+  TensorDict want = td.apply(plus_one);
+  int n = 0;
+  for (const char* mode : {"pwrite", "populate", "copy"}) {
+    Engine engine(Config::load(std::string(R"({"map": {"out_write": ")") + mode + R"("}})"));
+    for (auto o : {MapOptions().chunksize(3), MapOptions().dim(1).chunksize(2), MapOptions().chunksize(0)}) {
+      BOOST_TEST_CONTEXT(mode << " dim " << o.dim() << " chunksize " << *o.chunksize()) {
+        const std::string path = dir.path + "/out" + std::to_string(n++);
+        TensorDict out = zeros_like(td).memmap(path);
+        TensorDict r = td.map(plus_one_fn(), MapOptions(o).out(out));
+        BOOST_TEST(!r.defined());
+        BOOST_TEST(out.equal(want));
+        BOOST_TEST(TensorDict::load_memmap(path).equal(want));
+        TensorDict shared = zeros_like(td);
+        shared.share_memory_();
+        td.map(plus_one_fn(), MapOptions(o).out(shared));
+        BOOST_TEST(shared.equal(want));
+        // float64 results into the float32 leaves of out
+        TensorDict out64 = zeros_like(td).memmap(path + "_64");
+        td.map([](const TensorDict& c) { return c.apply([](const at::Tensor& t) {
+                                          return t.is_floating_point() ? t.to(at::kDouble) + 1 : t + 1; }); },
+               MapOptions(o).out(out64));
+        BOOST_TEST(TensorDict::load_memmap(path + "_64").equal(want));
+      }
+    }
+  }
+  BOOST_CHECK_THROW(Config::load(R"({"map": {"out_write": "mmap"}})"), ValueError);
+}
+
+BOOST_AUTO_TEST_CASE(cheap_and_slow_fns_give_the_same_results) {
+  // the caller runs chunk 0 and, from its cost, the rest alone or with helpers: either way the results are
+  // in chunk order, every chunk runs once, and fn sees worker 0 (the caller) or a helper's context
+  Engine engine(Config::load(R"({"map": {"num_workers": 2}})"));
+  TensorDict td({{"i", at::arange(40)}}, {40});
+  for (int slow_ms : {0, 3}) {
+    std::mutex mu;
+    std::multiset<int64_t> starts;
+    std::set<int64_t> workers, seeds;
+    TensorDict r = td.map(
+        [&](const TensorDict& c) {
+          if (slow_ms) std::this_thread::sleep_for(milliseconds(slow_ms));
+          const MapWorkerContext* w = current_map_worker();
+          std::lock_guard<std::mutex> lock(mu);
+          starts.insert(c.get("i")[0].item<int64_t>());
+          if (w) {
+            workers.insert(w->worker_index);
+            seeds.insert(w->seed);
+          }
+          return c.apply(plus_one);
+        },
+        MapOptions().chunksize(4).seed(7));
+    BOOST_TEST_CONTEXT("slow_ms " << slow_ms) {
+      BOOST_TEST(at::equal(r.get("i"), at::arange(40) + 1));
+      BOOST_TEST(starts.size() == 10u);
+      BOOST_TEST(std::set<int64_t>(starts.begin(), starts.end()).size() == 10u);
+      BOOST_TEST(workers.count(0) == 1u);  // the caller always runs chunk 0
+      for (auto w : workers) BOOST_TEST((w == 0 || w == 1));
+      for (auto s : seeds) BOOST_TEST((s == 7 || s == 8));
+    }
+  }
+  BOOST_TEST(current_map_worker() == nullptr);
+}
+
+BOOST_AUTO_TEST_CASE(no_fn_runs_after_map_throws) {
+  // the first error stops the claims; map returns only when the chunks in hand are finished, so fn (which may
+  // hold references to the caller's stack) never runs after map has thrown
+  Engine engine(Config::load(R"({"map": {"num_workers": 2}})"));
+  TensorDict td({{"i", at::arange(64)}}, {64});
+  for (int64_t bad : {0, 1, 9}) {
+    std::atomic<bool> returned{false};
+    std::atomic<int> late{0}, calls{0};
+    auto fn = [&, bad](const TensorDict& c) {
+      ++calls;
+      std::this_thread::sleep_for(milliseconds(2));
+      if (returned.load()) ++late;
+      if (c.get("i")[0].item<int64_t>() == bad) throw ValueError("chunk " + std::to_string(bad));
+      return c;
+    };
+    const std::string m = message_of<ValueError>([&] { td.map(fn, MapOptions().chunksize(1)); });
+    returned = true;
+    std::this_thread::sleep_for(milliseconds(20));
+    BOOST_TEST(m == "ValueError: chunk " + std::to_string(bad));
+    BOOST_TEST(late.load() == 0);
+    BOOST_TEST(calls.load() < 64);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(fn_returning_none) {
   Engine engine;
   TensorDict td = sample();

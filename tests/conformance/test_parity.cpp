@@ -1,6 +1,8 @@
 // Upstream parity (issue 15): the behaviours where the engine used to differ from Python tensordict v0.14,
 // over every node kind of the conformance zoo. Each test names the upstream behaviour it pins down; the
 // exception classes are upstream's (RuntimeError / ValueError / IndexError / AssertionError / AttributeError).
+#include <map>
+
 #include <boost/test/unit_test.hpp>
 
 #include "conformance/zoo.hpp"
@@ -107,6 +109,57 @@ BOOST_AUTO_TEST_CASE(test_malformed_indices_raise_runtime_error) {
     BOOST_CHECK_THROW(td.index_put_({mask({1, 0, 1})}, at::Scalar(1)), RuntimeError);
     BOOST_CHECK_THROW(td.index_put_({Ellipsis, 0, Ellipsis}, at::Scalar(1)), RuntimeError);
     BOOST_TEST(abc_equal(td, ref));
+  });
+}
+
+BOOST_AUTO_TEST_CASE(test_int_and_index_list_mixes_as_torch) {
+  // upstream v0.14 (_td.py): a read is _index_tensordict (each leaf `tensor[index]`, batch from
+  // _getitem_batch_size, which for these mixes gives torch's shape: an int selects its dim, it is not an
+  // advanced index as in numpy); a write of a scalar or tensor is set_at_ per key, i.e. _set_at_str ->
+  // _set_item -> `tensor[index] = value`, torch's own write, and a TensorDict value is checked against
+  // _getitem_batch_size then written the same way. Nothing raises for these mixes on a TensorDict (the engine
+  // README records what upstream's lazy stacks do). Every member must read and write as torch does on its
+  // dense form.
+  const std::vector<Index> mixes = {
+      {0, longs({1, 2})},                    // int, list
+      {longs({0, 3}), 1},                    // list, int
+      {1, Slice(), longs({0, 1})},           // int, slice, list: torch [3, 2, 1] (numpy would give [2, 3, 1])
+      {longs({0, 2}), 0, longs({1, 0})},     // list, int, list
+      {Slice(1, 3), 2, longs({1, 1, 0})},    // slice, int, list (repeated rows)
+      {2, longs({0, 2}), 1, 0},              // int, list, int, int
+      {longs({3, 1}), Slice(), 1},           // list, slice, int
+  };
+  for_each_member([&](const Member& m, TensorDict td, const TensorDict& ref) {
+    const at::Tensor shape_probe = at::zeros({4, 3, 2, 1});
+    for (size_t i = 0; i < mixes.size(); ++i) {
+      BOOST_TEST_CONTEXT("index mix " << i) {
+        const Index& idx = mixes[i];
+        const at::Tensor probe = shape_probe.index(idx);
+        const BatchSize want(probe.sizes().begin(), probe.sizes().end());
+        TensorDict r = td.index(idx);
+        BOOST_TEST(r.batch_size() == want);
+        for (const char* k : {"a", "b", "c"}) BOOST_TEST(r.get(k).equal(ref.get(k).index(idx)), k);
+      }
+    }
+    if (!m.writable) return;
+    // writes, applied to the dense reference with torch in the same order
+    std::map<std::string, at::Tensor> expect;
+    for (const char* k : {"a", "b", "c"}) expect[k] = ref.get(k).clone();
+    for (size_t i = 0; i < mixes.size(); ++i) {
+      BOOST_TEST_CONTEXT("index mix " << i) {
+        const Index& idx = mixes[i];
+        const auto fill = static_cast<double>(10 + i);
+        td.index_put_(idx, at::Scalar(fill));
+        for (auto& kv : expect) kv.second.index_put_(idx, fill);
+        // a TensorDict value of the indexed batch size
+        const at::Tensor probe = at::zeros({4, 3, 2, 1}).index(idx);
+        TensorDict v = value_of(ref, BatchSize(probe.sizes().begin(), probe.sizes().end()), 4);
+        v.apply_([&](const at::Tensor& t) { return t.fill_(fill + 0.5); });
+        td.index_put_(idx, v);
+        for (auto& kv : expect) kv.second.index_put_(idx, v.get(kv.first));
+        for (const auto& kv : expect) BOOST_TEST(td.get(kv.first).equal(kv.second), kv.first);
+      }
+    }
   });
 }
 

@@ -56,6 +56,62 @@ BOOST_AUTO_TEST_CASE(test_rename_key_moves_it_to_the_end) {
   BOOST_TEST(names(td.get_td("sub").keys()) == std::vector<std::string>({"y", "w"}));
 }
 
+BOOST_AUTO_TEST_CASE(test_key_order_after_update) {
+  // upstream TensorDictBase.update walks other.items() (its top level, in its order): a key that exists keeps its
+  // place (a sub-TensorDict on both sides is updated recursively, a leaf or a sub-TensorDict replaced by
+  // _set_str keeps its dict slot), a new key (leaf or sub-TensorDict) is appended in other's order. keys(True)
+  // lists a sub-TensorDict after its own keys (_TensorDictKeysView._iter_helper: post-order).
+  TensorDict td = sample();  // a, sub{x, y}, b
+  TensorDict other(Dict{{"c", Dict{{"z", at::ones({4})}}},
+                        {"sub", Dict{{"w", at::ones({4})}, {"x", at::ones({4, 3})}}},
+                        {"a", at::ones({4, 3})},
+                        {"d", at::ones({4})}},
+                   {4});
+  td.update(other);
+  BOOST_TEST(names(td.keys()) == std::vector<std::string>({"a", "sub", "b", "c", "d"}));
+  BOOST_TEST(names(td.get_td("sub").keys()) == std::vector<std::string>({"x", "y", "w"}));
+  BOOST_TEST(names(td.keys(KeysOptions().include_nested(true))) ==
+             std::vector<std::string>({"a", "sub.x", "sub.y", "sub.w", "sub", "b", "c.z", "c", "d"}));
+  BOOST_TEST(names(td.keys(KeysOptions().include_nested(true).leaves_only(true))) ==
+             std::vector<std::string>({"a", "sub.x", "sub.y", "sub.w", "b", "c.z", "d"}));
+  BOOST_TEST(td.get({"sub", "x"}).eq(1).all().item<bool>());
+  BOOST_TEST(td.get({"sub", "y"}).eq(0).all().item<bool>());
+  // a leaf replaced by a sub-TensorDict, and a sub-TensorDict replaced by a leaf, keep their slots
+  td.update(TensorDict(Dict{{"b", Dict{{"q", at::ones({4})}}}, {"sub", at::ones({4})}}, {4}));
+  BOOST_TEST(names(td.keys()) == std::vector<std::string>({"a", "sub", "b", "c", "d"}));
+  BOOST_TEST(td.get_entry("sub").is_tensor());
+  BOOST_TEST(td.get_entry("b").is_tensordict());
+  // a nested key of other whose level is missing creates the level at the end (_set_tuple / _create_nested_str)
+  td.update(TensorDict(Dict{{NestedKey{"e", "f"}, at::ones({4})}, {"a", at::zeros({4, 3})}}, {4}));
+  BOOST_TEST(names(td.keys()) == std::vector<std::string>({"a", "sub", "b", "c", "d", "e"}));
+}
+
+BOOST_AUTO_TEST_CASE(test_key_order_after_nested_rename) {
+  // upstream TensorDict.rename_key_: _set_str / _set_tuple(new_key, get(old_key)), then del_(old_key): the new key
+  // goes where a set puts it (end of its level, a missing level created at the end of its parent), the old
+  // slot disappears; an existing new_key (safe=False) is overwritten in its slot
+  TensorDict td = sample();  // a, sub{x, y}, b
+  td.set({"sub", "z"}, at::zeros({4}));
+  td.rename_key_({"sub", "x"}, {"sub", "x2"});
+  BOOST_TEST(names(td.get_td("sub").keys()) == std::vector<std::string>({"y", "z", "x2"}));
+  td.rename_key_({"sub", "y"}, "y");  // out of the level: appended to the root
+  BOOST_TEST(names(td.keys()) == std::vector<std::string>({"a", "sub", "b", "y"}));
+  BOOST_TEST(names(td.get_td("sub").keys()) == std::vector<std::string>({"z", "x2"}));
+  td.rename_key_("a", {"new", "a"});  // into a missing level: the level is created at the end
+  BOOST_TEST(names(td.keys()) == std::vector<std::string>({"sub", "b", "y", "new"}));
+  td.rename_key_("sub", "sub2");  // a sub-TensorDict moves as a whole, its keys in their order
+  BOOST_TEST(names(td.keys()) == std::vector<std::string>({"b", "y", "new", "sub2"}));
+  BOOST_TEST(names(td.keys(KeysOptions().include_nested(true))) ==
+             std::vector<std::string>({"b", "y", "new.a", "new", "sub2.z", "sub2.x2", "sub2"}));
+  td.set("y", at::full({4}, 3.0));
+  td.rename_key_("y", "b");  // onto an existing key (safe=false): b keeps its slot and takes y's value
+  BOOST_TEST(names(td.keys()) == std::vector<std::string>({"b", "new", "sub2"}));
+  BOOST_TEST(td.get("b").eq(3).all().item<bool>());
+  td.rename_key_({"sub2", "z"}, {"new", "z"});  // from one level into another existing one
+  BOOST_TEST(names(td.get_td("new").keys()) == std::vector<std::string>({"a", "z"}));
+  BOOST_TEST(names(td.get_td("sub2").keys()) == std::vector<std::string>({"x2"}));
+}
+
 BOOST_AUTO_TEST_CASE(test_flatten_keys_drops_empty_sub_tensordicts) {
   TensorDict td = sample();
   td.set("empty", TensorDict(BatchSize{4}));

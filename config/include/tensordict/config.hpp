@@ -24,6 +24,10 @@ struct Config {
   int64_t map_progress_interval_ms = 1000;
   //! worker processes: how long map waits for them to exit after the stop message before SIGKILL
   int64_t map_process_exit_grace_ms = 2000;
+  //! how map workers write a chunk into a memmap / shared out: "pwrite" (into the page cache through the
+  //! file, no page faults on the mapping; a shared out: "populate"), "populate" (MADV_POPULATE_WRITE over
+  //! the chunk's pages, then stores) or "copy" (stores through the mapping, one fault per fresh 4 KiB page)
+  std::string map_out_write = "pwrite";
   // shm.*: name prefix of the shared-memory segments this process creates; an Engine whose prefix differs
   // from the default sets it process-wide (TensorDict::set_shm_prefix) when it starts
   std::string shm_prefix = "tensordict_";

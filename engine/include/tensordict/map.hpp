@@ -38,7 +38,8 @@ struct MapOptions {
   //! map_iter only: a random order of elements (one global randperm, seeded by `seed`); results are
   //! yielded as they complete; every element exactly once
   TD_ARG(bool, shuffle) = false;
-  //! base seed: worker i gets a generator seeded seed + i (see current_map_worker()); default: random
+  //! base seed: worker i gets a generator seeded seed + i (see current_map_worker()); default: drawn from
+  //! torch's default CPU generator, as upstream (so at::manual_seed makes it reproducible)
   TD_ARG(std::optional<int64_t>, seed) = std::nullopt;
   //! torch intra-op threads while a worker runs fn; default: config map.torch_threads_per_worker
   TD_ARG(std::optional<int64_t>, worker_threads) = std::nullopt;
@@ -89,6 +90,13 @@ struct MapChunk {
   std::vector<int64_t> indices;       //!< shuffle: gathered elements (a copy, not a view)
 };
 
+//! how a chunk's result is written into a memmap / shared `out` (config map.out_write)
+enum class MapOutWrite {
+  Copy,      //!< stores through the mapping (a fresh page faults on first touch, ~10 us per 4 KiB here)
+  Pwrite,    //!< pwrite(2) into the file's page cache (a memmap leaf); other mappings as Populate
+  Populate,  //!< MADV_POPULATE_WRITE over the chunk's pages, then stores
+};
+
 //! a validated map request: everything a backend needs to schedule it
 struct MapPlan {
   int64_t dim = 0;                     //!< normalised to [0, batch_dims)
@@ -102,6 +110,7 @@ struct MapPlan {
   int64_t worker_threads = 1;
   bool progress = false;
   int64_t num_processes = 0;           //!< how many of the num_workers are worker processes (the last ones)
+  MapOutWrite out_write = MapOutWrite::Pwrite;  //!< in_place_out: how chunks are written (set by the backend)
 };
 
 namespace map_detail {

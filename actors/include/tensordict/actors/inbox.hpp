@@ -39,6 +39,17 @@ class Inbox {
     if (waiters_.load(std::memory_order_relaxed) > 0) cv_.notify_one();
   }
 
+  //! the next value if one is waiting (never blocks)
+  std::optional<T> try_pop() {
+    if (pushed_.load(std::memory_order_acquire) == popped_) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty()) return std::nullopt;
+    T v = std::move(queue_.front());
+    queue_.pop_front();
+    ++popped_;
+    return v;
+  }
+
   //! the next value; nullopt when `deadline` passes first
   std::optional<T> pop(std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
     if (pushed_.load(std::memory_order_acquire) == popped_ && spin_.count() > 0) {

@@ -53,5 +53,30 @@ struct LocalMapJob {
 //! spawns the coordinator (which spawns the workers)
 caf::actor spawn_map_coordinator(caf::actor_system& sys, std::shared_ptr<LocalMapJob> job);
 
+//! td.map with a closure, in process (Runtime::map): the caller is worker 0. It runs chunk 0 itself, timed,
+//! and from that cost per row decides how many helpers pay off; helpers (worker actors 1..k) and the caller
+//! then claim chunks from one counter until none is left, so no chunk waits in a mailbox and the caller's
+//! thread works instead of waiting. Helpers push their results, their first error and their exit into
+//! `events`.
+struct SharedMapJob {
+  TensorDict src;
+  MapFn fn;
+  MapPlan plan;
+  std::atomic<int64_t> next{0};        //!< the next chunk nobody has claimed
+  std::atomic<bool> cancelled{false};  //!< an error: nobody claims chunks any more
+  //! Result (a chunk done by a helper), Error (a helper's fn failed), End (a helper exited)
+  std::shared_ptr<Inbox<MapEvent>> events;
+  //! the next chunk index, or -1 when every chunk is claimed or the job is cancelled
+  int64_t claim() {
+    if (cancelled.load(std::memory_order_relaxed)) return -1;
+    const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+    return c < static_cast<int64_t>(plan.chunks.size()) ? c : -1;
+  }
+};
+
+//! spawns helper `index` (a worker actor on the scheduler): it claims and runs chunks until none is left,
+//! then pushes End and quits
+caf::actor spawn_map_helper(caf::actor_system& sys, std::shared_ptr<SharedMapJob> job, int64_t index);
+
 }  // namespace actors
 }  // namespace tensordict

@@ -3,6 +3,7 @@
 //! (an echo actor for facade health checks) and the map backend (coordinator + worker actors per call).
 //! api/'s Engine owns one; holders of a MapIter share it, so the system outlives every actor handle
 //! (CAF pitfall: a handle that outlives its actor_system makes the system's destructor hang).
+#include <atomic>
 #include <chrono>
 #include <memory>
 
@@ -33,6 +34,8 @@ class Runtime : public MapBackend, public std::enable_shared_from_this<Runtime> 
   //! a facade round trip to the echo actor (spin-then-block reply box); BackendError on timeout
   int64_t ping(int64_t x = 0);
 
+  //! td.map(fn): the caller runs chunk 0 and decides from its measured cost per row whether to run the rest
+  //! itself or with helper workers (see SharedMapJob); the result is the same either way
   TensorDict map(const TensorDict& src, const MapFn& fn, const MapOptions& options) override;
   MapIter map_iter(const TensorDict& src, const MapFn& fn, const MapOptions& options) override;
   //! td.map("name", ...): with options.worker_processes() > 0 starts that many worker processes (fork +
@@ -46,6 +49,10 @@ class Runtime : public MapBackend, public std::enable_shared_from_this<Runtime> 
   std::unique_ptr<caf::actor_system_config> cfg_;
   std::unique_ptr<caf::actor_system> system_;
   caf::actor echo_;  // after system_: released first
+  //! measured by map over the calls that started helpers (smoothed): the spawn of one helper on the caller's
+  //! thread, and what the helpers lost against the ideal split of the chunks (times the number of workers)
+  std::atomic<int64_t> helper_spawn_ns_{20000};
+  std::atomic<int64_t> helper_start_ns_{100000};
 };
 
 }  // namespace actors

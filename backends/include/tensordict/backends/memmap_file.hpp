@@ -77,6 +77,21 @@ std::optional<std::string> mapped_filename(const at::Tensor& t);
 //! private/anonymous mappings: no-op). Throws ValueError if `t` is not a mapped tensor, BackendError on failure.
 void flush(const at::Tensor& t);
 
+//! Writes `src` into `dst`, a C-contiguous view of a writable file mapping made here, with pwrite(2) of its
+//! bytes at dst's offset in the file instead of stores through the mapping: the kernel fills the page
+//! cache without a page fault per 4 KiB (on these VMs ~10 us each on a fresh mapping), and the mapping
+//! sees the bytes (one page cache). `src` must have dst's shape; it is converted to dst's dtype. Returns
+//! false, having written nothing, when dst is not such a view (private, anonymous, not mapped here, not
+//! contiguous) or the shapes differ; BackendError when the file cannot be written.
+//! Thread-safety: as for any write to those bytes (disjoint views may be written concurrently).
+bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src);
+
+//! madvise(MADV_POPULATE_WRITE) over the pages of `dst`, a C-contiguous CPU tensor (a view of a shared or
+//! file mapping, any memory): the kernel allocates and maps them in one call, so the stores that follow do
+//! not fault page by page. Returns false when dst is not contiguous or the kernel refuses (MADV_POPULATE_WRITE
+//! is Linux 5.14+). Use it on outputs only: on a private file mapping it copies every page.
+bool populate_for_write(const at::Tensor& dst);
+
 //! Number of live mappings created by this file's functions (diagnostics and leak tests).
 size_t live_mappings();
 
