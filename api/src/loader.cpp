@@ -264,6 +264,47 @@ inline void cpu_relax() {
   std::this_thread::yield();
 #endif
 }
+inline int64_t now_ns_fwd() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+//! spin budgets before a futex sleep (tunable for experiments: TENSORDICT_LOADER_SPIN_US="trainer,worker")
+struct SpinBudget {
+  int64_t trainer_ns = 50000;
+  int64_t worker_ns = 100000;
+  SpinBudget() {
+    if (const char* e = std::getenv("TENSORDICT_LOADER_SPIN_US")) {
+      long long t = 0, w = 0;
+      if (std::sscanf(e, "%lld,%lld", &t, &w) == 2) {
+        trainer_ns = t * 1000;
+        worker_ns = w * 1000;
+      }
+    }
+  }
+};
+const SpinBudget& spin_budget() {
+  static const SpinBudget b;
+  return b;
+}
+
+//! spins (pause, then sched_yield so that a thread waiting for this core runs) until `ready()` or `budget_ns`
+template <class F>
+bool spin_until(F ready, int64_t budget_ns) {
+  if (budget_ns <= 0) return ready();
+  const int64_t deadline = now_ns_fwd() + budget_ns;
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    if (i < 32) {
+      for (int k = 0; k < 16; ++k) cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+    if ((i & 7) == 7 && now_ns_fwd() > deadline) return ready();
+  }
+}
+
 
 void copy_message(char* dst, uint32_t& len, const std::string& msg) {
   const size_t n = std::min(msg.size(), kErrBytes);
@@ -621,12 +662,10 @@ struct WorkerCore {
         run(static_cast<uint32_t>(s));
         continue;
       }
-      bool changed = false;
-      for (int i = 0; i < 256 && !changed; ++i) {
-        cpu_relax();
-        changed = h.work_seq.load(std::memory_order_relaxed) != seq;
+      if (spin_until([&] { return h.work_seq.load(std::memory_order_relaxed) != seq || h.shutdown.load(std::memory_order_relaxed); },
+                     spin_budget().worker_ns)) {
+        continue;
       }
-      if (changed) continue;
       h.work_waiters.fetch_add(1, std::memory_order_seq_cst);
       if (h.work_seq.load(std::memory_order_seq_cst) == seq && !h.shutdown.load()) futex_wait(&h.work_seq, seq, 100000);
       h.work_waiters.fetch_sub(1, std::memory_order_seq_cst);
@@ -948,7 +987,7 @@ struct DataLoader::Impl {
       return s == kReady || s == kFailed;
     };
     if (done()) return;
-    for (int i = 0; i < 64 && !done(); ++i) cpu_relax();
+    if (spin_until(done, spin_budget().trainer_ns)) return;
     int64_t last_check = 0;
     while (!done()) {
       const int64_t now = now_ns();

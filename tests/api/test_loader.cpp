@@ -509,7 +509,8 @@ BOOST_AUTO_TEST_CASE(no_segment_is_left_after_a_sigkilled_trainer) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     t.kill_and_wait();
-    BOOST_TEST(shm_names(my_ring_prefix(trainer)).size() == 1u);
+    // (at most one: a loader created meanwhile by another process may already have run the cleanup)
+    BOOST_TEST(shm_names(my_ring_prefix(trainer)).size() <= 1u);
     backends::cleanup_stale_segments(DataLoader::shm_prefix());
     BOOST_TEST(shm_names(my_ring_prefix(trainer)).empty());
   }
