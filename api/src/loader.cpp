@@ -602,7 +602,8 @@ struct WorkerCore {
     SlotCtl& c = *ring->ctl(slot);
     const int64_t n = c.nrows;
     try {
-      if (at::get_num_threads() != worker_threads) at::set_num_threads(static_cast<int>(worker_threads));
+      // a worker's torch threads; the trainer's own thread (num_workers 0) keeps the user's setting
+      if (index >= 0 && at::get_num_threads() != worker_threads) at::set_num_threads(static_cast<int>(worker_threads));
       at::Tensor idx = at::from_blob(ring->indices(slot), {n}, at::TensorOptions().dtype(at::kLong));
       if (!transform) {
         gather(idx, n, slot, true);
