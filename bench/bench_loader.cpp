@@ -5,7 +5,7 @@
 //!     processes (target: >= 0.9x the loop's samples/s);
 //!  2. a per-batch transform costing ~4x the gather (`bench_work`: k elementwise passes over x, k calibrated here):
 //!     the loop doing gather + transform vs 2 worker threads / processes (target: >= 1.7x).
-//! Each contender: one warm-up epoch (worker processes start, fresh mappings fault their pages in), then
+//! Every contender computes its epoch's order (the sampler's randperm) inside the timed epoch. Each contender: one warm-up epoch (worker processes start, fresh mappings fault their pages in), then
 //! `--epochs` measured epochs (median samples/s). The trainer only touches one value per batch. Reported per
 //! loader: samples/s, ratio to the loop measured in the same run, the trainer's median wait per batch and the
 //! median batch latency (dispatch to ready), and `cores_used`: the CPU time of the trainer and its workers over the
@@ -99,10 +99,11 @@ Result single_thread(const TensorDict& td, const Sampler& sampler, int64_t batch
   const int64_t n = td.batch_size()[0];
   std::vector<double> rates, cores;
   for (int64_t e = -1; e < epochs; ++e) {  // epoch -1: warm-up
-    at::Tensor order = sampler.indices(n, e + 1);
     const int64_t nb = n / batch;
     const double c0 = self_cpu_s();
     auto t0 = Clock::now();
+    // the epoch's order is part of the epoch, as in the loader (randperm of 1M rows: 10-40 ms here)
+    at::Tensor order = sampler.indices(n, e + 1);
     for (int64_t b = 0; b < nb; ++b) {
       TensorDict x = td.index({order.narrow(0, b * batch, batch)});
       if (transform) x = bench_work(x);
