@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds benchmarks and runs them, one JSON object per benchmark on stdout (build output goes to stderr).
-# Usage: scripts/bench.sh [bench_core] [bench_actors] [bench_map] [bench_storage] [bench_h5] [bench_h5_store] [bench_redis]   (default: bench_core)
+# Usage: scripts/bench.sh [bench_core] [bench_actors] [bench_map] [bench_storage] [bench_h5] [bench_h5_store] [bench_redis] [bench_loader] [bench_typed]   (default: bench_core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")

@@ -128,9 +128,9 @@ void ProcessTable::reap_all(std::chrono::milliseconds grace) {
 }
 
 // ============================================================================ spawning
-pid_t spawn_worker_process(const std::string& executable, const std::string& env_value) {
+pid_t spawn_worker_process(const std::string& executable, const std::string& env_value, const char* env_name) {
   // everything the child needs is prepared before fork: between fork and exec it only makes syscalls
-  const std::string prefix = std::string(kMapWorkerEnv) + "=";
+  const std::string prefix = std::string(env_name) + "=";
   std::vector<std::string> env_strings;
   for (char** e = environ; e && *e; ++e) {
     if (std::strncmp(*e, prefix.c_str(), prefix.size()) != 0) env_strings.emplace_back(*e);

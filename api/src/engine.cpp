@@ -1,4 +1,5 @@
 #include "tensordict/engine.hpp"
+#include "tensordict/loader.hpp"
 
 #include <cstdlib>
 #include <mutex>
@@ -68,7 +69,11 @@ TensorDict Engine::map(const TensorDict& td, const std::string& fn_name, const M
   return rt_->map_named(td, fn_name, fn, options);
 }
 
-bool run_worker_if_requested(int argc, char** argv) { return actors::run_map_worker_process(argc, argv); }
+bool run_worker_if_requested(int argc, char** argv) {
+  // a DataLoader worker process, or a map worker process (neither returns when it is one)
+  if (loader_detail::run_loader_worker_process(argc, argv)) return true;
+  return actors::run_map_worker_process(argc, argv);
+}
 
 std::shared_ptr<Engine> Engine::default_engine() {
   std::lock_guard<std::mutex> lock(g_default_mutex);

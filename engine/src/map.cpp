@@ -429,6 +429,11 @@ TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan
   return result;
 }
 
+TensorDict call_with_context(const MapFn& fn, const TensorDict& input, const MapWorkerContext& ctx) {
+  WorkerScope scope(&ctx);
+  return fn(input);
+}
+
 CarriedError carry_current_exception(int64_t chunk) {
   CarriedError ce;
   ce.chunk = chunk;

@@ -59,7 +59,9 @@ class Engine {
 //! map worker (by td.map: fork + exec of MapOptions().worker_executable(), default this program) it
 //! connects to the coordinator on 127.0.0.1, runs the named fn on the chunks it is given, writes the
 //! results into the memmap/shared out, and exits the process when the map is over or the coordinator
-//! goes away (it never returns).
+//! goes away (it never returns). The same call serves a DataLoader's worker processes
+//! (LoaderOptions().worker_processes(n), tensordict/loader.hpp): it maps the loader's ring, reopens the
+//! dataset and fills batch slots until the loader stops (it never returns either).
 //!   int main(int argc, char** argv) {
 //!     tensordict::register_map_fn("normalize", normalize);
 //!     tensordict::run_worker_if_requested(argc, argv);

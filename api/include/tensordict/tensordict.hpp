@@ -9,6 +9,7 @@
 #include "tensordict/config.hpp"
 #include "tensordict/engine.hpp"
 #include "tensordict/lazy_stack.hpp"
+#include "tensordict/loader.hpp"
 #include "tensordict/map.hpp"
 #include "tensordict/node.hpp"
 #include "tensordict/persistent.hpp"

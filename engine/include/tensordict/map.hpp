@@ -128,6 +128,8 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan);
 //! runs fn on one chunk inside a worker: sets the thread-local context and torch threads
 TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan, size_t chunk_index,
                      MapWorkerContext& ctx);
+//! fn(input) with `ctx` as current_map_worker() for the call (the DataLoader's per-batch transforms)
+TensorDict call_with_context(const MapFn& fn, const TensorDict& input, const MapWorkerContext& ctx);
 //! an exception from a worker, as it crosses the actor boundary: its ErrorCode and its bare message
 //! (Error::message(), without the "Name: " prefix; never parsed back out of what())
 struct CarriedError {

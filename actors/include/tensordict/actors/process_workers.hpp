@@ -51,9 +51,11 @@ class ProcessTable {
   std::vector<bool> reaped_;
 };
 
-//! fork + exec `executable` with `env_value` in kMapWorkerEnv (the rest of the environment inherited,
-//! file descriptors above 2 closed, SIGKILL when the parent thread dies). BackendError when fork fails.
-pid_t spawn_worker_process(const std::string& executable, const std::string& env_value);
+//! fork + exec `executable` with `env_value` in `env_name` (kMapWorkerEnv for map workers; the DataLoader's
+//! workers use their own variable) and the rest of the environment inherited, file descriptors above 2
+//! closed, SIGKILL when the parent thread dies. BackendError when fork fails.
+pid_t spawn_worker_process(const std::string& executable, const std::string& env_value,
+                           const char* env_name = kMapWorkerEnv);
 
 //! the worker side: returns false at once when kMapWorkerEnv is not set; otherwise connects to the
 //! coordinator, serves chunks until stopped or disconnected and exits the process (never returns)

@@ -1,0 +1,63 @@
+#pragma once
+// Named per-batch transforms of the loader tests, registered in the test process (the DataLoader looks the
+// name up and runs it once to learn the batch layout) and in td_loader_worker (worker processes run them).
+#include <chrono>
+#include <thread>
+
+#include "tensordict/tensordict.hpp"
+
+namespace loader_test {
+
+//! rows of the test datasets: idx = i, x[i, c] = 10 i + c, {"n", "y"}[i] = -i
+inline tensordict::TensorDict dataset(int64_t n) {
+  at::Tensor idx = at::arange(n, at::kLong);
+  at::Tensor x = idx.to(at::kFloat).unsqueeze(1) * 10 + at::arange(4, at::kFloat).unsqueeze(0);
+  return tensordict::TensorDict({{"idx", idx}, {"x", x}, {tensordict::NestedKey{"n", "y"}, -idx.to(at::kDouble)}}, {n});
+}
+
+//! true when every row of the batch is the dataset row its idx names (with `scale`/`shift` applied to x, y)
+inline bool rows_match(const tensordict::TensorDict& b, double scale = 1, double shift = 0) {
+  at::Tensor idx = b.get("idx");
+  at::Tensor want_x = (idx.to(at::kFloat).unsqueeze(1) * 10 + at::arange(4, at::kFloat).unsqueeze(0)) * scale + shift;
+  at::Tensor want_y = -idx.to(at::kDouble) * scale + shift;
+  return at::allclose(b.get("x"), want_x) && at::allclose(b.get(tensordict::NestedKey{"n", "y"}), want_y);
+}
+
+inline void register_fns() {
+  using tensordict::TensorDict;
+  // x and y scaled and shifted, idx kept
+  tensordict::register_map_fn("ld_affine", [](const TensorDict& b) {
+    TensorDict r = b.clone();
+    r.set("x", b.get("x") * 2 + 1);
+    r.set(tensordict::NestedKey{"n", "y"}, b.get(tensordict::NestedKey{"n", "y"}) * 2 + 1);
+    return r;
+  });
+  // a per-batch random column from the batch's generator: the same whatever worker runs the batch
+  tensordict::register_map_fn("ld_seeded", [](const TensorDict& b) {
+    const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    TensorDict r = b.clone();
+    r.set("noise", at::rand({b.batch_size()[0]}, w->generator));
+    r.set("batch", at::full({b.batch_size()[0]}, w->chunk, at::kLong));
+    return r;
+  });
+  // batch 3 of every epoch is poisoned
+  tensordict::register_map_fn("ld_fail_batch_3", [](const TensorDict& b) -> TensorDict {
+    const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    if (w && w->chunk == 3) throw tensordict::IndexError("batch 3 is poisoned");
+    return b;
+  });
+  // slow: leaves time to kill a worker process in the middle of an epoch
+  tensordict::register_map_fn("ld_slow", [](const TensorDict& b) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    return b;
+  });
+  // a result that changes its layout after the first batch
+  tensordict::register_map_fn("ld_bad_layout", [](const TensorDict& b) {
+    const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    TensorDict r = b.clone();
+    if (w && w->chunk == 2) r.set("x", b.get("x").to(at::kDouble));
+    return r;
+  });
+}
+
+}  // namespace loader_test

@@ -1,0 +1,568 @@
+// DataLoader (api/loader.hpp): samplers, order and coverage, every source kind, worker threads and worker
+// processes (td_loader_worker), faults, slot reuse and shared-memory cleanup.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "api/loader_fns.hpp"
+#include "engine/fixtures.hpp"
+#include "redis_server.hpp"
+#include "tensordict/backends/shm.hpp"
+#include "tensordict/tensordict.hpp"
+
+using namespace tensordict;
+using fixtures::TempDir;
+
+namespace {
+
+struct Registered {
+  Registered() { loader_test::register_fns(); }
+};
+const Registered g_registered;
+
+LoaderOptions procs(int64_t n) { return LoaderOptions().worker_processes(n).worker_executable(TD_LOADER_WORKER_EXE); }
+
+//! every batch of one epoch
+std::vector<TensorDict> epoch(DataLoader& loader) {
+  std::vector<TensorDict> out;
+  for (TensorDict b : loader) out.push_back(b.clone());
+  return out;
+}
+
+std::vector<int64_t> all_idx(const std::vector<TensorDict>& batches) {
+  std::vector<int64_t> out;
+  for (const auto& b : batches) {
+    at::Tensor i = b.get("idx").contiguous();
+    out.insert(out.end(), i.data_ptr<int64_t>(), i.data_ptr<int64_t>() + i.numel());
+  }
+  return out;
+}
+
+bool same_batches(const std::vector<TensorDict>& a, const std::vector<TensorDict>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].equal(b[i])) return false;
+  }
+  return true;
+}
+
+bool is_permutation_of_range(std::vector<int64_t> v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) != n) return false;
+  std::sort(v.begin(), v.end());
+  for (int64_t i = 0; i < n; ++i)
+    if (v[static_cast<size_t>(i)] != i) return false;
+  return true;
+}
+
+bool every_batch_matches(const std::vector<TensorDict>& batches, double scale = 1, double shift = 0) {
+  for (const auto& b : batches)
+    if (!loader_test::rows_match(b, scale, shift)) return false;
+  return true;
+}
+
+//! names in /dev/shm that start with `prefix`
+std::vector<std::string> shm_names(const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+std::string my_ring_prefix(pid_t pid = ::getpid()) { return DataLoader::shm_prefix() + std::to_string(pid) + "_"; }
+
+bool pid_gone(pid_t pid) {
+  // reaped children are gone; a zombie of another parent counts as gone too
+  if (::kill(pid, 0) != 0) return true;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return true;
+  char buf[512] = {0};
+  const size_t r = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const char* close = std::strrchr(buf, ')');
+  return r == 0 || !close || close[2] == 'Z' || close[2] == 'X';
+}
+
+//! waits (bounded) until every pid is gone
+bool all_gone(const std::vector<pid_t>& pids, int seconds = 20) {
+  for (int i = 0; i < seconds * 100; ++i) {
+    bool gone = true;
+    for (pid_t p : pids) gone = gone && pid_gone(p);
+    if (gone) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+//! a child running td_loader_worker <mode> <dir> with its stdout on a pipe
+struct TrainerChild {
+  pid_t pid = -1;
+  int out = -1;
+  TrainerChild(const std::string& mode, const std::string& dir) {
+    int fds[2];
+    BOOST_REQUIRE(::pipe(fds) == 0);
+    const std::string exe = TD_LOADER_WORKER_EXE;
+    std::fflush(stdout);
+    std::fflush(stderr);
+    pid = ::fork();
+    BOOST_REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::dup2(fds[1], 1);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      ::execl(exe.c_str(), exe.c_str(), mode.c_str(), dir.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out = fds[0];
+  }
+  //! the first line of its stdout (bounded: `seconds`), "" on timeout or EOF
+  std::string line(int seconds = 120) {
+    std::string s;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char c;
+      if (::read(out, &c, 1) != 1) return "";
+      if (c == '\n') return s;
+      s += c;
+    }
+    return "";
+  }
+  int kill_and_wait() {
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid = -1;
+    return status;
+  }
+  ~TrainerChild() {
+    if (pid > 0) kill_and_wait();
+    if (out >= 0) ::close(out);
+  }
+};
+
+std::vector<pid_t> pids_of(const std::string& ready_line) {
+  std::vector<pid_t> out;
+  std::istringstream in(ready_line);
+  std::string word;
+  in >> word;
+  long p;
+  while (in >> p) out.push_back(static_cast<pid_t>(p));
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(loader)
+
+BOOST_AUTO_TEST_CASE(bad_input_is_a_clear_error) {
+  TensorDict td = loader_test::dataset(20);
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().batch_size(0)), ValueError);
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().batch_size(-3)), ValueError);
+  BOOST_CHECK_THROW(DataLoader(loader_test::dataset(0), LoaderOptions().batch_size(4)), ValueError);
+  BOOST_CHECK_THROW(DataLoader(TensorDict({{"a", at::zeros({3})}}, {}), LoaderOptions()), BatchSizeError);
+  BOOST_CHECK_THROW(DataLoader(TensorDict::undefined(), LoaderOptions()), ValueError);
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().batch_size(30).drop_last(true)), ValueError);  // no batch
+  BOOST_CHECK_THROW(Sampler::distributed(2, 2), ValueError);
+  BOOST_CHECK_THROW(Sampler::distributed(-1, 2), ValueError);
+  BOOST_CHECK_THROW(Sampler::distributed(0, 0), ValueError);
+  BOOST_CHECK_THROW(Sampler::weighted(at::ones({3}), 0), ValueError);
+  BOOST_CHECK_THROW(Sampler::weighted(at::tensor({1.0, -1.0, 2.0}), 4), ValueError);
+  BOOST_CHECK_THROW(Sampler::weighted(at::zeros({3}), 4), ValueError);
+  BOOST_CHECK_THROW(Sampler::weighted(at::ones({3, 2}), 4), ValueError);
+  BOOST_CHECK_THROW(Sampler::weighted(at::tensor({1.0, NAN}), 4), ValueError);
+  BOOST_CHECK_THROW(Sampler::weighted(at::tensor({1.0, 0.0, 1.0}), 3, /*replacement=*/false), ValueError);
+  // weights of the wrong length for the dataset
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().sampler(Sampler::weighted(at::ones({19}), 8))), ValueError);
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().prefetch(0)), ValueError);
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().num_workers(-1)), ValueError);
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().num_workers(1).worker_processes(2)), ValueError);
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().transform_name("no_such_transform")), KeyError);
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().transform_name("ld_affine").transform([](const TensorDict& b) { return b; })),
+                    ValueError);
+  // worker processes: an in-memory dataset cannot be reopened elsewhere; closures cannot cross processes
+  BOOST_CHECK_THROW(DataLoader(td, procs(1)), ValueError);
+  TempDir dir("loader");
+  TensorDict mm = loader_test::dataset(20).memmap_(dir.path + "/mm");
+  BOOST_CHECK_THROW(DataLoader(mm, procs(1).transform([](const TensorDict& b) { return b; })), ValueError);
+  BOOST_CHECK_THROW(DataLoader(mm, procs(1).worker_executable(dir.path + "/none")), ValueError);
+  // non-tensor leaves are refused by name
+  TensorDict nt = loader_test::dataset(6);
+  nt.set_non_tensor("task", JsonValue("pick"));
+  BOOST_CHECK_EXCEPTION(DataLoader(nt, LoaderOptions()), TypeError,
+                        [](const TypeError& e) { return std::string(e.what()).find("'task'") != std::string::npos; });
+  // a transform whose result does not keep the rows
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().batch_size(4).transform([](const TensorDict& b) { return b.index({0}); })),
+                    BatchSizeError);
+}
+
+BOOST_AUTO_TEST_CASE(sequential_order_and_coverage_with_and_without_drop_last) {
+  TensorDict td = loader_test::dataset(103);
+  DataLoader all(td, LoaderOptions().batch_size(10));
+  BOOST_TEST(all.size() == 11);
+  auto batches = epoch(all);
+  BOOST_REQUIRE(batches.size() == 11u);
+  BOOST_TEST(batches.back().batch_size() == BatchSize({3}));
+  std::vector<int64_t> idx = all_idx(batches);
+  for (int64_t i = 0; i < 103; ++i) BOOST_TEST(idx[static_cast<size_t>(i)] == i);
+  BOOST_TEST(every_batch_matches(batches));
+
+  DataLoader dropped(td, LoaderOptions().batch_size(10).drop_last(true).num_workers(2));
+  BOOST_TEST(dropped.size() == 10);
+  auto d = epoch(dropped);
+  BOOST_REQUIRE(d.size() == 10u);
+  idx = all_idx(d);
+  BOOST_REQUIRE(idx.size() == 100u);
+  for (int64_t i = 0; i < 100; ++i) BOOST_TEST(idx[static_cast<size_t>(i)] == i);
+  // a second epoch is the same
+  BOOST_TEST(same_batches(epoch(dropped), d));
+}
+
+BOOST_AUTO_TEST_CASE(random_order_is_deterministic_for_a_seed_whatever_the_workers) {
+  TensorDict td = loader_test::dataset(257);
+  auto run = [&](int64_t workers, int64_t epochs) {
+    DataLoader l(td, LoaderOptions().batch_size(16).shuffle(true).seed(7).num_workers(workers).transform_name("ld_seeded"));
+    std::vector<std::vector<TensorDict>> out;
+    for (int64_t e = 0; e < epochs; ++e) out.push_back(epoch(l));
+    return out;
+  };
+  auto w0 = run(0, 2);
+  auto w1 = run(1, 2);
+  auto w3 = run(3, 2);
+  for (int e = 0; e < 2; ++e) {
+    BOOST_TEST(same_batches(w0[e], w1[e]), "epoch " << e);
+    BOOST_TEST(same_batches(w0[e], w3[e]), "epoch " << e);
+    BOOST_TEST(is_permutation_of_range(all_idx(w0[e]), 257));
+    BOOST_TEST(every_batch_matches(w0[e]));
+  }
+  BOOST_TEST(!same_batches(w0[0], w0[1]));  // epochs differ
+  // a different seed gives another order; set_epoch replays an epoch
+  DataLoader other(td, LoaderOptions().batch_size(16).shuffle(true).seed(8));
+  BOOST_TEST(all_idx(epoch(other)) != all_idx(w0[0]));
+  DataLoader replay(td, LoaderOptions().batch_size(16).shuffle(true).seed(7).num_workers(2).transform_name("ld_seeded"));
+  replay.set_epoch(1);
+  BOOST_TEST(replay.epoch() == 1);
+  BOOST_TEST(same_batches(epoch(replay), w0[1]));
+  BOOST_TEST(replay.epoch() == 2);
+  // the sampler alone: the same indices for the same (seed, epoch)
+  BOOST_TEST(Sampler::random(3).indices(50, 4).equal(Sampler::random(3).indices(50, 4)));
+}
+
+BOOST_AUTO_TEST_CASE(threads_and_processes_yield_identical_batches) {
+  TempDir dir("loader");
+  TensorDict mm = loader_test::dataset(300).memmap_(dir.path + "/mm");
+  auto opts = [](LoaderOptions o) {
+    return o.batch_size(32).shuffle(true).seed(11).transform_name("ld_seeded").persistent_workers(true);
+  };
+  DataLoader threads(mm, opts(LoaderOptions().num_workers(2)));
+  DataLoader processes(mm, opts(procs(2)));
+  DataLoader mixed(mm, opts(procs(1).num_workers(3)));
+  for (int e = 0; e < 2; ++e) {
+    auto t = epoch(threads);
+    auto p = epoch(processes);
+    auto m = epoch(mixed);
+    BOOST_TEST(same_batches(t, p), "epoch " << e);
+    BOOST_TEST(same_batches(t, m), "epoch " << e);
+    BOOST_TEST(is_permutation_of_range(all_idx(p), 300));
+    BOOST_TEST(every_batch_matches(p));
+  }
+  BOOST_TEST(processes.worker_pids().size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(distributed_shards_split_an_epoch_without_overlap) {
+  TensorDict td = loader_test::dataset(100);
+  for (bool drop_last : {false, true}) {
+    std::vector<int64_t> seen;
+    std::vector<size_t> lengths;
+    for (int64_t rank = 0; rank < 3; ++rank) {
+      DataLoader l(td, LoaderOptions().batch_size(8).num_workers(rank % 2 ? 2 : 0).sampler(Sampler::distributed(rank, 3, true, 5, drop_last)));
+      l.set_epoch(2);
+      auto idx = all_idx(epoch(l));
+      lengths.push_back(idx.size());
+      seen.insert(seen.end(), idx.begin(), idx.end());
+    }
+    std::set<int64_t> unique(seen.begin(), seen.end());
+    BOOST_TEST(unique.size() == seen.size(), "ranks overlap, drop_last " << drop_last);
+    if (drop_last) {
+      for (size_t n : lengths) BOOST_TEST(n == 33u);
+    } else {
+      BOOST_TEST(is_permutation_of_range(seen, 100));
+      BOOST_TEST(lengths[0] == 34u);
+      BOOST_TEST(lengths[2] == 33u);
+    }
+  }
+  // every rank shuffles the same way per epoch: another epoch is another split, still covering everything
+  std::vector<int64_t> seen;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    auto idx = Sampler::distributed(rank, 4, true, 5).indices(10, 3);
+    seen.insert(seen.end(), idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + idx.numel());
+  }
+  BOOST_TEST(is_permutation_of_range(seen, 10));
+}
+
+BOOST_AUTO_TEST_CASE(weighted_sampler_is_deterministic_and_in_range) {
+  TensorDict td = loader_test::dataset(50);
+  at::Tensor w = at::ones({50}, at::kDouble);
+  w.narrow(0, 10, 10).zero_();  // rows 10..19 never drawn
+  w[3] = 50.0;
+  auto run = [&](int64_t workers) {
+    DataLoader l(td, LoaderOptions().batch_size(7).num_workers(workers).sampler(Sampler::weighted(w, 200, true, 9)));
+    BOOST_TEST(l.size() == 29);
+    return all_idx(epoch(l));
+  };
+  auto a = run(0);
+  auto b = run(2);
+  BOOST_TEST(a == b);
+  BOOST_REQUIRE(a.size() == 200u);
+  int64_t threes = 0;
+  for (int64_t i : a) {
+    BOOST_TEST((i >= 0 && i < 50));
+    BOOST_TEST(!(i >= 10 && i < 20));
+    threes += i == 3;
+  }
+  BOOST_TEST(threes > 40);  // weight 50 of 90: far more than any other row (deterministic for seed 9)
+  // without replacement: distinct rows
+  auto idx = Sampler::weighted(w, 40, false, 1).indices(50, 0);
+  std::vector<int64_t> v(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + idx.numel());
+  BOOST_TEST(std::set<int64_t>(v.begin(), v.end()).size() == 40u);
+}
+
+BOOST_AUTO_TEST_CASE(every_source_kind) {
+  const int64_t n = 90;
+  TempDir dir("loader");
+  TensorDict ref = loader_test::dataset(n);
+  TensorDict memmap = ref.clone().memmap_(dir.path + "/mm");
+  TensorDict shared = ref.clone().share_memory_();
+  // a lazy stack of the rows (members by reference, indexed member by member)
+  std::vector<TensorDict> rows;
+  for (int64_t i = 0; i < n; ++i) rows.push_back(ref.index({i}));
+  TensorDict lazy_rows = LazyStackedTensorDict(rows, 0);
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, dir.path + "/d.h5");
+  h5.close();
+  PersistentTensorDict h5r = PersistentTensorDict::from_h5(dir.path + "/d.h5", "r");
+  testutil::RedisServer server;
+  TensorDictStore redis = TensorDictStore::from_tensordict(ref, RedisOptions().port(server.port()));
+
+  struct Case {
+    std::string name;
+    TensorDict td;
+    bool processes;
+  };
+  std::vector<Case> cases{{"memory", ref, false},     {"memmap", memmap, true}, {"shared", shared, true},
+                          {"lazy stack", lazy_rows, false}, {"hdf5", h5r, true},     {"redis", redis, true}};
+  std::vector<TensorDict> want;
+  {
+    DataLoader l(ref, LoaderOptions().batch_size(16).shuffle(true).seed(3).transform_name("ld_affine"));
+    want = epoch(l);
+  }
+  for (auto& c : cases) {
+    for (int mode = 0; mode < (c.processes ? 3 : 2); ++mode) {
+      LoaderOptions o = mode == 2 ? procs(2) : LoaderOptions().num_workers(mode == 0 ? 0 : 2);
+      DataLoader l(c.td, o.batch_size(16).shuffle(true).seed(3).transform_name("ld_affine"));
+      auto got = epoch(l);
+      BOOST_TEST(same_batches(got, want), c.name << " mode " << mode);
+      BOOST_TEST(every_batch_matches(got, 2, 1), c.name << " mode " << mode);
+      // and without a transform: straight into the slots
+      DataLoader plain(c.td, o.batch_size(16).shuffle(true).seed(3).transform_name(""));
+      auto p = epoch(plain);
+      BOOST_TEST(is_permutation_of_range(all_idx(p), n), c.name << " mode " << mode);
+      BOOST_TEST(every_batch_matches(p), c.name << " mode " << mode);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_throwing_transform_reaches_the_trainer_typed_and_naming_the_batch) {
+  TempDir dir("loader");
+  TensorDict mm = loader_test::dataset(100).memmap_(dir.path + "/mm");
+  for (int mode = 0; mode < 3; ++mode) {
+    LoaderOptions o = mode == 2 ? procs(2) : LoaderOptions().num_workers(mode == 0 ? 0 : 2);
+    DataLoader l(mm, o.batch_size(10).transform_name("ld_fail_batch_3").persistent_workers(true));
+    int64_t got = 0;
+    std::string what;
+    try {
+      for (TensorDict b : l) {
+        (void)b;
+        ++got;
+      }
+    } catch (const IndexError& e) {
+      what = e.what();
+    }
+    BOOST_TEST(got == 3, "mode " << mode);
+    BOOST_TEST(what.find("batch 3 of epoch 0") != std::string::npos, what);
+    BOOST_TEST(what.find("batch 3 is poisoned") != std::string::npos, what);
+    // the next epoch runs again (and fails again at its batch 3, naming epoch 1)
+    what.clear();
+    try {
+      epoch(l);
+    } catch (const IndexError& e) {
+      what = e.what();
+    }
+    BOOST_TEST(what.find("batch 3 of epoch 1") != std::string::npos, what);
+  }
+  // a result whose layout changes: ValueError naming the batch and the key
+  DataLoader bad(mm, LoaderOptions().num_workers(2).batch_size(10).transform_name("ld_bad_layout"));
+  BOOST_CHECK_EXCEPTION(epoch(bad), ValueError, [](const ValueError& e) {
+    const std::string w = e.what();
+    return w.find("batch 2 of epoch 0") != std::string::npos && w.find("'x'") != std::string::npos;
+  });
+}
+
+BOOST_AUTO_TEST_CASE(a_killed_worker_process_has_its_batches_reassigned) {
+  TempDir dir("loader");
+  TensorDict mm = loader_test::dataset(400).memmap_(dir.path + "/mm");
+  DataLoader l(mm, procs(2).batch_size(10).shuffle(true).seed(2).transform_name("ld_slow").persistent_workers(true));
+  std::vector<TensorDict> batches;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 40; ++i) {
+    std::optional<TensorDict> b = l.next();
+    if (!b) break;
+    batches.push_back(b->clone());
+    if (i == 2) {
+      pids = l.worker_pids();
+      BOOST_REQUIRE(pids.size() == 2u);
+      ::kill(pids[0], SIGKILL);
+    }
+  }
+  BOOST_TEST(batches.size() == 40u);
+  BOOST_TEST(!l.next());
+  BOOST_TEST(is_permutation_of_range(all_idx(batches), 400));
+  BOOST_TEST(every_batch_matches(batches));
+  BOOST_TEST(l.stats().lost_workers == 1);
+  BOOST_TEST(l.worker_pids() == std::vector<pid_t>{pids[1]});
+  // the last worker process killed too: a clear error, not a hang
+  ::kill(pids[1], SIGKILL);
+  BOOST_CHECK_EXCEPTION(epoch(l), BackendError, [](const BackendError& e) {
+    const std::string w = e.what();
+    return w.find("every worker is gone") != std::string::npos && w.find("signal 9") != std::string::npos;
+  });
+  // a new epoch starts new worker processes
+  auto again = epoch(l);
+  BOOST_TEST(is_permutation_of_range(all_idx(again), 400));
+}
+
+BOOST_AUTO_TEST_CASE(destructor_mid_epoch_stops_and_reaps_everything) {
+  TempDir dir("loader");
+  TensorDict mm = loader_test::dataset(400).memmap_(dir.path + "/mm");
+  std::vector<pid_t> pids;
+  std::optional<TensorDict> kept;
+  {
+    DataLoader l(mm, procs(2).num_workers(3).batch_size(10).transform_name("ld_slow"));
+    kept = l.next();
+    kept = l.next();
+    pids = l.worker_pids();
+  }
+  BOOST_TEST(pids.size() == 2u);
+  for (pid_t p : pids) BOOST_TEST(pid_gone(p), "pid " << p);
+  BOOST_TEST(shm_names(my_ring_prefix()).empty());
+  // the batch kept past the loader stays valid (its mapping lives on, its name is gone)
+  BOOST_REQUIRE(kept.has_value());
+  BOOST_TEST(loader_test::rows_match(*kept));
+  BOOST_TEST(kept->get("idx")[0].item<int64_t>() == 10);
+  // threads only: no name ever stays in /dev/shm
+  {
+    DataLoader l(mm, LoaderOptions().num_workers(2).batch_size(10).transform_name("ld_slow"));
+    l.next();
+    BOOST_TEST(shm_names(my_ring_prefix()).empty());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(no_segment_is_left_after_a_sigkilled_trainer) {
+  TempDir dir("loader");
+  loader_test::dataset(2000).memmap_(dir.path + "/mm");
+  {
+    TrainerChild t("trainer", dir.path + "/mm");
+    const std::string ready = t.line();
+    BOOST_REQUIRE(ready.rfind("ready", 0) == 0);
+    const std::vector<pid_t> workers = pids_of(ready);
+    BOOST_TEST(workers.size() == 2u);
+    const pid_t trainer = t.pid;
+    t.kill_and_wait();
+    BOOST_TEST(all_gone(workers));  // they die with their trainer (PR_SET_PDEATHSIG)
+    BOOST_TEST(shm_names(my_ring_prefix(trainer)).empty());
+  }
+  {
+    // killed before its workers attached: the name is still there, and the stale-segment cleanup removes it
+    TrainerChild t("stall-trainer", dir.path + "/mm");
+    BOOST_REQUIRE(t.line() == "started");
+    const pid_t trainer = t.pid;
+    for (int i = 0; i < 6000 && shm_names(my_ring_prefix(trainer)).empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    t.kill_and_wait();
+    // (at most one: a loader created meanwhile by another process may already have run the cleanup)
+    BOOST_TEST(shm_names(my_ring_prefix(trainer)).size() <= 1u);
+    backends::cleanup_stale_segments(DataLoader::shm_prefix());
+    BOOST_TEST(shm_names(my_ring_prefix(trainer)).empty());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_held_batch_is_never_overwritten) {
+  TensorDict td = loader_test::dataset(500);
+  for (int mode = 0; mode < 2; ++mode) {
+    TempDir dir("loader");
+    TensorDict src = mode == 0 ? td : td.clone().memmap_(dir.path + "/mm");
+    LoaderOptions o = mode == 0 ? LoaderOptions().num_workers(2) : procs(2);
+    DataLoader l(src, o.batch_size(10).shuffle(true).seed(4).ring_slots(7).prefetch(1));
+    const at::Tensor order = Sampler::random(4).indices(500, 0);
+    std::vector<TensorDict> held;
+    std::vector<at::Tensor> views;
+    std::vector<int64_t> held_batches;
+    int64_t b = 0;
+    for (TensorDict batch : l) {
+      if (b % 10 == 0) {
+        held.push_back(batch);                                   // the batch itself
+        views.push_back(batch.get("x").narrow(0, 2, 3));         // and a view of one leaf, kept longer
+        held_batches.push_back(b);
+        if (held.size() > 2) held.erase(held.begin());          // at most 2 batches + views held
+        if (views.size() > 3) views.erase(views.begin());
+      }
+      ++b;
+    }
+    BOOST_TEST(b == 50);
+    for (size_t i = 0; i < held.size(); ++i) {
+      const int64_t k = held_batches[held_batches.size() - held.size() + i];
+      BOOST_TEST(held[i].get("idx").equal(order.narrow(0, k * 10, 10)), "batch " << k << " mode " << mode);
+      BOOST_TEST(loader_test::rows_match(held[i]));
+    }
+    for (size_t i = 0; i < views.size(); ++i) {
+      const int64_t k = held_batches[held_batches.size() - views.size() + i];
+      at::Tensor idx = order.narrow(0, k * 10 + 2, 3).to(at::kFloat);
+      BOOST_TEST(views[i].select(1, 0).equal(idx * 10), "view of batch " << k << " mode " << mode);
+    }
+  }
+  // every slot held: a clear error, not a hang
+  DataLoader l(td, LoaderOptions().num_workers(1).batch_size(10).ring_slots(3).prefetch(1));
+  std::vector<TensorDict> keep;
+  auto keep_all = [&] {
+    for (int i = 0; i < 10; ++i) {
+      auto x = l.next();
+      if (x) keep.push_back(*x);
+    }
+  };
+  BOOST_CHECK_THROW(keep_all(), RuntimeError);
+  BOOST_TEST(keep.size() == 3u);
+  keep.clear();
+  BOOST_TEST(epoch(l).size() == 50u);  // released: the loader runs again
+}
+
+BOOST_AUTO_TEST_SUITE_END()
