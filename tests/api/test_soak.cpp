@@ -163,4 +163,14 @@ BOOST_AUTO_TEST_CASE(map_calls_10000) {
   });
 }
 
+BOOST_AUTO_TEST_CASE(loader_epochs_10000) {
+  TensorDict td = sample_td(64);
+  run_soak("loader", 10000, [&](int i) {
+    DataLoader loader(td, LoaderOptions().batch_size(16).shuffle(true).seed(i).num_workers(2));
+    int64_t rows = 0;
+    for (TensorDict batch : loader) rows += batch.len();
+    BOOST_REQUIRE(rows == 64);
+  });
+}
+
 BOOST_AUTO_TEST_SUITE_END()

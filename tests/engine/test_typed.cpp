@@ -7,11 +7,13 @@
 #include <fstream>
 
 #include "engine/fixtures.hpp"
+#include "engine/zoo.hpp"
 #include "tensordict/lazy_stack.hpp"
 #include "tensordict/typed.hpp"
 
 using namespace tensordict;
 using at::indexing::Slice;
+using zoo::message_of;
 
 namespace {
 
@@ -81,16 +83,6 @@ struct FrozenTc : TensorClass<FrozenTc> {
 struct Holder : TensorClass<Holder> {  // a nested tensorclass field
   TD_FIELDS(Holder, TD_TENSOR(t), TD_NESTED(Pair, pair))
 };
-
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
 
 TensorDict xy(int64_t n = 4) {
   return TensorDict({{"x", at::arange(n * 3, at::kFloat).reshape({n, 3})}, {"y", at::ones({n, 5})}}, {n});
