@@ -682,7 +682,11 @@ void check_index_put_dtype(const TensorDict& td, const Index& index, const at::T
 
 // ============================================================================ public API
 TensorDict TensorDict::index(const Index& index) const {
-  if (typed_) return detail::keep_type(*this, with_schema(nullptr).index(index));
+  if (typed_) {  // the untyped index, then the schema put back (one handle copy, no revalidation)
+    TensorDict out = with_schema(nullptr).index(index);
+    if (out.defined()) out.typed_ = typed_;
+    return out;
+  }
   if (node_ && only_full_slices(index)) return *this;  // upstream: td[:], td[...] are td, whatever the batch
   if (!dense_) {
     if (node_ && !node_->dense_view()) validate_for_node(node_->batch_size, index);

@@ -169,11 +169,11 @@ class RowIterator {
 template <class D, class Parent = TensorDict>
 class TypedTensorDict : public Parent {
   static_assert(std::is_base_of<TensorDict, Parent>::value, "a TypedTensorDict extends TensorDict or another one");
-  static Parent make_parent(const TensorDict& td) {
+  static Parent make_parent(TensorDict td) {
     if constexpr (std::is_same<Parent, TensorDict>::value) {
       return td;
     } else {
-      return Parent(typed_detail::WrapTag{}, td);
+      return Parent(typed_detail::WrapTag{}, std::move(td));
     }
   }
 
@@ -181,16 +181,16 @@ class TypedTensorDict : public Parent {
   using td_crtp_base = TypedTensorDict;
 
   //! an instance with no field set (what a default-constructed value holds)
-  TypedTensorDict() : Parent(make_parent(TensorDict())) { retag(*this); }
+  TypedTensorDict() : Parent(make_parent(TensorDict())) { retag(); }
   //! upstream's generated constructor: every required field given, no undeclared one (TypeError); the
   //! "frozen" option locks the instance
   TypedTensorDict(const Dict& fields, BatchSize batch_size = {}, std::optional<at::Device> device = std::nullopt)
       : Parent(make_parent(typed_detail::build_fields(*D::schema(), fields, batch_size, device))) {
-    retag(*this);
+    retag();
     if (D::schema()->options.frozen) TensorDict::lock_();
   }
   //! an unchecked wrap of td (what op results use); the storage is td's
-  TypedTensorDict(typed_detail::WrapTag, const TensorDict& td) : Parent(make_parent(td)) { retag(td); }
+  TypedTensorDict(typed_detail::WrapTag, TensorDict td) : Parent(make_parent(std::move(td))) { retag(); }
 
   //! the class's schema: fields of the base classes then its own, options inherited
   static const std::shared_ptr<const TypedSchema>& schema() {
@@ -209,7 +209,7 @@ class TypedTensorDict : public Parent {
     return wrap(td);
   }
   //! an unchecked wrap
-  static D wrap(const TensorDict& td) { return D(typed_detail::WrapTag{}, td); }
+  static D wrap(TensorDict td) { return D(typed_detail::WrapTag{}, std::move(td)); }
   //! true when td is typed as this class or a subclass of it (upstream isinstance)
   static bool is_instance(const TensorDict& td) {
     return td.typed_schema() && td.typed_schema()->is_a(*D::schema());
@@ -245,7 +245,15 @@ class TypedTensorDict : public Parent {
   typed_detail::RowIterator<D> end() const { return {static_cast<const D*>(this), TensorDict::len()}; }
 
  protected:
-  at::Tensor td_tensor_(const char* f) const { return typed_detail::get_tensor(*D::schema(), *this, f); }
+  at::Tensor td_tensor_(const char* f) const {
+    if (TensorDict::is_dense()) {  // the untyped lookup; a missing or non-tensor field takes the checked path
+      try {
+        return TensorDict::get(f);
+      } catch (const Error&) {
+      }
+    }
+    return typed_detail::get_tensor(*D::schema(), *this, f);
+  }
   TensorDict td_subtd_(const char* f) const { return typed_detail::get_subtd(*D::schema(), *this, f); }
   JsonValue td_value_(const char* f) const { return typed_detail::get_value(*D::schema(), *this, nullptr, f); }
   void td_set_(const char* f, const Entry& v) {
@@ -265,7 +273,13 @@ class TypedTensorDict : public Parent {
       return Parent::schema();
     }
   }
-  void retag(const TensorDict& td) { TensorDict::operator=(typed_detail::as_class(td, D::schema())); }
+  //! this handle under the class's schema, unless it already is this class or a subclass
+  void retag() {
+    const auto& mine = TensorDict::typed_schema();
+    const auto& want = D::schema();
+    if (mine == want || (mine && mine->is_a(*want))) return;
+    TensorDict::operator=(TensorDict::with_schema(want));
+  }
 };
 
 // ====================================================================== TensorClass (HAS-A TensorDict)
@@ -294,9 +308,8 @@ class TensorClassBase {
 
  protected:
   TensorClassBase() = default;
-  TensorClassBase(typed_detail::WrapTag, const TensorDict& td,
-                  std::shared_ptr<const typed_detail::NonTensorFields> nt)
-      : td_(td), nt_(std::move(nt)) {}
+  TensorClassBase(typed_detail::WrapTag, TensorDict td, std::shared_ptr<const typed_detail::NonTensorFields> nt)
+      : td_(std::move(td)), nt_(std::move(nt)) {}
   //! a private copy of the non-tensor fields before writing one
   typed_detail::NonTensorFields* nt_for_write();
 
@@ -321,8 +334,11 @@ class TensorClass : public Parent {
                     nullptr) {
     if (D::schema()->options.frozen) this->td_.lock_();
   }
-  TensorClass(typed_detail::WrapTag, const TensorDict& td, NtPtr nt) : Parent(typed_detail::WrapTag{}, td, nt) {
-    this->td_ = typed_detail::as_class(td, D::schema());
+  TensorClass(typed_detail::WrapTag, TensorDict td, NtPtr nt)
+      : Parent(typed_detail::WrapTag{}, std::move(td), std::move(nt)) {
+    const auto& mine = this->td_.typed_schema();
+    const auto& want = D::schema();
+    if (this->td_.defined() && mine != want && !(mine && mine->is_a(*want))) this->td_ = this->td_.with_schema(want);
   }
 
   static const std::shared_ptr<const TypedSchema>& schema() {
@@ -347,7 +363,7 @@ class TensorClass : public Parent {
              nt.empty() ? nullptr : std::make_shared<const typed_detail::NonTensorFields>(std::move(nt)));
   }
   //! an unchecked wrap
-  static D wrap(const TensorDict& td) { return D(typed_detail::WrapTag{}, td, nullptr); }
+  static D wrap(TensorDict td) { return D(typed_detail::WrapTag{}, std::move(td), nullptr); }
   static bool is_instance(const TensorDict& td) {
     return td.typed_schema() && td.typed_schema()->is_a(*D::schema());
   }
@@ -421,7 +437,15 @@ class TensorClass : public Parent {
   }
 
  protected:
-  at::Tensor td_tensor_(const char* f) const { return typed_detail::get_tensor(*D::schema(), this->td_, f); }
+  at::Tensor td_tensor_(const char* f) const {
+    if (this->td_.is_dense()) {  // the untyped lookup; a missing (None) or non-tensor field: the checked path
+      try {
+        return this->td_.get(f);
+      } catch (const Error&) {
+      }
+    }
+    return typed_detail::get_tensor(*D::schema(), this->td_, f);
+  }
   TensorDict td_subtd_(const char* f) const { return typed_detail::get_subtd(*D::schema(), this->td_, f); }
   JsonValue td_value_(const char* f) const {
     return typed_detail::get_value(*D::schema(), this->td_, this->nt_.get(), f);
@@ -442,7 +466,7 @@ class TensorClass : public Parent {
     }
   }
   D& self() { return static_cast<D&>(*this); }
-  D with(const TensorDict& td) const { return D(typed_detail::WrapTag{}, td, this->nt_); }
+  D with(TensorDict td) const { return D(typed_detail::WrapTag{}, std::move(td), this->nt_); }
   static D combine(const std::vector<D>& xs, int64_t dim, bool stack) {
     if (xs.empty()) throw RuntimeError(std::string(stack ? "stack" : "cat") + " expects a non-empty list");
     std::vector<TensorDict> tds;
