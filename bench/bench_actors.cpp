@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_map_fns.hpp"
 #include "tensordict/actors/messages.hpp"
 #include "tensordict/actors/reply.hpp"
 #include "tensordict/actors/runtime.hpp"
@@ -108,15 +109,9 @@ std::string policy_figures(const std::string& name, const Config& cfg) {
     }
   }
   TensorDict td({{"x", at::randn({10000, 64})}, {"y", at::randn({10000, 16})}}, {10000});
-  MapFn id = [](const TensorDict& c) { return c; };
-  MapFn cheap = [](const TensorDict& c) { return c.apply([](const at::Tensor& t) { return t + 1; }); };
-  MapFn heavy = [](const TensorDict& c) {
-    return c.apply([](const at::Tensor& t) {
-      at::Tensor x = t;
-      for (int k = 0; k < 16; ++k) x = at::sin(x) * 1.1 + at::cos(x);
-      return x;
-    });
-  };
+  MapFn id = benchutil::identity_fn();
+  MapFn cheap = benchutil::cheap_fn();
+  MapFn heavy = benchutil::heavy_fn();
   auto seconds_per = [&](int reps, const MapFn& fn, const MapOptions& o) {
     e.map(td, fn, o);  // warm-up
     auto t0 = clk::now();

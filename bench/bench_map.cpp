@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_map_fns.hpp"
 #include "bench_common.hpp"
 #include "tensordict/tensordict.hpp"
 
@@ -66,15 +67,9 @@ int main() {
   const int64_t rows = 10000;
   TensorDict td({{"x", at::randn({rows, 64})}, {"y", at::randn({rows, 16})}}, {rows});
   TensorDict small({{"x", at::randn({100, 8})}}, {100});
-  MapFn id = [](const TensorDict& c) { return c; };
-  MapFn cheap = [](const TensorDict& c) { return c.apply([](const at::Tensor& t) { return t + 1; }); };
-  MapFn heavy = [](const TensorDict& c) {
-    return c.apply([](const at::Tensor& t) {
-      at::Tensor x = t;
-      for (int k = 0; k < 16; ++k) x = at::sin(x) * 1.1 + at::cos(x);
-      return x;
-    });
-  };
+  MapFn id = benchutil::identity_fn();
+  MapFn cheap = benchutil::cheap_fn();
+  MapFn heavy = benchutil::heavy_fn();
   Json out;
 
   // ---- fixed cost: 10 chunks, identity fn, 2 workers

@@ -22,6 +22,7 @@
 #include <ATen/ATen.h>
 
 #include "tensordict/options.hpp"
+#include "tensordict/next_iterator.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace tensordict {
@@ -150,30 +151,7 @@ class DataLoader {
 
   //! range-for: `for (TensorDict batch : loader)` runs one epoch (begin() starts it, abandoning one in
   //! progress)
-  class iterator {
-   public:
-    using value_type = TensorDict;
-    using difference_type = std::ptrdiff_t;
-    using reference = const TensorDict&;
-    using pointer = const TensorDict*;
-    using iterator_category = std::input_iterator_tag;
-    iterator() = default;
-    explicit iterator(DataLoader* loader) : loader_(loader) { ++*this; }
-    reference operator*() const { return *cur_; }
-    pointer operator->() const { return &*cur_; }
-    iterator& operator++() {
-      cur_.reset();  // the previous batch's slot can be reused once the caller dropped its copies
-      cur_ = loader_->next();
-      if (!cur_) loader_ = nullptr;
-      return *this;
-    }
-    bool operator==(const iterator& o) const { return loader_ == o.loader_; }
-    bool operator!=(const iterator& o) const { return loader_ != o.loader_; }
-
-   private:
-    DataLoader* loader_ = nullptr;
-    std::optional<TensorDict> cur_;
-  };
+  using iterator = NextIterator<DataLoader>;
   iterator begin();
   iterator end() { return iterator(); }
 

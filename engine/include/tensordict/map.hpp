@@ -15,6 +15,7 @@
 #include "tensordict/errors.hpp"
 #include "tensordict/lazy_stack.hpp"  // td.map_lazy's result
 #include "tensordict/options.hpp"
+#include "tensordict/next_iterator.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace tensordict {
@@ -178,29 +179,7 @@ class MapIter {
   void stop() noexcept;
 
   //! range-for support: `for (TensorDict r : td.map_iter(fn, opts))`
-  class iterator {
-   public:
-    using value_type = TensorDict;
-    using difference_type = std::ptrdiff_t;
-    using reference = const TensorDict&;
-    using pointer = const TensorDict*;
-    using iterator_category = std::input_iterator_tag;
-    iterator() = default;
-    explicit iterator(MapIter* it) : it_(it) { ++*this; }
-    reference operator*() const { return *cur_; }
-    pointer operator->() const { return &*cur_; }
-    iterator& operator++() {
-      cur_ = it_->next();
-      if (!cur_) it_ = nullptr;
-      return *this;
-    }
-    bool operator==(const iterator& o) const { return it_ == o.it_; }
-    bool operator!=(const iterator& o) const { return it_ != o.it_; }
-
-   private:
-    MapIter* it_ = nullptr;
-    std::optional<TensorDict> cur_;
-  };
+  using iterator = NextIterator<MapIter>;
   iterator begin() { return iterator(this); }
   iterator end() { return iterator(); }
 
