@@ -425,4 +425,16 @@ BOOST_AUTO_TEST_CASE(test_memmap_td_holding_a_lazy_stack) {
   BOOST_TEST(back.get("x")[1].item<int64_t>() == 1);
 }
 
+BOOST_AUTO_TEST_CASE(index_put_on_ragged_batch_with_paired_index_tensors_is_refused) {
+  // members of batch [2] and [3]: two paired index tensors have no per-member split and no dense positions
+  TensorDict t0({{"a", at::zeros({2})}}, {2});
+  TensorDict t1({{"a", at::zeros({3})}}, {3});
+  LazyStackedTensorDict lazy = lazy_stack({t0, t1}, 0);
+  at::Tensor i = at::tensor({0, 1}, at::kLong);
+  BOOST_TEST(throws_with<NotImplementedError>([&] { lazy.index_put_({i, i}, at::Scalar(1.0)); },
+                                              {"differ in batch size"}));
+  BOOST_TEST(t0.get("a").sum().item<float>() == 0.f);  // nothing written
+  BOOST_TEST(t1.get("a").sum().item<float>() == 0.f);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
