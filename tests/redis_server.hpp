@@ -1,6 +1,7 @@
 #pragma once
 // RedisServer: a real redis-server for tests, started as OUR child (fork + exec, never --daemonize) on
-// 127.0.0.1 and a free port, without persistence (--save '' --appendonly no), in its own temp dir, with its
+// 127.0.0.1 and a free port, without persistence (--save '' --appendonly no; `durable`: an fsync'd append-only
+// file, so that a restart keeps what was acknowledged), in its own temp dir, with its
 // output in <dir>/redis.log (so no test pipe is inherited and ctest never waits on it). Optionally it loads an
 // RDB file (copied into the temp dir) and requires a password. It is stopped by pid (SIGTERM, bounded wait,
 // SIGKILL) in the destructor, and killed by the kernel if the test process dies first (PR_SET_PDEATHSIG; create
@@ -36,6 +37,7 @@ struct RedisServerOptions {
   std::string rdb_file;   //!< non-empty: copied into the temp dir and loaded at start
   std::string password;   //!< non-empty: --requirepass
   bool unix_socket = true;  //!< also listen on <dir>/redis.sock
+  bool durable = false;     //!< --appendonly yes --appendfsync always: writes survive kill() + restart()
 };
 
 class RedisServer {
@@ -177,8 +179,9 @@ class RedisServer {
 
   bool launch(std::string* why) {
     std::vector<std::string> args = {binary_, "--bind", "127.0.0.1", "--port", std::to_string(port_), "--save", "",
-                                     "--appendonly", "no", "--daemonize", "no", "--dir", dir_, "--dbfilename",
-                                     "dump.rdb", "--logfile", ""};
+                                     "--appendonly", options_.durable ? "yes" : "no", "--daemonize", "no", "--dir",
+                                     dir_, "--dbfilename", "dump.rdb", "--logfile", ""};
+    if (options_.durable) args.insert(args.end(), {"--appendfsync", "always"});
     if (options_.unix_socket) {
       args.insert(args.end(), {"--unixsocket", unix_socket(), "--unixsocketperm", "700"});
     }

@@ -177,6 +177,9 @@ void register_h5_storage() {
         shape.insert(shape.end(), kv.second.first.begin(), kv.second.first.end());
         s.create(kv.first.parts(), kv.second.second, shape, at::Tensor(), tree->create_options);
       }
+      // the superblock and the file's (sparse) length on disk now: a full disk or the file-size limit fails
+      // here, with nothing written, instead of at a later write
+      s.flush();
     });
     tree->reload();
     return TensorDict(remote::make_remote(tree));

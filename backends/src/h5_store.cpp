@@ -573,10 +573,14 @@ class H5Store final : public LeafStore {
       // of a written chunk at zero and costs nothing for the chunks never written
       H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_ALLOC);
     } else if (!src.defined() && !may_reuse_space_) {
-      // contiguous: allocated at the first write (H5D_ALLOC_TIME_LATE, the default) and never pre-filled:
-      // unallocated storage reads as the default fill value 0, and fresh file space past the end of file
-      // is a hole that reads as 0. Only space freed in this session (or a persistent free-space manager)
-      // could hold old bytes: then the fill value is written at allocation.
+      // contiguous: allocated now (H5D_ALLOC_TIME_EARLY) and never pre-filled: fresh file space past the end
+      // of file is a hole that reads as 0, so a 10 GB preallocation writes nothing and takes no disk. Early,
+      // not at the first write (HDF5's default): the first write of a late dataset raises the file's end in
+      // the superblock before the file itself grows, and a writer stopped in between (disk full, the file
+      // size limit, a crash before close) leaves a file HDF5 refuses as truncated (tests/api/test_faults.cpp).
+      // Only space freed in this session (or a persistent free-space manager) could hold old bytes: then the
+      // fill value is written at allocation.
+      H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
       H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_IFSET);
     } else if (src.defined()) {
       H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_IFSET);  // every byte is written right away
@@ -763,6 +767,10 @@ class H5Store final : public LeafStore {
 
     Id fapl = plist_id(H5Pcreate(H5P_FILE_ACCESS));
     H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);  // close() really releases the file
+    // no sieve buffer: a small raw-data write (a row of a narrow leaf) goes to the file when it is written,
+    // not when the buffer is evicted or the file closed. With it, a row reported written could still be lost
+    // to a full disk at close (tests/api/test_faults.cpp, h5_writes_on_a_full_disk_keep_every_acknowledged_row)
+    H5Pset_sieve_buf_size(fapl.get(), 0);
     if (how == H5Mode::Write) {
       if (exists) refuse_if_locked();  // HDF5 truncates BEFORE it takes its lock: never wipe another writer's file
       hid_t f = H5Fcreate(file_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());

@@ -215,6 +215,25 @@ std::optional<MappingInfo> mapping_of(const at::Tensor& t) {
   return it->second.info;
 }
 
+size_t rename_mapped_files(const std::string& from_dir, const std::string& to_dir) {
+  std::string from = from_dir;
+  while (from.size() > 1 && from.back() == '/') from.pop_back();
+  from += '/';
+  std::string to = to_dir;
+  while (to.size() > 1 && to.back() == '/') to.pop_back();
+  to += '/';
+  size_t n = 0;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (auto& kv : registry()) {
+    std::string& f = kv.second.info.filename;
+    if (f.compare(0, from.size(), from) == 0) {
+      f = to + f.substr(from.size());
+      ++n;
+    }
+  }
+  return n;
+}
+
 std::optional<std::string> mapped_filename(const at::Tensor& t) {
   auto info = mapping_of(t);
   if (!info) return std::nullopt;

@@ -4,7 +4,13 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 #include <atomic>
 #include <filesystem>
@@ -37,19 +43,153 @@ void make_dirs(const std::string& dir) {
 
 //! one leaf to write: the tensor and where its mapped replacement goes
 struct LeafJob {
-  std::string path;
+  std::string path;  // where it is written (inside the staging directory of a staged save)
   at::Tensor source;
   Entry* target;     // entry to replace with the mapped tensor (memmap_); nullptr: only write
   bool zeros_only;   // memmap_like: preallocate, copy nothing
-  bool reuse;        // already mapped to `path`: keep the mapping
+  bool reuse;        // already mapped to the final path: keep the mapping (a staged save links the file)
   at::Tensor result;
+  std::string final_path = {};  // where the leaf lives once the save is committed
+};
+
+//! A save into `prefix` written into a sibling staging directory and switched in by one rename
+//! (renameat2 RENAME_EXCHANGE over an existing directory), so that a writer killed at any moment leaves
+//! `prefix` holding the old save or the new one, never a mix (tests/api/test_faults.cpp). Files of the old
+//! directory that the new save does not write (stale leaves, a user's own files) are hard-linked into the
+//! staging directory first, as an in-place save would have left them. Staging directories of dead writers
+//! are removed by the next save of the same prefix. When the parent directory is not writable the save is
+//! written in place (the old behaviour).
+class StagedSave {
+ public:
+  explicit StagedSave(const std::string& prefix);
+  ~StagedSave();
+  StagedSave(const StagedSave&) = delete;
+  StagedSave& operator=(const StagedSave&) = delete;
+  //! the path inside the staging directory for a path below prefix (itself when not staged)
+  std::string at(const std::string& final_path) const;
+  bool staged() const { return !stage_.empty(); }
+  //! switches the staging directory in; the mappings made from it are renamed to prefix
+  void commit();
+
+ private:
+  std::string prefix_, stage_;
+  bool committed_ = false;
 };
 
 //! the plan of a whole tree: leaf jobs, then meta.json files bottom-up
 struct WritePlan {
+  const StagedSave* stage = nullptr;
   std::vector<LeafJob> leaves;
   std::vector<std::pair<std::string, std::shared_ptr<DirNode>>> metas;  // post-order: children first
+  //! where a path below the prefix is written
+  std::string at(const std::string& p) const { return stage ? stage->at(p) : p; }
 };
+
+//! lexically normal, without a trailing slash ("./a//b/" -> "a/b")
+std::string strip_slashes(const std::string& path) {
+  std::string p = fs::path(path).lexically_normal().string();
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+//! links (or, for symlinks, recreates) every entry of `old_dir` missing from `new_dir`, recursively
+void link_missing(const fs::path& old_dir, const fs::path& new_dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(old_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path target = new_dir / it->path().filename();
+    const fs::file_status st = it->symlink_status(ec);
+    if (ec) return;
+    const fs::file_status tst = fs::symlink_status(target, ec);
+    ec.clear();
+    if (fs::exists(tst)) {
+      if (fs::is_directory(st) && fs::is_directory(tst)) link_missing(it->path(), target);
+      continue;
+    }
+    std::error_code e2;
+    if (fs::is_symlink(st)) {
+      fs::copy_symlink(it->path(), target, e2);
+    } else if (fs::is_directory(st)) {
+      fs::create_directory(target, e2);
+      if (!e2) link_missing(it->path(), target);
+    } else if (fs::is_regular_file(st)) {
+      fs::create_hard_link(it->path(), target, e2);
+      if (e2) fs::copy_file(it->path(), target, e2);
+    }
+    if (e2) throw BackendError("cannot carry '" + it->path().string() + "' into the new save: " + e2.message());
+  }
+}
+
+StagedSave::StagedSave(const std::string& prefix) : prefix_(strip_slashes(prefix)) {
+  const fs::path p(prefix_);
+  fs::path parent = p.parent_path();
+  if (parent.empty()) parent = ".";
+  const std::string base = p.filename().string();
+  if (base.empty() || base == "." || base == "..") return;  // no sibling to stage in: in place
+  const std::string tag = "." + base + ".td-stage.";
+  // staging directories left by writers that died (their pid is gone)
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, tag.size(), tag) != 0) continue;
+    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + tag.size()));
+    if (!process_alive(pid)) {
+      std::error_code e2;
+      fs::remove_all(it->path(), e2);
+    }
+  }
+  static std::atomic<uint64_t> counter{0};
+  const std::string stage =
+      (parent / (tag + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)))).string();
+  if (::mkdir(stage.c_str(), 0755) != 0) {
+    if (errno == EACCES || errno == EPERM || errno == EROFS) return;  // read-only parent: in place
+    throw BackendError("cannot create the staging directory '" + stage + "': " + std::strerror(errno));
+  }
+  stage_ = stage;
+}
+
+StagedSave::~StagedSave() {
+  if (stage_.empty() || committed_) return;
+  std::error_code ec;
+  fs::remove_all(stage_, ec);  // a failed save leaves the old directory as it was
+}
+
+std::string StagedSave::at(const std::string& final_path) const {
+  if (stage_.empty()) return final_path;
+  const std::string f = strip_slashes(final_path);
+  if (f == prefix_) return stage_;
+  if (f.size() > prefix_.size() && f.compare(0, prefix_.size(), prefix_) == 0 && f[prefix_.size()] == '/')
+    return stage_ + f.substr(prefix_.size());
+  return final_path;
+}
+
+void StagedSave::commit() {
+  if (stage_.empty() || committed_) return;
+  std::error_code ec;
+  const bool existed = fs::is_directory(fs::symlink_status(prefix_, ec));
+  if (!existed) {
+    if (::rename(stage_.c_str(), prefix_.c_str()) != 0)
+      throw BackendError("cannot move the staged save '" + stage_ + "' to '" + prefix_ + "': " + std::strerror(errno));
+  } else {
+    link_missing(prefix_, stage_);
+    if (::renameat2(AT_FDCWD, stage_.c_str(), AT_FDCWD, prefix_.c_str(), RENAME_EXCHANGE) != 0) {
+      if (errno != EINVAL && errno != ENOSYS)
+        throw BackendError("cannot switch the staged save '" + stage_ + "' in for '" + prefix_ +
+                           "': " + std::strerror(errno));
+      // a filesystem without RENAME_EXCHANGE: two renames (prefix is briefly absent, never a mix)
+      const std::string old = stage_ + ".old";
+      if (::rename(prefix_.c_str(), old.c_str()) != 0 || ::rename(stage_.c_str(), prefix_.c_str()) != 0)
+        throw BackendError("cannot switch the staged save '" + stage_ + "' in for '" + prefix_ +
+                           "': " + std::strerror(errno));
+      fs::remove_all(old, ec);
+    } else {
+      fs::remove_all(stage_, ec);  // now the old directory
+    }
+  }
+  committed_ = true;
+  backends::rename_mapped_files(stage_, prefix_);
+}
 
 LeafMeta leaf_meta(const std::string& key, const at::Tensor& t) {
   LeafMeta m;
@@ -86,10 +226,10 @@ DirNode non_tensor_node(const Entry& e) {
 //! plans the writing of `impl` into `dir`; returns the node whose meta.json is written in `dir`
 std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir, const MemmapOptions& o,
                                    bool like, bool replace, WritePlan& plan) {
-  make_dirs(dir);
+  make_dirs(plan.at(dir));
   std::string td_dir = dir;
   if (!impl.type_repr.empty()) td_dir = join_path(dir, "_tensordict");  // tensorclass record
-  make_dirs(td_dir);
+  make_dirs(plan.at(td_dir));
   auto node = std::make_shared<DirNode>();
   node->kind = NodeKind::TensorDict;
   node->type_repr = backends::type_repr::kTensorDict;
@@ -107,7 +247,7 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
       if (t.is_nested()) throw TypeError("nested (ragged) tensor leaves cannot be memory-mapped yet: " + key);
       LeafMeta m = leaf_meta(key, t);
       std::string path = join_path(td_dir, backends::encode_key(key) + ".memmap");
-      LeafJob job{path, t, replace ? &e : nullptr, like, false, {}};
+      LeafJob job{plan.at(path), t, replace ? &e : nullptr, like, false, {}, path};
       if (!like && t.numel() > 0) {
         auto info = backends::mapping_of(t);
         if (info && !info->anonymous && !info->filename.empty()) {
@@ -117,7 +257,7 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
           if (same && info->nbytes == t.numel() * static_cast<int64_t>(t.element_size()) && t.is_contiguous() &&
               t.storage_offset() == 0) {
             job.reuse = true;
-          } else if (same) {
+          } else if (same && !plan.stage) {
             job.source = t.clone();  // the file is about to be rewritten: read the data out first
           } else if (!o.copy_existing() && replace) {
             throw ValueError("the leaf '" + key + "' is already memory-mapped to '" + info->filename +
@@ -133,7 +273,7 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
       if (const LazyStackNode* lz = detail::lazy_node(child)) {
         // a lazy stack inside the TensorDict: its directory {"_type", "stack_dim"} and its members in 0/, 1/...
         // (upstream's layout; loading keeps it lazy)
-        make_dirs(cdir);
+        make_dirs(plan.at(cdir));
         auto lnode = std::make_shared<DirNode>();
         lnode->kind = NodeKind::LazyStackedTensorDict;
         lnode->type_repr = backends::type_repr::kLazyStackedTensorDict;
@@ -147,7 +287,7 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
           }
           plan_tree(*m.impl(), join_path(cdir, std::to_string(i)), o, like, replace, plan);
         }
-        plan.metas.emplace_back(cdir, lnode);
+        plan.metas.emplace_back(plan.at(cdir), lnode);
         node->add_child(key, *lnode);
         continue;
       }
@@ -156,14 +296,14 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
       node->add_child(key, copy);
     } else if (e.is_non_tensor()) {
       std::string cdir = join_path(td_dir, backends::encode_key(key));
-      make_dirs(cdir);
+      make_dirs(plan.at(cdir));
       auto cnode = std::make_shared<DirNode>(non_tensor_node(e));
-      plan.metas.emplace_back(cdir, cnode);
+      plan.metas.emplace_back(plan.at(cdir), cnode);
       node->add_child(key, *cnode);
     }
   }
   if (!impl.type_repr.empty()) {
-    plan.metas.emplace_back(td_dir, node);
+    plan.metas.emplace_back(plan.at(td_dir), node);
     auto outer = std::make_shared<DirNode>();
     outer->kind = NodeKind::TensorClass;
     outer->type_repr = impl.type_repr;
@@ -171,10 +311,10 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
     outer->data = impl.class_fields ? *impl.class_fields : JsonValue::object();
     outer->pickle = impl.class_pickle;
     outer->add_child("_tensordict", *node);
-    plan.metas.emplace_back(dir, outer);
+    plan.metas.emplace_back(plan.at(dir), outer);
     return outer;
   }
-  plan.metas.emplace_back(dir, node);
+  plan.metas.emplace_back(plan.at(dir), node);
   return node;
 }
 
@@ -183,6 +323,11 @@ void run_leaf_job(LeafJob& job) {
   if (job.reuse) {
     backends::flush(t);
     job.result = t;
+    if (!job.final_path.empty() && job.path != job.final_path) {  // staged: the same file, linked
+      std::error_code ec;
+      fs::create_hard_link(job.final_path, job.path, ec);
+      if (ec) backends::write_file(job.path, t);
+    }
     return;
   }
   if (t.numel() == 0) {
@@ -441,10 +586,13 @@ TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& 
     return *this;
   }
   check_prefix(prefix, options);
+  StagedSave stage(prefix);
   WritePlan plan;
+  plan.stage = &stage;
   plan_tree(*d(), prefix, options, /*like=*/false, /*replace=*/true, plan);
   run_jobs(plan.leaves, options.num_threads());
   for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
+  stage.commit();
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
   mark_memmap(impl(), prefix);
@@ -496,10 +644,13 @@ TensorDict TensorDict::memmap_like(const std::string& prefix, const MemmapOption
     return out;
   }
   check_prefix(prefix, options);
+  StagedSave stage(prefix);
   WritePlan plan;
+  plan.stage = &stage;
   plan_tree(*out.impl(), prefix, options, /*like=*/true, /*replace=*/true, plan);
   run_jobs(plan.leaves, options.num_threads());
   for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
+  stage.commit();
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
   mark_memmap(out.impl(), prefix);

@@ -73,6 +73,10 @@ std::optional<MappingInfo> mapping_of(const at::Tensor& t);
 //! The file behind `t` (empty string for anonymous memory), or nullopt if `t` is not mapped here.
 std::optional<std::string> mapped_filename(const at::Tensor& t);
 
+//! The mappings made here from files below `from_dir` now name the same files below `to_dir` (the directory
+//! was renamed: a staged save switched in, engine/src/memmap.cpp). Returns how many were renamed.
+size_t rename_mapped_files(const std::string& from_dir, const std::string& to_dir);
+
 //! msync(MS_SYNC) of the whole mapping behind `t` (writable file mappings: forces data to the file;
 //! private/anonymous mappings: no-op). Throws ValueError if `t` is not a mapped tensor, BackendError on failure.
 void flush(const at::Tensor& t);
