@@ -5,6 +5,11 @@
 //   own_add <prefix> <key>             open the memmap directory as a store of its own, add <key> = ones, close
 //   serve <prefix> <portfile>          open the directory as a store, publish it, write the port into
 //                                      <portfile>, then wait (at most 120 s) to be killed
+//   fill <spec> <first> <count> <stride> [<progress file>]
+//                                      open the storage by its storage spec (memmap, shared, redis, ...) and
+//                                      write rows first, first + stride, ... (count of them) one call per row:
+//                                      obs = full([8], r), id = r, sum = 8 r (tests/api/test_load.cpp);
+//                                      every 1000 rows the number written goes into <progress file>
 // Exit codes: 0 ok, 2 usage, 3 a tensordict error (printed on stderr).
 #include <chrono>
 #include <cstdio>
@@ -14,6 +19,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "tensordict/tensordict.hpp"
 
@@ -38,6 +44,27 @@ int main(int argc, char** argv) {
       store.close();
       return 0;
     }
+    if (mode == "fill" && (argc == 6 || argc == 7)) {
+      at::set_num_threads(1);
+      TensorDict buf = open_storage(StorageSpec::parse(argv[2]));
+      const int64_t first = std::stoll(argv[3]), count = std::stoll(argv[4]), stride = std::stoll(argv[5]);
+      const std::string progress = argc == 7 ? argv[6] : "";
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t r = first + i * stride;
+        TensorDict row({{"obs", at::full({8}, static_cast<float>(r))},
+                        {"id", at::full({}, r, at::kLong)},
+                        {"sum", at::full({}, static_cast<double>(8 * r), at::kDouble)}},
+                       {});
+        buf.index_put_({r}, row);
+        if (!progress.empty() && (i + 1) % 1000 == 0) {
+          std::ofstream out(progress + ".tmp");
+          out << (i + 1) << "\n";
+          out.close();
+          std::rename((progress + ".tmp").c_str(), progress.c_str());
+        }
+      }
+      return 0;
+    }
     if (mode == "serve" && argc == 4) {
       Store store = Store::open_memmap(argv[2]);
       const uint16_t port = store.publish();
@@ -55,6 +82,6 @@ int main(int argc, char** argv) {
     return 3;
   }
   std::fprintf(stderr, "usage: td_store_client add <port> <index> <begin> <end> | own_add <prefix> <key> | "
-                       "serve <prefix> <portfile>\n");
+                       "serve <prefix> <portfile> | fill <spec> <first> <count> <stride> [<progress file>]\n");
   return 2;
 }
