@@ -189,6 +189,39 @@ void finish(remote_worker* self) {
   self->quit();
 }
 
+//! Fault injection for the tests of issue 14 (tests/api/test_map_process.cpp):
+//! TD_FAULT_MAP_WORKER=<stage>@<index>@<marker file> makes worker <index> create <marker file> and SIGKILL
+//! itself at <stage>: "hello" (connected, before it says hello), "job" (the job opened, before its first
+//! chunk), "reply" (its first chunk computed and written into out, before the done message). Read once per
+//! process; unset, it costs one string compare per stage.
+struct FaultPlan {
+  std::string stage, marker;
+  int64_t index = -1;
+};
+const FaultPlan& fault_plan() {
+  static const FaultPlan plan = [] {
+    FaultPlan p;
+    const char* v = std::getenv("TD_FAULT_MAP_WORKER");
+    if (!v) return p;
+    const std::string s = v;
+    const size_t a = s.find('@');
+    const size_t b = a == std::string::npos ? a : s.find('@', a + 1);
+    if (b == std::string::npos) return p;
+    p.stage = s.substr(0, a);
+    p.index = std::atoll(s.c_str() + a + 1);
+    p.marker = s.substr(b + 1);
+    return p;
+  }();
+  return plan;
+}
+void maybe_die_at(const char* stage, int64_t index) {
+  const FaultPlan& p = fault_plan();
+  if (p.index != index || p.stage != stage) return;
+  const int fd = ::open(p.marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
+  ::raise(SIGKILL);
+}
+
 void open_job(remote_worker* self, const map_job_desc& d) {
   auto& st = self->state;
   if (!d.log_level.empty()) set_log_level(d.log_level);
@@ -230,6 +263,7 @@ caf::behavior remote_worker_actor(remote_worker* self, caf::actor coordinator, s
       finish(self);
     }
   });
+  maybe_die_at("hello", index);
   self->send(coordinator, map_hello_atom::value, token, index, static_cast<int64_t>(::getpid()));
   return {
       [=](map_job_atom, const map_job_desc& d) {
@@ -239,6 +273,7 @@ caf::behavior remote_worker_actor(remote_worker* self, caf::actor coordinator, s
           self->state.open_error = to_wire(map_detail::carry_current_exception(-1));
         }
         self->state.ready = true;
+        maybe_die_at("job", self->state.index);
       },
       [=](map_chunk_atom, int64_t chunk) {
         auto& s = self->state;
@@ -256,6 +291,7 @@ caf::behavior remote_worker_actor(remote_worker* self, caf::actor coordinator, s
             throw IndexError("map: chunk " + std::to_string(chunk) + " is not in the job's chunk table");
           }
           map_detail::run_chunk(s.src, s.fn, s.plan, static_cast<size_t>(chunk), s.ctx);
+          maybe_die_at("reply", s.index);
           self->send(s.coordinator, map_done_atom::value, s.index, chunk);
         } catch (...) {
           auto ce = map_detail::carry_current_exception(chunk);

@@ -247,6 +247,32 @@ BOOST_FIXTURE_TEST_CASE(worker_sigkilled_from_outside, Fixture) {
   BOOST_TEST(out.equal(map_process_test::affine(td)));
 }
 
+BOOST_FIXTURE_TEST_CASE(worker_killed_at_each_stage_chunks_are_reassigned, Fixture) {
+  // TD_FAULT_MAP_WORKER (actors/src/process_workers.cpp): worker 1 SIGKILLs itself once connected, once its job
+  // is open, or after it wrote its first chunk into out but before it said so; the other finishes the map
+  TempDir tmp;
+  TensorDict td = dataset(600);
+  td.memmap_(tmp.sub("src"));
+  for (const char* stage : {"hello", "job", "reply"}) {
+    TensorDict out = td.memmap_like(tmp.sub(std::string("out-") + stage));
+    const std::string marker = tmp.sub(std::string("died-") + stage);
+    ::setenv("TD_FAULT_MAP_WORKER", (std::string(stage) + "@1@" + marker).c_str(), 1);
+    auto t0 = steady_clock::now();
+    std::string error;
+    try {
+      td.map("mp_slow", procs(2).chunksize(20).out(out));  // 30 chunks of 40 ms: both workers take part
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    ::unsetenv("TD_FAULT_MAP_WORKER");
+    BOOST_TEST(error.empty(), stage << ": " << error);
+    BOOST_TEST(std::filesystem::exists(marker), stage << ": worker 1 did not reach the stage");
+    BOOST_CHECK(steady_clock::now() - t0 < seconds(60));
+    BOOST_TEST(out.equal(map_process_test::affine(td)), stage);
+    BOOST_TEST(children().empty(), stage);
+  }
+}
+
 BOOST_FIXTURE_TEST_CASE(every_worker_dies_is_a_backend_error, Fixture) {
   TempDir tmp;
   TensorDict td = dataset(200);
