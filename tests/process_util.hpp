@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include <boost/test/unit_test.hpp>
 
@@ -27,6 +29,19 @@ inline pid_t spawn(const std::function<int()>& fn) {
     ::_exit(rc);
   }
   return pid;
+}
+
+//! fork + exec `exe` with `args` (the child _exits 97 when exec fails)
+inline pid_t spawn_exec(const std::string& exe, const std::vector<std::string>& args) {
+  return spawn([&] {
+    std::vector<std::string> all = {exe};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    return 97;
+  });
 }
 
 //! exit code of the child, or -signal

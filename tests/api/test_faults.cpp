@@ -124,6 +124,31 @@ pid_t spawn_on_small_fs(const std::string& dir, int kib, const std::function<int
   });
 }
 
+//! runs `action` in a forked child whose files may not grow past `limit` bytes (SIGXFSZ ignored, so writes
+//! fail with EFBIG); returns the child's BackendError text, or "no error" / "other: ..." (the test asserts)
+std::string backend_error_under_file_limit(const std::string& report, rlim_t limit, const std::function<void()>& action) {
+  pid_t pid = testutil::spawn([&]() -> int {
+    at::set_num_threads(1);
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit rl{limit, limit};
+    if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return 96;
+    std::ofstream out(report);
+    try {
+      action();
+      out << "no error";
+    } catch (const BackendError& e) {
+      out << e.what();
+    } catch (const std::exception& e) {
+      out << "other: " << e.what();
+    }
+    return 0;
+  });
+  const int rc = testutil::wait_child(pid);
+  std::ifstream in(report);
+  std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return rc == 0 ? what : "child exited with " + std::to_string(rc) + ": " + what;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(faults)
@@ -215,30 +240,8 @@ BOOST_AUTO_TEST_CASE(save_over_the_file_size_limit_fails_typed_and_keeps_the_old
   const std::string prefix = dir / "data";
   state(1.0f, false).memmap(prefix);
   TensorDict fresh = state(2.0f, true);
-  // a child whose files may not grow past 64 KiB (a leaf is 256 KiB): SIGXFSZ ignored, so write() says EFBIG
-  const std::string report = dir / "report";
-  pid_t pid = testutil::spawn([&]() -> int {
-    at::set_num_threads(1);
-    ::signal(SIGXFSZ, SIG_IGN);
-    rlimit rl{64 * 1024, 64 * 1024};
-    if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return 96;
-    std::ofstream out(report);
-    try {
-      fresh.memmap(prefix);
-      out << "no error";
-      return 1;
-    } catch (const BackendError& e) {
-      out << e.what();
-      return 0;
-    } catch (const std::exception& e) {
-      out << "other: " << e.what();
-      return 2;
-    }
-  });
-  const int rc = testutil::wait_child(pid);
-  std::ifstream in(report);
-  std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  BOOST_TEST(rc == 0, "child " << rc << ": " << what);
+  // a child whose files may not grow past 64 KiB (a leaf is 256 KiB)
+  const std::string what = backend_error_under_file_limit(dir / "report", 64 * 1024, [&] { fresh.memmap(prefix); });
   BOOST_TEST(what.find("File too large") != std::string::npos, what);
   BOOST_TEST(state_of(prefix) == "old");
   BOOST_TEST(staging_dirs(prefix) == 0);  // the failed save cleaned up after itself
@@ -247,31 +250,11 @@ BOOST_AUTO_TEST_CASE(save_over_the_file_size_limit_fails_typed_and_keeps_the_old
 BOOST_AUTO_TEST_CASE(h5_preallocation_over_the_file_size_limit_fails_typed) {
   TempDir dir("fault-h5-limit");
   const std::string file = dir / "buf.h5";
-  const std::string report = dir / "report";
   // from_schema allocates its datasets at once (a sparse file): the limit is met there, before any row
-  pid_t pid = testutil::spawn([&]() -> int {
-    at::set_num_threads(1);
-    ::signal(SIGXFSZ, SIG_IGN);
-    rlimit rl{1 << 20, 1 << 20};
-    if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return 96;
-    std::ofstream out(report);
-    try {
-      Schema schema = {{NestedKey("obs"), {{256}, at::kFloat}}};
-      TensorDict buf = TensorDict::from_schema(schema, {4096}, "h5", H5Options().filename(file));  // 4 MiB
-      out << "no error";
-      return 1;
-    } catch (const BackendError& e) {
-      out << e.what();
-      return 0;
-    } catch (const std::exception& e) {
-      out << "other: " << e.what();
-      return 2;
-    }
+  const std::string what = backend_error_under_file_limit(dir / "report", 1 << 20, [&] {
+    Schema schema = {{NestedKey("obs"), {{256}, at::kFloat}}};
+    TensorDict::from_schema(schema, {4096}, "h5", H5Options().filename(file));  // 4 MiB
   });
-  const int rc = testutil::wait_child(pid);
-  std::ifstream in(report);
-  std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  BOOST_TEST(rc == 0, "child " << rc << ": " << what);
   BOOST_TEST(what.find("buf.h5") != std::string::npos, what);
 }
 

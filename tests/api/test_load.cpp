@@ -35,17 +35,7 @@ Schema schema() {
   return {{NestedKey("obs"), {{8}, at::kFloat}}, {NestedKey("id"), {{}, at::kLong}}, {NestedKey("sum"), {{}, at::kDouble}}};
 }
 
-pid_t run_client(const std::vector<std::string>& args) {
-  return testutil::spawn([&] {
-    std::vector<std::string> all = {TD_STORE_CLIENT_EXE};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    return 97;
-  });
-}
+pid_t run_client(const std::vector<std::string>& args) { return testutil::spawn_exec(TD_STORE_CLIENT_EXE, args); }
 
 //! rows [first, first + n) of `part` hold, per element, 0 or the row's value (whole_rows: all of a row or none)
 int64_t bad_rows(const TensorDict& part, const at::Tensor& rows, bool whole_rows) {

@@ -39,17 +39,7 @@ TensorDict make_buffer(const std::string& dir) {
 }
 
 //! fork + exec td_store_client with `args`
-pid_t run_client(const std::vector<std::string>& args) {
-  return testutil::spawn([&] {
-    std::vector<std::string> all = {TD_STORE_CLIENT_EXE};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    return 97;
-  });
-}
+pid_t run_client(const std::vector<std::string>& args) { return testutil::spawn_exec(TD_STORE_CLIENT_EXE, args); }
 
 std::shared_ptr<Engine> engine_with_timeout(int64_t ms) {
   return std::make_shared<Engine>(Config::load("{\"request_timeout_ms\": " + std::to_string(ms) + "}"));
