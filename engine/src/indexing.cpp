@@ -15,6 +15,7 @@
 #include "huge_page_allocator.hpp"
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 #include "torch_errors.hpp"
 #include "tensordict/index_math.hpp"
 
@@ -596,18 +597,16 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
 //! kind (a lazy stack below a dense TensorDict), which writes itself
 template <class F, class G>
 void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn, const G& other) {
-  for (const auto& kv : impl.entries) {
-    if (kv.second.is_tensor()) {
-      fn(kv.first, kv.second.tensor());
-    } else if (kv.second.is_tensordict()) {
-      TensorDict sub = kv.second.tensordict();
-      if (sub.is_dense()) {
-        for_each_tensor_leaf(*sub.impl(), fn, other);
-      } else {
-        other(sub);
-      }
-    }
-  }
+  detail::tree::for_each_leaf(
+      impl,
+      [&](const detail::tree::KeyPath& p, const Entry& e) {
+        if (e.is_tensor()) fn(p.name(), e.tensor());
+      },
+      [&](const detail::tree::KeyPath&, const TensorDict& sub) {
+        TensorDict s = sub;
+        other(s);
+      },
+      detail::tree::Descend::DenseOnly);
 }
 
 }  // namespace

@@ -20,9 +20,12 @@
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
 #include "torch_errors.hpp"
+#include "tree_visitor.hpp"
 
 namespace tensordict {
 namespace {
+
+namespace tree = detail::tree;
 
 using detail::current_torch_message;
 using detail::dtype_str;
@@ -69,28 +72,21 @@ std::optional<Entry> rebatch_non_tensor(const Entry& e, size_t old_nd, const Bat
   return std::nullopt;
 }
 
-//! every tensor leaf with its full key
-void for_each_leaf(const TensorDictImpl& impl, const NestedKey& prefix,
-                   const std::function<void(const NestedKey&, const at::Tensor&)>& f) {
-  for (const auto& kv : impl.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    if (kv.second.is_tensor()) {
-      f(full, kv.second.tensor());
-    } else if (kv.second.is_tensordict()) {
-      TensorDict sub = kv.second.tensordict();
-      if (!sub.is_dense() && !sub.node()->dense_view()) {
-        throw NotImplementedError("this operation reaches the leaves of " + full.repr() + ", a " +
-                                  sub.node()->type_name() + ", which has no dense leaves to visit");
-      }
-      for_each_leaf(*sub.impl(), full, f);
-    }
-  }
+//! every tensor leaf with its path (the tree visitor's leaf walk; the key is built only when asked)
+template <class F>
+void for_each_leaf(const TensorDictImpl& impl, F&& f) {
+  tree::for_each_tensor(impl, f);
 }
 
+//! the full key of a path (keys of writes collected before they are committed are NestedKeys already)
+NestedKey key_of(const tree::KeyPath& p) { return p.full(); }
+const NestedKey& key_of(const NestedKey& k) { return k; }
+
 //! in-place writes need distinct memory per element (an expanded leaf is read-only in torch)
-void check_writable(const at::Tensor& t, const NestedKey& key, const char* op) {
+template <class Key>
+void check_writable(const at::Tensor& t, const Key& key, const char* op) {
   if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
-    throw RuntimeError(std::string(op) + ": cannot write in place into key " + key.repr() + " of shape " +
+    throw RuntimeError(std::string(op) + ": cannot write in place into key " + key_of(key).repr() + " of shape " +
                        shape_str(t.sizes()) +
                        ": more than one element of the tensor refers to a single memory location (an expanded "
                        "leaf); clone() the TensorDict first");
@@ -98,11 +94,12 @@ void check_writable(const at::Tensor& t, const NestedKey& key, const char* op) {
 }
 
 //! the result dtype of an in-place op must be castable to the leaf's dtype (torch's rule)
-void check_castable(at::ScalarType result, const at::Tensor& t, const NestedKey& key, const char* op) {
+template <class Key>
+void check_castable(at::ScalarType result, const at::Tensor& t, const Key& key, const char* op) {
   if (!at::can_cast(result, t.scalar_type())) {
     throw RuntimeError(std::string(op) + ": result type " + dtype_str(result) +
                        " can't be cast to the desired output type " + dtype_str(t.scalar_type()) + " of key " +
-                       key.repr());
+                       key_of(key).repr());
   }
 }
 
@@ -413,7 +410,7 @@ at::Tensor bin(Bin op, const at::Tensor& a, const Other& b) {
 //! tensor leaf keys (nested) of td
 std::set<NestedKey> leaf_keys(const TensorDict& td) {
   std::set<NestedKey> out;
-  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor&) { out.insert(k); });
+  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor&) { out.insert(k.full()); });
   return out;
 }
 
@@ -676,13 +673,13 @@ TensorDict all_any_dim(const TensorDict& self, int64_t dim, bool is_all) {
 bool all_any(const TensorDict& self, bool is_all) {
   if (!detail::is_dense_tree(self)) return all_any(detail::dense_tree(self), is_all);
   bool result = is_all;
-  for_each_leaf(*self.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
+  for_each_leaf(*self.impl(), [&](const tree::KeyPath& k, const at::Tensor& t) {
     if (result != is_all) return;
     bool v = is_all;
     try {
       v = is_all ? t.all().item().toBool() : t.any().item().toBool();
     } catch (...) {
-      throw RuntimeError(std::string(is_all ? "all" : "any") + ": key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError(std::string(is_all ? "all" : "any") + ": key " + k.full().repr() + ": " + current_torch_message());
     }
     if (v != is_all) result = v;
   });
@@ -817,12 +814,12 @@ TensorDict& TensorDict::zero_() {
     for (auto& m : lz->members) m.zero_();
     return *this;
   }
-  for_each_leaf(*d(), NestedKey(), [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
-  for_each_leaf(*d(), NestedKey(), [](const NestedKey& k, const at::Tensor& t) {
+  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
+  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) {
     try {
       at::Tensor(t).zero_();
     } catch (...) {
-      throw RuntimeError("zero_: key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError("zero_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
   return *this;
@@ -845,13 +842,12 @@ TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& v
   }
   if (detail::lazy_node(*this)) return index_put_({mask.to(at::kBool)}, value);
   check_batch_mask(*this, mask, "masked_fill_", "mask");
-  for_each_leaf(*d(), NestedKey(),
-                [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "masked_fill_"); });
-  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
+  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) { check_writable(t, k, "masked_fill_"); });
+  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& t) {
     try {
       at::Tensor(t).masked_fill_(right_view(mask, t), value);
     } catch (...) {
-      throw RuntimeError("masked_fill_: key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError("masked_fill_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
   return *this;
@@ -953,21 +949,21 @@ TensorDict& TensorDict::add_(const TensorDict& other) {
                          " (an in-place result cannot change the batch size)");
   }
   TensorDict b = expand_to(other, bs);
-  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     check_writable(x, k, "add_");
-    at::Tensor y = b.get(k);
+    at::Tensor y = b.get(k.full());
     auto s = broadcast_shapes(sizes_of(x), sizes_of(y));
     if (!s || *s != sizes_of(x)) {
-      throw BatchSizeError("add_: the other leaf at key " + k.repr() + " of shape " + shape_str(y.sizes()) +
+      throw BatchSizeError("add_: the other leaf at key " + k.full().repr() + " of shape " + shape_str(y.sizes()) +
                            " does not broadcast to the leaf of shape " + shape_str(x.sizes()));
     }
     check_castable(at::result_type(x, y), x, k, "add_");
   });
-  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
-      at::Tensor(x).add_(b.get(k));
+      at::Tensor(x).add_(b.get(k.full()));
     } catch (...) {
-      throw RuntimeError("add_: key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError("add_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
   return *this;
@@ -975,11 +971,11 @@ TensorDict& TensorDict::add_(const TensorDict& other) {
 
 namespace {
 void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is_add) {
-  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     check_writable(x, k, op);
     check_castable(at::result_type(x, s), x, k, op);
   });
-  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
       if (is_add) {
         at::Tensor(x).add_(s);
@@ -987,7 +983,7 @@ void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is
         at::Tensor(x).mul_(s);
       }
     } catch (...) {
-      throw RuntimeError(std::string(op) + ": key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError(std::string(op) + ": key " + k.full().repr() + ": " + current_torch_message());
     }
   });
 }
@@ -1038,15 +1034,15 @@ TensorDict& write_result(TensorDict& self, const TensorDict& result, const char*
   }
   const TensorDict dense = detail::dense_tree(self);
   std::vector<std::pair<NestedKey, at::Tensor>> writes;
-  for_each_leaf(*result.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& r) {
-    const at::Tensor x = dense.get(k);
+  for_each_leaf(*result.impl(), [&](const tree::KeyPath& k, const at::Tensor& r) {
+    const at::Tensor x = dense.get(k.full());
     check_writable(x, k, op);
     check_castable(r.scalar_type(), x, k, op);
     if (!r.sizes().equals(x.sizes())) {
-      throw RuntimeError(std::string(op) + ": output with shape " + shape_str(x.sizes()) + " of key " + k.repr() +
+      throw RuntimeError(std::string(op) + ": output with shape " + shape_str(x.sizes()) + " of key " + k.full().repr() +
                          " doesn't match the broadcast shape " + shape_str(r.sizes()));
     }
-    writes.emplace_back(k, r);
+    writes.emplace_back(k.full(), r);
   });
   for (const auto& w : writes) self.set_(w.first, w.second);
   return self;
@@ -1135,7 +1131,7 @@ at::Tensor reduce_all_leaves(const TensorDict& self_in, Red r, const std::option
   const BatchSize out_bs = reduce_batch(dims, keepdim)(bs);
   const int64_t nd = static_cast<int64_t>(bs.size());
   std::vector<at::Tensor> parts;
-  for_each_leaf(*self.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*self.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
       // batch dims kept in front, every other element of the leaf (reduced dims and features) flattened last
       std::vector<int64_t> perm;
@@ -1153,7 +1149,7 @@ at::Tensor reduce_all_leaves(const TensorDict& self_in, Red r, const std::option
     } catch (const Error&) {
       throw;
     } catch (...) {
-      throw RuntimeError(std::string(red_name(r)) + "(reduce=true): key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError(std::string(red_name(r)) + "(reduce=true): key " + k.full().repr() + ": " + current_torch_message());
     }
   });
   if (parts.empty()) throw RuntimeError(std::string(red_name(r)) + "(reduce=true): the TensorDict has no tensor leaf");

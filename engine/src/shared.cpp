@@ -2,6 +2,7 @@
 #include <mutex>
 
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 #include "tensordict/backends/shm.hpp"
 
 namespace tensordict {
@@ -10,25 +11,23 @@ namespace {
 std::mutex g_prefix_mu;
 std::string g_prefix = "tensordict_";
 
-void collect_leaves(const TensorDictImpl& impl, const std::vector<std::string>& prefix,
-                    std::vector<std::vector<std::string>>& keys, std::vector<at::Tensor>& tensors) {
-  for (const auto& kv : impl.entries) {
-    std::vector<std::string> k = prefix;
-    k.push_back(kv.first);
-    if (kv.second.is_tensor()) {
-      keys.push_back(k);
-      tensors.push_back(kv.second.tensor());
-    } else if (kv.second.is_tensordict()) {
-      collect_leaves(*kv.second.tensordict().impl(), k, keys, tensors);
-    }
-  }
+void collect_leaves(const TensorDictImpl& impl, std::vector<std::vector<std::string>>& keys,
+                    std::vector<at::Tensor>& tensors) {
+  detail::tree::for_each_leaf(
+      impl,
+      [&](const detail::tree::KeyPath& p, const Entry& e) {
+        if (!e.is_tensor()) return;
+        keys.push_back(p.full().parts());
+        tensors.push_back(e.tensor());
+      },
+      [](const detail::tree::KeyPath&, const TensorDict& sub) { sub.impl(); });  // NotImplementedError
 }
 
 void mark_shared(const std::shared_ptr<TensorDictImpl>& impl) {
-  impl->is_shared = true;
-  impl->is_memmap = false;
-  for (auto& kv : impl->entries)
-    if (kv.second.is_tensordict()) mark_shared(kv.second.tensordict().impl());
+  detail::tree::for_each_level(*impl, [](const detail::tree::KeyPath&, TensorDictImpl& level) {
+    level.is_shared = true;
+    level.is_memmap = false;
+  });
 }
 
 //! replaces the tensor at a key path (walking existing levels; no lock checks: storage swap, same data)
@@ -60,7 +59,7 @@ TensorDict& TensorDict::share_memory_() {
   if (d()->is_shared) return *this;
   std::vector<std::vector<std::string>> keys;
   std::vector<at::Tensor> tensors;
-  collect_leaves(*d(), {}, keys, tensors);
+  collect_leaves(*d(), keys, tensors);
   if (!tensors.empty()) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (!tensors[i].device().is_cpu()) {
@@ -79,7 +78,7 @@ std::string TensorDict::share_handle() const {
   if (!d()->is_shared) throw ValueError("share_handle needs a shared TensorDict (call share_memory_() first)");
   std::vector<std::vector<std::string>> keys;
   std::vector<at::Tensor> tensors;
-  collect_leaves(*d(), {}, keys, tensors);
+  collect_leaves(*d(), keys, tensors);
   backends::ShmTensorDictHandle h;
   h.batch_size = d()->batch_size;
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -5,6 +5,7 @@
 
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 #include "tensordict/index_math.hpp"
 
 namespace tensordict {
@@ -146,10 +147,16 @@ const TensorDictImpl* walk(const TensorDictImpl* root, const NestedKey& key) {
 }
 
 bool is_dense_tree(const TensorDict& td) {
-  if (!td.is_dense() && !(td.node() && td.node()->dense_view())) return false;
-  for (const auto& kv : td.impl()->entries)
-    if (kv.second.is_tensordict() && !is_dense_tree(kv.second.tensordict())) return false;
-  return true;
+  const TensorDictImpl* root = tree::dense_level(td);
+  if (!root) return false;
+  bool dense = true;
+  tree::for_each_entry(*root, [&](const tree::KeyPath&, const Entry& e) -> const TensorDictImpl* {
+    if (!dense || !e.is_tensordict()) return nullptr;
+    const TensorDictImpl* child = tree::dense_level(e.tensordict());
+    if (!child) dense = false;
+    return child;
+  });
+  return dense;
 }
 
 bool is_remote(const TensorDict& td) {
@@ -1389,10 +1396,14 @@ TensorDict TensorDict::to(at::Device device) const {
   }
   if (d()->device && *d()->device == device) return *this;
   std::optional<at::Device> target = device;
-  std::function<void(TensorDictImpl&)> set_dev = [&](TensorDictImpl& i) {
-    i.device = target;
-    for (auto& kv : i.entries)
-      if (kv.second.is_tensordict()) set_dev(*kv.second.tensordict().impl());
+  auto set_dev = [&](TensorDictImpl& root) {
+    root.device = target;
+    detail::tree::for_each_entry(root, [&](const detail::tree::KeyPath&, const Entry& e) -> const TensorDictImpl* {
+      if (!e.is_tensordict()) return nullptr;
+      TensorDictImpl* level = e.tensordict().impl().get();  // another node kind: NotImplementedError
+      level->device = target;
+      return level;
+    });
   };
   // apply() moves results to the result's device (upstream): run it on a device-less structure copy
   TensorDict src = clone(false);
