@@ -59,6 +59,19 @@ void put(TensorDict& level, const std::string& name, const NestedKey& full, cons
   }
 }
 
+//! put for a level being built by the tree visitor (the key named by its path)
+void put_checked(TensorDictImpl& level, const tree::KeyPath& at, const Entry& value, const char* op) {
+  try {
+    level.entries.emplace_back(at.name(), detail::prepare_value(level, at.name(), value));
+  } catch (const BatchSizeError& e) {
+    throw BatchSizeError(std::string(op) + ": the result for key " + at.full().repr() + " does not fit the batch size: " +
+                         e.message());
+  } catch (...) {  // e.g. moving the result to the TensorDict's device failed
+    throw RuntimeError(std::string(op) + ": cannot store the result for key " + at.full().repr() + ": " +
+                       current_torch_message());
+  }
+}
+
 //! a non-tensor entry of a level whose batch size goes from `old_nd` dims to `new_bs`; nullopt when it
 //! cannot follow (a NonTensorStack holding different values)
 std::optional<Entry> rebatch_non_tensor(const Entry& e, size_t old_nd, const BatchSize& new_bs) {
@@ -161,44 +174,53 @@ TensorDict expand_to(const TensorDict& td, const BatchSize& bs) {
 }
 
 // ---------------------------------------------------------------------------------------------- transform
-using LeafMap = std::function<at::Tensor(const NestedKey& full, const at::Tensor& leaf)>;
 using BatchMap = std::function<BatchSize(const BatchSize&)>;
 enum class NonTensorPolicy { Carry, CarryOrDrop, Drop };
 
-//! a new TensorDict with td's structure: tensor leaves replaced by fn (an undefined result drops the
-//! key), every level's batch size mapped by batch_map, non-tensor leaves handled by `policy`
-TensorDict transform(const TensorDict& td_in, const NestedKey& prefix, const BatchMap& batch_map, const LeafMap& fn,
-                     NonTensorPolicy policy, const char* op) {
-  const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
-  const TensorDictImpl& s = *td.impl();
-  BatchSize nb = batch_map(s.batch_size);
-  TensorDict out = detail::make_empty(s, nb);
-  for (const auto& kv : s.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    const Entry& e = kv.second;
-    if (e.is_tensor()) {
-      at::Tensor r;
-      try {
-        r = fn(full, e.tensor());
-      } catch (...) {
-        throw RuntimeError(std::string(op) + ": key " + full.repr() + ": " + current_torch_message());
-      }
-      if (r.defined()) put(out, kv.first, full, Entry(r), op);
-    } else if (e.is_tensordict()) {
-      put(out, kv.first, full, Entry(transform(e.tensordict(), full, batch_map, fn, policy, op)), op);
-    } else if (e.is_non_tensor()) {
-      if (policy == NonTensorPolicy::Drop) continue;
-      auto c = rebatch_non_tensor(e, s.batch_size.size(), nb);
-      if (c) {
-        put(out, kv.first, full, *c, op);
-      } else if (policy == NonTensorPolicy::Carry) {
-        throw BatchSizeError(std::string(op) + ": the NonTensorStack at key " + full.repr() + " of batch size " +
-                             shape_str(e.shape()) + " holds different values and cannot follow the new batch size " +
-                             shape_str(nb));
-      }
+//! the tree visitor's rebuild for transform: tensor leaves through fn(path, leaf, matched leaves of the
+//! other trees), each level's batch through batch_map, non-tensors by policy, results put with the checks
+template <class Fn>
+struct TransformVisitor : tree::RebuildVisitor {
+  const BatchMap& batch_map;
+  Fn& fn;
+  NonTensorPolicy policy;
+  const char* op;
+  TransformVisitor(const BatchMap& bm, Fn& f, NonTensorPolicy p, const char* o) : batch_map(bm), fn(f), policy(p), op(o) {}
+
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return batch_map(own); }
+  at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& t, const tree::Matched& others) {
+    try {
+      return fn(at, t, others);
+    } catch (...) {
+      throw RuntimeError(std::string(op) + ": key " + at.full().repr() + ": " + current_torch_message());
     }
   }
-  return out;
+  std::optional<Entry> non_tensor(const tree::KeyPath& at, const Entry& e, const TensorDictImpl& src,
+                                  const BatchSize& nb, const tree::Matched&) {
+    if (policy == NonTensorPolicy::Drop) return std::nullopt;
+    auto c = rebatch_non_tensor(e, src.batch_size.size(), nb);
+    if (!c && policy == NonTensorPolicy::Carry) {
+      throw BatchSizeError(std::string(op) + ": the NonTensorStack at key " + at.full().repr() + " of batch size " +
+                           shape_str(e.shape()) + " holds different values and cannot follow the new batch size " +
+                           shape_str(nb));
+    }
+    return c;
+  }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry value) { put_checked(out, at, value, op); }
+};
+
+//! a new TensorDict with td's structure: tensor leaves replaced by fn(path, leaf, matched) (an undefined
+//! result drops the key), every level's batch size mapped by batch_map, non-tensor leaves handled by
+//! `policy`; `others` (dense trees) are walked in parallel, their entries at each key given to fn
+template <class Fn>
+TensorDict transform(const TensorDict& td_in, const BatchMap& batch_map, Fn&& fn, NonTensorPolicy policy,
+                     const char* op, const std::vector<TensorDict>& others = {}) {
+  const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
+  const TensorDictImpl& s = *td.impl();
+  std::vector<const TensorDictImpl*> levels;
+  for (const auto& o : others) levels.push_back(o.impl().get());
+  TransformVisitor<std::remove_reference_t<Fn>> v(batch_map, fn, policy, op);
+  return tree::rebuild(s, batch_map(s.batch_size), v, levels);
 }
 
 BatchSize same_batch(const BatchSize& bs) { return bs; }
@@ -444,8 +466,12 @@ TensorDict binary_td(const TensorDict& self, const TensorDict& other, Bin op) {
   TensorDict a = expand_to(self, bs);
   TensorDict b = expand_to(other, bs);
   TensorDict out = transform(
-      a, NestedKey(), same_batch,
-      [&](const NestedKey& k, const at::Tensor& x) { return bin(op, x, b.get(k)); }, NonTensorPolicy::Carry, name);
+      a, same_batch,
+      [&](const tree::KeyPath& k, const at::Tensor& x, const tree::Matched& y) {
+        // b has the same tensor leaves (checked above): its leaf comes from the parallel walk
+        return bin(op, x, y[0] && y[0]->is_tensor() ? y[0]->tensor() : b.get(k.full()));
+      },
+      NonTensorPolicy::Carry, name, {b});
   return maybe_lock(out, self);
 }
 
@@ -455,7 +481,7 @@ TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op
   if (!other.defined()) throw ValueError(std::string(name) + ": the other tensor is undefined");
   if (other.dim() == 0) {
     TensorDict out = transform(
-        self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return bin(op, x, other); },
+        self, same_batch, [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return bin(op, x, other); },
         NonTensorPolicy::Carry, name);
     return maybe_lock(out, self);
   }
@@ -464,8 +490,8 @@ TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op
   TensorDict a = expand_to(self, bs);
   const size_t nd = bs.size();
   TensorDict out = transform(
-      a, NestedKey(), same_batch,
-      [&](const NestedKey&, const at::Tensor& x) {
+      a, same_batch,
+      [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) {
         BatchSize shape = sizes_of(other);
         shape.resize(shape.size() + static_cast<size_t>(x.dim()) - nd, 1);
         at::Tensor o = other.reshape(shape);
@@ -479,7 +505,7 @@ TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op
 TensorDict binary_scalar(const TensorDict& self, const at::Scalar& other, Bin op) {
   if (!detail::is_dense_tree(self)) return binary_scalar(detail::dense_tree(self), other, op);
   TensorDict out = transform(
-      self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return bin(op, x, other); },
+      self, same_batch, [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return bin(op, x, other); },
       NonTensorPolicy::Carry, bin_name(op));
   return maybe_lock(out, self);
 }
@@ -601,8 +627,8 @@ TensorDict compare_tensor(const TensorDict& self, const at::Tensor& other, Cmp o
   TensorDict a = expand_to(self, bs);
   const size_t nd = bs.size();
   return transform(
-      a, NestedKey(), same_batch,
-      [&](const NestedKey&, const at::Tensor& x) {
+      a, same_batch,
+      [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) {
         if (other.dim() == 0) return cmp(op, x, other);
         BatchSize shape = sizes_of(other);
         shape.resize(shape.size() + static_cast<size_t>(x.dim()) - nd, 1);
@@ -616,7 +642,7 @@ TensorDict compare_tensor(const TensorDict& self, const at::Tensor& other, Cmp o
 TensorDict compare_scalar(const TensorDict& self, const at::Scalar& other, Cmp op) {
   if (!detail::is_dense_tree(self)) return compare_scalar(detail::dense_tree(self), other, op);
   return transform(
-      self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return cmp(op, x, other); },
+      self, same_batch, [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return cmp(op, x, other); },
       NonTensorPolicy::Drop, cmp_name(op));
 }
 
@@ -665,8 +691,8 @@ TensorDict all_any_dim(const TensorDict& self, int64_t dim, bool is_all) {
   std::vector<int64_t> dims = reduce_dims(self, {dim}, op, ErrorCode::Runtime);
   const int64_t d = dims[0];
   return transform(
-      self, NestedKey(), reduce_batch(dims, false),
-      [&](const NestedKey&, const at::Tensor& x) { return is_all ? x.all(d) : x.any(d); },
+      self, reduce_batch(dims, false),
+      [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return is_all ? x.all(d) : x.any(d); },
       NonTensorPolicy::CarryOrDrop, op);
 }
 
@@ -905,8 +931,8 @@ TensorDict TensorDict::where(const at::Tensor& condition, const at::Scalar& othe
   if (!is_dense()) return contiguous().where(condition, other);  // another node kind: on its dense form
   check_batch_mask(*this, condition, "where", "condition");
   TensorDict out = transform(
-      *this, NestedKey(), same_batch,
-      [&](const NestedKey&, const at::Tensor& x) { return at::where(right_view(condition, x), x, other); },
+      *this, same_batch,
+      [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return at::where(right_view(condition, x), x, other); },
       NonTensorPolicy::Carry, "where");
   return maybe_lock(out, *this);
 }
@@ -1115,7 +1141,7 @@ TensorDict reduce_td(const TensorDict& self, Red r, const std::optional<std::vec
     bm = [keepdim](const BatchSize& bs) { return keepdim ? BatchSize(bs.size(), 1) : BatchSize{}; };
   }
   return transform(
-      self, NestedKey(), bm, [&](const NestedKey&, const at::Tensor& x) { return reduce_leaf(r, x, dims, keepdim); },
+      self, bm, [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return reduce_leaf(r, x, dims, keepdim); },
       NonTensorPolicy::CarryOrDrop, red_name(r));
 }
 
