@@ -45,21 +45,8 @@ std::string keys_str(const std::vector<NestedKey>& keys) {
   return s + "]";
 }
 
-//! inserts `value` into `level` at `name` after the usual checks (batch prefix, device); the error
-//! names the key
-void put(TensorDict& level, const std::string& name, const NestedKey& full, const Entry& value, const char* op) {
-  try {
-    level.impl()->entries.emplace_back(name, detail::prepare_value(*level.impl(), name, value));
-  } catch (const BatchSizeError& e) {
-    throw BatchSizeError(std::string(op) + ": the result for key " + full.repr() + " does not fit the batch size: " +
-                         e.message());
-  } catch (...) {  // e.g. moving the result to the TensorDict's device failed
-    throw RuntimeError(std::string(op) + ": cannot store the result for key " + full.repr() + ": " +
-                       current_torch_message());
-  }
-}
-
-//! put for a level being built by the tree visitor (the key named by its path)
+//! inserts `value` into a level being built by the tree visitor after the usual checks (batch prefix,
+//! device); the error names the key
 void put_checked(TensorDictImpl& level, const tree::KeyPath& at, const Entry& value, const char* op) {
   try {
     level.entries.emplace_back(at.name(), detail::prepare_value(level, at.name(), value));
@@ -251,101 +238,116 @@ struct ApplyCall {
                  "]); every key of self must be in the others unless ApplyOptions().default_value(...) is given");
 }
 
-std::optional<TensorDict> apply_level(const TensorDict& self, const std::vector<std::optional<TensorDict>>& others,
-                                      const NestedKey& prefix, ApplyCall& c, bool top) {
-  const TensorDictImpl& s = *self.impl();
-  const ApplyOptions& o = c.opts;
-  TensorDict result;
-  if (!c.inplace) result = detail::make_empty(s, o.batch_size() ? *o.batch_size() : s.batch_size);
-  if (!c.inplace && o.batch_size()) {
-    for (auto d : *o.batch_size())
-      if (d < 0) throw BatchSizeError(std::string(c.op) + ": batch size " + shape_str(*o.batch_size()) + " has a negative dimension");
+//! the tree visitor's (parallel) rebuild for the apply family: fn on every tensor leaf with the matching
+//! leaves of the others; in place, the writes are collected (and no result level is filled)
+struct ApplyVisitor : tree::RebuildVisitor {
+  ApplyCall& c;
+  //! the others' levels of the levels being walked (innermost last): the KeyError lists their keys
+  std::vector<std::vector<const TensorDictImpl*>> levels;
+  explicit ApplyVisitor(ApplyCall& call) : c(call) {}
+
+  void enter(const tree::KeyPath&, const TensorDictImpl&, const std::vector<const TensorDictImpl*>& others) {
+    levels.push_back(others);
   }
-  bool any_set = false;
-  for (const auto& kv : s.entries) {
-    const std::string& name = kv.first;
-    const Entry& e = kv.second;
-    NestedKey full = prefix + NestedKey(name);
-    std::vector<const Entry*> oe(others.size(), nullptr);
-    for (size_t i = 0; i < others.size(); ++i) {
-      if (others[i]) oe[i] = others[i]->impl()->find(name);
-      if (!oe[i] && !o.default_value()) missing_in_other(full, i, *others[i]->impl(), c.op);
+  void leave(const tree::KeyPath&) { levels.pop_back(); }
+  TensorDict make_level(const tree::KeyPath&, const TensorDictImpl& src, BatchSize nb) {
+    const ApplyOptions& o = c.opts;
+    TensorDict result;
+    if (!c.inplace) result = detail::make_empty(src, std::move(nb));
+    if (!c.inplace && o.batch_size()) {
+      for (auto d : *o.batch_size())
+        if (d < 0) throw BatchSizeError(std::string(c.op) + ": batch size " + shape_str(*o.batch_size()) + " has a negative dimension");
     }
-    if (e.is_tensordict()) {
-      std::vector<std::optional<TensorDict>> sub(others.size());
-      for (size_t i = 0; i < others.size(); ++i) {
-        if (!oe[i]) continue;
-        if (!oe[i]->is_tensordict()) {
-          throw TypeError(std::string(c.op) + ": key " + full.repr() + " is a TensorDict in self but a " +
-                          Entry::kind_name(oe[i]->kind()) + " in others[" + std::to_string(i) + "]");
-        }
-        sub[i] = oe[i]->tensordict();
+    return result;
+  }
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) {
+    return c.opts.batch_size() ? *c.opts.batch_size() : own;
+  }
+  //! every other has the key, unless a default value is given
+  void check_others(const tree::KeyPath& at, const tree::Matched& m) {
+    for (size_t i = 0; i < m.size(); ++i)
+      if (!m[i] && !c.opts.default_value()) missing_in_other(at.full(), i, *levels.back()[i], c.op);
+  }
+  const TensorDictImpl* descend(const tree::KeyPath& at, const TensorDict& child, const tree::Matched& m) {
+    check_others(at, m);
+    for (size_t i = 0; i < m.size(); ++i) {
+      if (m[i] && !m[i]->is_tensordict()) {
+        throw TypeError(std::string(c.op) + ": key " + at.full().repr() + " is a TensorDict in self but a " +
+                        Entry::kind_name(m[i]->kind()) + " in others[" + std::to_string(i) + "]");
       }
-      std::optional<TensorDict> r;
-      TensorDict child = e.tensordict();
-      if (!child.is_dense() && c.unary && others.empty()) {  // another node kind applies itself
-        if (c.inplace) {
-          child.apply_(*c.unary);
-          r = child;
-        } else {
-          r = child.apply(*c.unary, ApplyOptions().keep_empty(o.keep_empty()));
-        }
-      } else {
-        r = apply_level(child, sub, full, c, false);
-      }
-      if (r) {
-        put(result, name, full, Entry(*r), c.op);
-        any_set = true;
-      }
-    } else if (e.is_tensor()) {
-      at::Tensor out;
-      try {
-        if (c.named) {
-          out = (*c.named)(o.nested_keys() ? full : NestedKey(name), e.tensor());
-        } else if (c.multi || c.named_multi) {
-          std::vector<at::Tensor> args;
-          args.reserve(others.size() + 1);
-          args.push_back(e.tensor());
-          for (size_t i = 0; i < others.size(); ++i) {
-            if (!oe[i]) {
-              args.push_back(*o.default_value());
-            } else if (oe[i]->is_tensor()) {
-              args.push_back(oe[i]->tensor());
-            } else {
-              throw TypeError(std::string(c.op) + ": key " + full.repr() + " is a Tensor in self but a " +
-                              Entry::kind_name(oe[i]->kind()) + " in others[" + std::to_string(i) + "]");
-            }
+    }
+    if (!child.is_dense() && c.unary && m.empty()) return nullptr;  // another node kind applies itself
+    return child.impl().get();
+  }
+  std::vector<const TensorDictImpl*> descend_others(const tree::KeyPath&, const TensorDictImpl& child,
+                                                    const tree::Matched& m) {
+    std::vector<const TensorDictImpl*> out(m.size(), nullptr);
+    if (child.entries.empty()) return out;  // nothing to match: the others' levels are not read
+    for (size_t i = 0; i < m.size(); ++i)
+      if (m[i]) out[i] = m[i]->tensordict().impl().get();
+    return out;
+  }
+  std::optional<TensorDict> other_node(const tree::KeyPath&, const TensorDict& sub, const BatchSize&,
+                                       const tree::Matched&) {
+    TensorDict child = sub;
+    if (c.inplace) {
+      child.apply_(*c.unary);
+      return child;
+    }
+    return child.apply(*c.unary, ApplyOptions().keep_empty(c.opts.keep_empty()));
+  }
+  std::optional<TensorDict> sub_result(const tree::KeyPath&, const TensorDict&, TensorDict out, bool any) {
+    if (c.inplace || (!c.opts.keep_empty() && !any)) return std::nullopt;
+    return out;
+  }
+  at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& leaf, const tree::Matched& m) {
+    check_others(at, m);
+    const ApplyOptions& o = c.opts;
+    at::Tensor out;
+    try {
+      if (c.named) {
+        out = (*c.named)(o.nested_keys() ? at.full() : NestedKey(at.name()), leaf);
+      } else if (c.multi || c.named_multi) {
+        std::vector<at::Tensor> args;
+        args.reserve(m.size() + 1);
+        args.push_back(leaf);
+        for (size_t i = 0; i < m.size(); ++i) {
+          if (!m[i]) {
+            args.push_back(*o.default_value());
+          } else if (m[i]->is_tensor()) {
+            args.push_back(m[i]->tensor());
+          } else {
+            throw TypeError(std::string(c.op) + ": key " + at.full().repr() + " is a Tensor in self but a " +
+                            Entry::kind_name(m[i]->kind()) + " in others[" + std::to_string(i) + "]");
           }
-          out = c.multi ? (*c.multi)(args) : (*c.named_multi)(o.nested_keys() ? full : NestedKey(name), args);
-        } else {
-          out = (*c.unary)(e.tensor());
         }
-      } catch (...) {
-        throw RuntimeError(std::string(c.op) + ": fn failed on key " + full.repr() + ": " + current_torch_message());
-      }
-      if (!out.defined()) continue;  // upstream: returning None drops the key (apply_: leaves it alone)
-      if (c.inplace) {
-        c.writes.emplace_back(full, e.tensor(), out);
+        out = c.multi ? (*c.multi)(args) : (*c.named_multi)(o.nested_keys() ? at.full() : NestedKey(at.name()), args);
       } else {
-        put(result, name, full, Entry(out), c.op);
+        out = (*c.unary)(leaf);
       }
-      any_set = true;
-    } else if (e.is_non_tensor()) {
-      if (c.inplace) continue;
-      auto carried = rebatch_non_tensor(e, s.batch_size.size(), result.batch_size());
-      if (!carried) {
-        throw BatchSizeError(std::string(c.op) + ": the NonTensorStack at key " + full.repr() + " of batch size " +
-                             shape_str(e.shape()) + " holds different values and cannot take the batch size " +
-                             shape_str(result.batch_size()));
-      }
-      put(result, name, full, *carried, c.op);
-      any_set = true;
+    } catch (...) {
+      throw RuntimeError(std::string(c.op) + ": fn failed on key " + at.full().repr() + ": " + current_torch_message());
     }
+    // upstream: returning None drops the key (apply_: leaves it alone)
+    if (out.defined() && c.inplace) c.writes.emplace_back(at.full(), leaf, out);
+    return out;
   }
-  if (c.inplace) return std::nullopt;
-  if (!top && !o.keep_empty() && !any_set) return std::nullopt;
-  return result;
-}
+  std::optional<Entry> non_tensor(const tree::KeyPath& at, const Entry& e, const TensorDictImpl& src,
+                                  const BatchSize& nb, const tree::Matched& m) {
+    check_others(at, m);
+    if (c.inplace) return std::nullopt;
+    auto carried = rebatch_non_tensor(e, src.batch_size.size(), nb);
+    if (!carried) {
+      throw BatchSizeError(std::string(c.op) + ": the NonTensorStack at key " + at.full().repr() + " of batch size " +
+                           shape_str(e.shape()) + " holds different values and cannot take the batch size " +
+                           shape_str(nb));
+    }
+    return carried;
+  }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry value) {
+    if (!c.inplace) put_checked(out, at, value, c.op);
+  }
+};
 
 TensorDict run_apply(const TensorDict& self, const std::vector<TensorDict>& others, ApplyCall& c) {
   for (size_t i = 0; i < others.size(); ++i)
@@ -353,11 +355,17 @@ TensorDict run_apply(const TensorDict& self, const std::vector<TensorDict>& othe
   if (c.opts.default_value() && !c.opts.default_value()->defined()) {
     throw ValueError(std::string(c.op) + ": the default value is an undefined tensor");
   }
-  std::vector<std::optional<TensorDict>> os(others.begin(), others.end());
-  auto r = apply_level(self, os, NestedKey(), c, true);
+  const TensorDictImpl& s = *self.impl();
+  std::vector<const TensorDictImpl*> levels(others.size(), nullptr);
+  if (!s.entries.empty()) {  // nothing to match: the others' levels are not read
+    for (size_t i = 0; i < others.size(); ++i) levels[i] = others[i].impl().get();
+  }
+  ApplyVisitor v(c);
+  BatchSize nb = c.opts.batch_size() ? *c.opts.batch_size() : s.batch_size;
+  TensorDict r = tree::rebuild(s, std::move(nb), v, levels);
   if (c.inplace) return self;
-  if (c.opts.propagate_lock() && self.is_locked()) r->lock_();
-  return *r;
+  if (c.opts.propagate_lock() && self.is_locked()) r.lock_();
+  return r;
 }
 
 void commit_writes(ApplyCall& c) {
@@ -573,49 +581,64 @@ std::string key_set_str(const TensorDictImpl& impl) {
   return ks.empty() ? "set()" : s + "}";
 }
 
-TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op, const NestedKey& prefix) {
+//! the tree visitor's parallel rebuild for TD-vs-TD comparisons: the key sets must match at every level
+struct CompareVisitor : tree::RebuildVisitor {
+  Cmp op;
+  explicit CompareVisitor(Cmp o) : op(o) {}
+
+  void enter(const tree::KeyPath& at, const TensorDictImpl& a, const std::vector<const TensorDictImpl*>& others) {
+    const TensorDictImpl& b = *others[0];
+    bool same = a.entries.size() == b.entries.size();
+    for (const auto& kv : a.entries)
+      if (!b.find(kv.first)) same = false;
+    if (!same) {
+      throw KeyError(std::string(cmp_name(op)) + ": keys in tensordicts mismatch" +
+                     (at.is_root() ? std::string() : " at " + at.full().repr()) + ", got " + key_set_str(a) + " and " +
+                     key_set_str(b));
+    }
+  }
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return own; }
+  void check_kinds(const tree::KeyPath& at, Entry::Kind x, const Entry& y) {
+    if (x != y.kind()) {
+      throw TypeError(std::string(cmp_name(op)) + ": cannot compare a " + Entry::kind_name(x) + " with a " +
+                      Entry::kind_name(y.kind()) + " at key " + at.full().repr());
+    }
+  }
+  std::optional<Entry> non_tensor(const tree::KeyPath& at, const Entry& x, const TensorDictImpl& src, const BatchSize&,
+                                  const tree::Matched& m) {
+    const Entry& y = *m[0];
+    if (y.is_non_tensor()) {
+      if (op == Cmp::Eq || op == Cmp::Ne) return Entry(compare_non_tensor(op, x, y, at.full(), src.device));
+      return std::nullopt;  // ordering of non-tensor values: left out, as upstream's empty result
+    }
+    check_kinds(at, x.kind(), y);
+    return std::nullopt;
+  }
+  const TensorDictImpl* descend(const tree::KeyPath& at, const TensorDict& sub, const tree::Matched& m) {
+    check_kinds(at, Entry::Kind::TensorDict, *m[0]);
+    return sub.impl().get();
+  }
+  at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& x, const tree::Matched& m) {
+    check_kinds(at, Entry::Kind::Tensor, *m[0]);
+    try {
+      return cmp(op, x, m[0]->tensor());
+    } catch (...) {
+      throw RuntimeError(std::string(cmp_name(op)) + ": key " + at.full().repr() + ": " + current_torch_message());
+    }
+  }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry value) { put_checked(out, at, value, cmp_name(op)); }
+};
+
+TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op) {
+  CompareVisitor v(op);
   const TensorDictImpl& a = *self.impl();
-  const TensorDictImpl& b = *other.impl();
-  bool same = a.entries.size() == b.entries.size();
-  for (const auto& kv : a.entries)
-    if (!b.find(kv.first)) same = false;
-  if (!same) {
-    throw KeyError(std::string(cmp_name(op)) + ": keys in tensordicts mismatch" +
-                   (prefix.empty() ? std::string() : " at " + prefix.repr()) + ", got " + key_set_str(a) + " and " +
-                   key_set_str(b));
-  }
-  TensorDict out = detail::make_empty(a, a.batch_size);
-  for (const auto& kv : a.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    const Entry& x = kv.second;
-    const Entry& y = *b.find(kv.first);
-    if (x.is_non_tensor() && y.is_non_tensor()) {
-      if (op == Cmp::Eq || op == Cmp::Ne) put(out, kv.first, full, Entry(compare_non_tensor(op, x, y, full, a.device)), cmp_name(op));
-      continue;  // ordering of non-tensor values: left out, as upstream's empty result
-    }
-    if (x.kind() != y.kind()) {
-      throw TypeError(std::string(cmp_name(op)) + ": cannot compare a " + Entry::kind_name(x.kind()) + " with a " +
-                      Entry::kind_name(y.kind()) + " at key " + full.repr());
-    }
-    if (x.is_tensordict()) {
-      put(out, kv.first, full, Entry(compare_td(x.tensordict(), y.tensordict(), op, full)), cmp_name(op));
-    } else {
-      at::Tensor r;
-      try {
-        r = cmp(op, x.tensor(), y.tensor());
-      } catch (...) {
-        throw RuntimeError(std::string(cmp_name(op)) + ": key " + full.repr() + ": " + current_torch_message());
-      }
-      put(out, kv.first, full, Entry(r), cmp_name(op));
-    }
-  }
-  return out;
+  return tree::rebuild(a, a.batch_size, v, {other.impl().get()});
 }
 
 TensorDict compare_td_top(const TensorDict& self, const TensorDict& other, Cmp op) {
   if (!detail::is_dense_tree(self) || !detail::is_dense_tree(other)) return compare_td_top(detail::dense_tree(self), detail::dense_tree(other), op);
   if (!other.defined()) throw ValueError(std::string(cmp_name(op)) + ": the other TensorDict is undefined");
-  return compare_td(self, other, op, NestedKey());
+  return compare_td(self, other, op);
 }
 
 //! td < t: t broadcast on the left to the batch dims, then on the right to each leaf (as arithmetic)
@@ -712,31 +735,32 @@ bool all_any(const TensorDict& self, bool is_all) {
   return result;
 }
 
-bool equal_entries(const Entry& a, const Entry& b);
-
+//! same batch size, keys and values at every level (the tree visitor's parallel walk); a sub-TensorDict of
+//! another node kind on either side compares with TensorDict::equal
 bool equal_impl(const TensorDictImpl& a, const TensorDictImpl& b) {
   if (a.batch_size != b.batch_size || a.entries.size() != b.entries.size()) return false;
-  for (const auto& kv : a.entries) {
-    const Entry* e = b.find(kv.first);
-    if (!e || !equal_entries(kv.second, *e)) return false;
-  }
-  return true;
-}
-
-bool equal_entries(const Entry& a, const Entry& b) {
-  if (a.is_non_tensor() && b.is_non_tensor()) {
-    if (a.shape() != b.shape()) return false;
-    return non_tensor_values(a, a.shape()) == non_tensor_values(b, b.shape());
-  }
-  if (a.kind() != b.kind()) return false;
-  if (a.is_tensordict()) {
-    if (!a.tensordict().is_dense() || !b.tensordict().is_dense()) return a.tensordict().equal(b.tensordict());
-    return equal_impl(*a.tensordict().impl(), *b.tensordict().impl());
-  }
-  const at::Tensor& x = a.tensor();
-  const at::Tensor& y = b.tensor();
-  if (x.scalar_type() != y.scalar_type() || x.device() != y.device() || !x.sizes().equals(y.sizes())) return false;
-  return at::equal(x, y);
+  return tree::walk2(a, b, [](const tree::KeyPath&, const Entry& x, const Entry* y) {
+    if (!y) return tree::Step::Stop;
+    if (x.is_non_tensor() && y->is_non_tensor()) {
+      if (x.shape() != y->shape()) return tree::Step::Stop;
+      return non_tensor_values(x, x.shape()) == non_tensor_values(*y, y->shape()) ? tree::Step::Next : tree::Step::Stop;
+    }
+    if (x.kind() != y->kind()) return tree::Step::Stop;
+    if (x.is_tensordict()) {
+      const TensorDict tx = x.tensordict(), ty = y->tensordict();
+      if (!tx.is_dense() || !ty.is_dense()) return tx.equal(ty) ? tree::Step::Next : tree::Step::Stop;
+      const TensorDictImpl& ix = *tx.impl();
+      const TensorDictImpl& iy = *ty.impl();
+      if (ix.batch_size != iy.batch_size || ix.entries.size() != iy.entries.size()) return tree::Step::Stop;
+      return tree::Step::Enter;
+    }
+    const at::Tensor& t = x.tensor();
+    const at::Tensor& u = y->tensor();
+    if (t.scalar_type() != u.scalar_type() || t.device() != u.device() || !t.sizes().equals(u.sizes())) {
+      return tree::Step::Stop;
+    }
+    return at::equal(t, u) ? tree::Step::Next : tree::Step::Stop;
+  });
 }
 
 }  // namespace
@@ -880,51 +904,60 @@ TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& v
 }
 
 namespace {
-TensorDict where_level(const TensorDict& self, const TensorDict& other, const at::Tensor& cond,
-                       const NestedKey& prefix) {
-  const TensorDictImpl& s = *self.impl();
-  const TensorDictImpl& o = *other.impl();
-  for (const auto& kv : o.entries) {
-    if (!s.find(kv.first)) {
-      throw KeyError("where: Key " + (prefix + NestedKey(kv.first)).repr() +
-                     " of other not found in self and no pad value provided.");
-    }
-  }
-  TensorDict out = detail::make_empty(s, s.batch_size);
-  for (const auto& kv : s.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    const Entry& x = kv.second;
-    const Entry* y = o.find(kv.first);
-    if (!y) throw KeyError("where: Key " + full.repr() + " not found in other and no pad value provided.");
-    if (x.is_non_tensor()) {
-      put(out, kv.first, full, x, "where");
-      continue;
-    }
-    if (x.kind() != y->kind()) {
-      throw TypeError("where: key " + full.repr() + " is a " + Entry::kind_name(x.kind()) + " in self but a " +
-                      Entry::kind_name(y->kind()) + " in other");
-    }
-    if (x.is_tensordict()) {
-      put(out, kv.first, full, Entry(where_level(x.tensordict(), y->tensordict(), cond, full)), "where");
-    } else {
-      at::Tensor r;
-      try {
-        r = at::where(right_view(cond, x.tensor()), x.tensor(), y->tensor());
-      } catch (...) {
-        throw RuntimeError("where: key " + full.repr() + ": " + current_torch_message());
+//! the tree visitor's parallel rebuild for where(cond, self, other): other's keys must all be in self
+struct WhereVisitor : tree::RebuildVisitor {
+  const at::Tensor& cond;
+  explicit WhereVisitor(const at::Tensor& c) : cond(c) {}
+
+  void enter(const tree::KeyPath& at, const TensorDictImpl& s, const std::vector<const TensorDictImpl*>& others) {
+    for (const auto& kv : others[0]->entries) {
+      if (!s.find(kv.first)) {
+        throw KeyError("where: Key " + (at.full() + NestedKey(kv.first)).repr() +
+                       " of other not found in self and no pad value provided.");
       }
-      put(out, kv.first, full, Entry(r), "where");
     }
   }
-  return out;
-}
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return own; }
+  const Entry& other_of(const tree::KeyPath& at, Entry::Kind x, const tree::Matched& m) {
+    if (!m[0]) throw KeyError("where: Key " + at.full().repr() + " not found in other and no pad value provided.");
+    if (x != Entry::Kind::NonTensorData && x != Entry::Kind::NonTensorStack && x != m[0]->kind()) {
+      throw TypeError("where: key " + at.full().repr() + " is a " + Entry::kind_name(x) + " in self but a " +
+                      Entry::kind_name(m[0]->kind()) + " in other");
+    }
+    return *m[0];
+  }
+  std::optional<Entry> non_tensor(const tree::KeyPath& at, const Entry& x, const TensorDictImpl&, const BatchSize&,
+                                  const tree::Matched& m) {
+    other_of(at, x.kind(), m);
+    return x;
+  }
+  const TensorDictImpl* descend(const tree::KeyPath& at, const TensorDict& sub, const tree::Matched& m) {
+    other_of(at, Entry::Kind::TensorDict, m);
+    return sub.impl().get();
+  }
+  std::vector<const TensorDictImpl*> descend_others(const tree::KeyPath&, const TensorDictImpl&, const tree::Matched& m) {
+    return {m[0]->tensordict().impl().get()};
+  }
+  at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& x, const tree::Matched& m) {
+    const Entry& y = other_of(at, Entry::Kind::Tensor, m);
+    try {
+      return at::where(right_view(cond, x), x, y.tensor());
+    } catch (...) {
+      throw RuntimeError("where: key " + at.full().repr() + ": " + current_torch_message());
+    }
+  }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry value) { put_checked(out, at, value, "where"); }
+};
+
 }  // namespace
 
 TensorDict TensorDict::where(const at::Tensor& condition, const TensorDict& other) const {
   if (!is_dense()) return contiguous().where(condition, other);  // another node kind: on its dense form
   check_batch_mask(*this, condition, "where", "condition");
   if (!other.defined()) throw ValueError("where: the other TensorDict is undefined");
-  return where_level(*this, other, condition, NestedKey());
+  WhereVisitor v(condition);
+  const TensorDictImpl& s = *impl();
+  return detail::tree::rebuild(s, s.batch_size, v, {other.impl().get()});
 }
 
 TensorDict TensorDict::where(const at::Tensor& condition, const at::Scalar& other) const {
