@@ -735,11 +735,11 @@ bool all_any(const TensorDict& self, bool is_all) {
   return result;
 }
 
-//! same batch size, keys and values at every level (the tree visitor's parallel walk); a sub-TensorDict of
-//! another node kind on either side compares with TensorDict::equal
-bool equal_impl(const TensorDictImpl& a, const TensorDictImpl& b) {
-  if (a.batch_size != b.batch_size || a.entries.size() != b.entries.size()) return false;
-  return tree::walk2(a, b, [](const tree::KeyPath&, const Entry& x, const Entry* y) {
+//! the tree visitor's two-tree walk for equal: stops at the first difference; a sub-TensorDict of another node
+//! kind on either side compares with TensorDict::equal
+struct EqualVisitor : tree::WalkVisitor {
+  tree::Step visit(const tree::KeyPath&, const Entry& x, const tree::Matched& m) {
+    const Entry* y = m[0];
     if (!y) return tree::Step::Stop;
     if (x.is_non_tensor() && y->is_non_tensor()) {
       if (x.shape() != y->shape()) return tree::Step::Stop;
@@ -749,10 +749,7 @@ bool equal_impl(const TensorDictImpl& a, const TensorDictImpl& b) {
     if (x.is_tensordict()) {
       const TensorDict tx = x.tensordict(), ty = y->tensordict();
       if (!tx.is_dense() || !ty.is_dense()) return tx.equal(ty) ? tree::Step::Next : tree::Step::Stop;
-      const TensorDictImpl& ix = *tx.impl();
-      const TensorDictImpl& iy = *ty.impl();
-      if (ix.batch_size != iy.batch_size || ix.entries.size() != iy.entries.size()) return tree::Step::Stop;
-      return tree::Step::Enter;
+      return same_shape(*tx.impl(), *ty.impl()) ? tree::Step::Enter : tree::Step::Stop;
     }
     const at::Tensor& t = x.tensor();
     const at::Tensor& u = y->tensor();
@@ -760,7 +757,18 @@ bool equal_impl(const TensorDictImpl& a, const TensorDictImpl& b) {
       return tree::Step::Stop;
     }
     return at::equal(t, u) ? tree::Step::Next : tree::Step::Stop;
-  });
+  }
+  static bool same_shape(const TensorDictImpl& a, const TensorDictImpl& b) {
+    return a.batch_size == b.batch_size && a.entries.size() == b.entries.size();
+  }
+  //! both sides are dense nodes here (checked in visit)
+  const TensorDictImpl* level(const TensorDict& sub) { return tree::level_of(sub, tree::Descend::DenseOnly); }
+};
+
+bool equal_impl(const TensorDictImpl& a, const TensorDictImpl& b) {
+  if (!EqualVisitor::same_shape(a, b)) return false;
+  EqualVisitor v;
+  return tree::walk(a, {&b}, v);
 }
 
 }  // namespace

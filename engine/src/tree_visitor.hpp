@@ -8,7 +8,7 @@
 //!  (b) `rebuild`: a new tree of the same structure from a per-entry transform, each level with its own
 //!      new batch size (shape ops, apply, arithmetic, reductions, clone, index, ...);
 //!  (c) `rebuild` / `walk` with `others`: several trees walked in parallel by key (binary ops, compare,
-//!      where, equal).
+//!      where, equal, stack / cat).
 //! The walks run over the dense nodes' entries directly (no virtual call, no copy of an entry); a
 //! sub-TensorDict of another node kind (lazy stack, store) is handed to the visitor, which decides (its
 //! own form, its dense form, an error). Visitors are templates: callables are inlined, nothing is boxed
@@ -277,25 +277,38 @@ TensorDict rebuild(const TensorDictImpl& src, BatchSize new_batch, V& v,
 //! what a parallel walk does after visiting an entry
 enum class Step { Stop, Next, Enter };
 
-//! a walk of `a` with `b` in parallel by key, without output: f(path, entry of a, entry of b or null) for
-//! every entry of a in a's order (sub-TensorDicts before their entries). f returns Stop to end the walk
-//! (walk2 then returns false), Next to go on, Enter (for a sub-TensorDict on both sides) to walk the two
-//! sub-levels (dense levels of both, see Descend) before going on.
-template <class F>
-bool walk2(const TensorDictImpl& a, const TensorDictImpl& b, F&& f, Descend how = Descend::DenseOnly,
-           const KeyPath& at = {}) {
+//! the default hooks of a walk visitor (no output): derive from it and hide what differs
+struct WalkVisitor {
+  //! called at each level before its entries and after them
+  void enter(const KeyPath&, const TensorDictImpl&, const std::vector<const TensorDictImpl*>&) {}
+  void leave(const KeyPath&) {}
+  //! an entry of the first tree with the matching entries of the others (null where missing): Stop ends
+  //! the walk (walk then returns false), Next goes on, Enter (a sub-TensorDict) walks its level first
+  Step visit(const KeyPath&, const Entry&, const Matched&) { return Step::Next; }
+  //! the levels entered for a sub-TensorDict (default: dense nodes and dense views, null where none)
+  const TensorDictImpl* level(const TensorDict& sub) { return dense_level(sub); }
+};
+
+//! a walk of `a` with `others` in parallel by key, without output: v.visit for every entry of a in a's order
+//! (sub-TensorDicts before their entries); see WalkVisitor
+template <class V>
+bool walk(const TensorDictImpl& a, const std::vector<const TensorDictImpl*>& others, V& v, const KeyPath& at = {}) {
+  v.enter(at, a, others);
+  Matched matched(others.size(), nullptr);
   for (size_t j = 0; j < a.entries.size(); ++j) {
     const auto& kv = a.entries[j];
     const KeyPath path(at, kv.first);
-    const Entry* eb = find_at(b, kv.first, j);
-    const Step step = f(path, kv.second, eb);
+    for (size_t i = 0; i < others.size(); ++i) matched[i] = others[i] ? find_at(*others[i], kv.first, j) : nullptr;
+    const Step step = v.visit(path, kv.second, matched);
     if (step == Step::Stop) return false;
     if (step == Step::Enter) {
-      const TensorDictImpl* ca = level_of(kv.second.tensordict(), how);
-      const TensorDictImpl* cb = level_of(eb->tensordict(), how);
-      if (!walk2(*ca, *cb, f, how, path)) return false;
+      std::vector<const TensorDictImpl*> subs(others.size(), nullptr);
+      for (size_t i = 0; i < others.size(); ++i)
+        if (matched[i] && matched[i]->is_tensordict()) subs[i] = v.level(matched[i]->tensordict());
+      if (!walk(*v.level(kv.second.tensordict()), subs, v, path)) return false;
     }
   }
+  v.leave(at);
   return true;
 }
 
