@@ -587,10 +587,13 @@ int64_t TensorDict::bytes() const {
       n += e.tensor().numel() * static_cast<int64_t>(e.tensor().element_size());
     return n;
   }
-  for (const auto& kv : d()->entries) {
-    if (kv.second.is_tensor()) n += kv.second.tensor().numel() * static_cast<int64_t>(kv.second.tensor().element_size());
-    if (kv.second.is_tensordict()) n += kv.second.tensordict().bytes();
-  }
+  detail::tree::for_each_leaf(
+      *d(),
+      [&](const detail::tree::KeyPath&, const Entry& e) {
+        if (e.is_tensor()) n += e.tensor().numel() * static_cast<int64_t>(e.tensor().element_size());
+      },
+      [&](const detail::tree::KeyPath&, const TensorDict& sub) { n += sub.bytes(); },  // its own form
+      detail::tree::Descend::DenseOnly);
   return n;
 }
 
