@@ -30,13 +30,6 @@ void mark_shared(const std::shared_ptr<TensorDictImpl>& impl) {
   });
 }
 
-//! replaces the tensor at a key path (walking existing levels; no lock checks: storage swap, same data)
-void swap_leaf(TensorDictImpl& root, const std::vector<std::string>& key, const at::Tensor& t) {
-  TensorDictImpl* cur = &root;
-  for (size_t i = 0; i + 1 < key.size(); ++i) cur = cur->find(key[i])->tensordict().impl().get();
-  *cur->find(key.back()) = Entry(t);
-}
-
 }  // namespace
 
 void TensorDict::set_shm_prefix(const std::string& prefix) {
@@ -67,7 +60,10 @@ TensorDict& TensorDict::share_memory_() {
       }
     }
     backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, d()->batch_size, shm_prefix());
-    for (size_t i = 0; i < keys.size(); ++i) swap_leaf(*d(), keys[i], alloc.tensors[i]);
+    size_t i = 0;  // the leaves in the order collect_leaves listed them: each swapped for its shared copy
+    detail::tree::for_each_leaf_mut(*d(), [&](const detail::tree::KeyPath&, Entry& e) {
+      if (e.is_tensor()) e = Entry(alloc.tensors[i++]);
+    });
   }
   mark_shared(impl());
   lock_();

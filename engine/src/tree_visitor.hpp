@@ -4,7 +4,8 @@
 //! A TensorDict is a tree: dense levels (`TensorDictImpl::entries`, in order) whose entries are leaves
 //! (tensors, NonTensorData, NonTensorStack) or sub-TensorDicts of any node kind. Three walk shapes cover
 //! the algorithms:
-//!  (a) `for_each_leaf` / `for_each_tensor` / `for_each_level`: visit the leaves (or levels) of one tree;
+//!  (a) `for_each_leaf` / `for_each_tensor` / `for_each_leaf_mut` / `for_each_entry` / `for_each_level`:
+//!      visit the leaves (const or writable), entries or levels of one tree;
 //!  (b) `rebuild`: a new tree of the same structure from a per-entry transform, each level with its own
 //!      new batch size (shape ops, apply, arithmetic, reductions, clone, index, ...);
 //!  (c) `rebuild` / `walk` with `others`: several trees walked in parallel by key (binary ops, compare,
