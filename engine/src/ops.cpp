@@ -193,7 +193,7 @@ struct TransformVisitor : tree::RebuildVisitor {
     }
     return c;
   }
-  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry value) { put_checked(out, at, value, op); }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry&& value) { put_checked(out, at, value, op); }
 };
 
 //! a new TensorDict with td's structure: tensor leaves replaced by fn(path, leaf, matched) (an undefined
@@ -344,7 +344,7 @@ struct ApplyVisitor : tree::RebuildVisitor {
     }
     return carried;
   }
-  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry value) {
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry&& value) {
     if (!c.inplace) put_checked(out, at, value, c.op);
   }
 };
@@ -626,7 +626,7 @@ struct CompareVisitor : tree::RebuildVisitor {
       throw RuntimeError(std::string(cmp_name(op)) + ": key " + at.full().repr() + ": " + current_torch_message());
     }
   }
-  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry value) { put_checked(out, at, value, cmp_name(op)); }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry&& value) { put_checked(out, at, value, cmp_name(op)); }
 };
 
 TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op) {
@@ -954,7 +954,7 @@ struct WhereVisitor : tree::RebuildVisitor {
       throw RuntimeError("where: key " + at.full().repr() + ": " + current_torch_message());
     }
   }
-  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry value) { put_checked(out, at, value, "where"); }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry&& value) { put_checked(out, at, value, "where"); }
 };
 
 }  // namespace

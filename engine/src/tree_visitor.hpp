@@ -207,7 +207,7 @@ struct RebuildVisitor {
     return out;
   }
   //! stores a new entry in the new level (default: appended as it is)
-  void put(TensorDictImpl& out, const KeyPath& at, Entry value) { out.entries.emplace_back(at.name(), std::move(value)); }
+  void put(TensorDictImpl& out, const KeyPath& at, Entry&& value) { out.entries.emplace_back(at.name(), std::move(value)); }
 };
 
 //! a new tree with src's structure and key order, the level of batch `new_batch`; what happens to each
