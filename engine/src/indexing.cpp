@@ -15,6 +15,7 @@
 #include "huge_page_allocator.hpp"
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 #include "torch_errors.hpp"
 #include "tensordict/index_math.hpp"
 
@@ -309,55 +310,50 @@ BatchSize sub_batch(const BatchSize& indexed, const BatchSize& own, size_t skip)
   return b;
 }
 
-TensorDict index_impl(const TensorDictImpl& src, const Prepared& p, BatchSize new_batch) {
-  auto out = std::make_shared<TensorDictImpl>();
-  out->batch_size = std::move(new_batch);
-  out->device = src.device;
-  out->entries.reserve(src.entries.size());
-  for (const auto& kv : src.entries) {
-    const Entry& e = kv.second;
-    switch (e.kind()) {
-      case Entry::Kind::Tensor:
-        out->entries.emplace_back(kv.first, Entry(p.get(e.tensor())));
-        break;
-      case Entry::Kind::TensorDict: {
-        TensorDict sub = e.tensordict();
-        if (!sub.is_dense()) {  // another node kind indexes itself
-          out->entries.emplace_back(kv.first, Entry(p.kind == Prepared::Kind::Identity ? sub : sub.index(p.as_index())));
-          break;
-        }
-        const TensorDictImpl& child = *sub.impl();
-        out->entries.emplace_back(kv.first, Entry(index_impl(child, p, sub_batch(p.batch, child.batch_size, p.src_dims))));
-        break;
-      }
-      case Entry::Kind::NonTensorData: {
-        const auto& d = e.non_tensor_data();
-        out->entries.emplace_back(kv.first,
-                                  Entry(NonTensorData(d.value(), sub_batch(p.batch, d.batch_size(), p.src_dims))));
-        break;
-      }
-      case Entry::Kind::NonTensorStack: {
-        NonTensorStack s = e.non_tensor_stack().remap([&p](const at::Tensor& pos) { return p.get(pos); });
-        // upstream: the selected values all equal -> a NonTensorData of the indexed batch
-        if (s.all_equal()) {
-          out->entries.emplace_back(kv.first, Entry(NonTensorData(s.at(0), s.batch_size())));
-        } else {
-          out->entries.emplace_back(kv.first, Entry(std::move(s)));
-        }
-        break;
-      }
-      default:
-        break;
+//! the tree visitor's rebuild for td[index]: every tensor (and NonTensorStack positions) through the
+//! prepared index; sub-levels get the indexed batch + their extra dims; another node kind indexes itself
+struct IndexVisitor : detail::tree::RebuildVisitor {
+  const Prepared& p;
+  explicit IndexVisitor(const Prepared& prepared) : p(prepared) {}
+
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return ::tensordict::sub_batch(p.batch, own, p.src_dims); }
+  at::Tensor tensor(const detail::tree::KeyPath&, const at::Tensor& t, const detail::tree::Matched&) { return p.get(t); }
+  const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
+    return detail::tree::level_of(sub, detail::tree::Descend::DenseOnly);
+  }
+  std::optional<TensorDict> other_node(const detail::tree::KeyPath&, const TensorDict& sub, const BatchSize&,
+                                       const detail::tree::Matched&) {
+    return p.kind == Prepared::Kind::Identity ? sub : sub.index(p.as_index());
+  }
+  std::optional<Entry> non_tensor(const detail::tree::KeyPath&, const Entry& e, const TensorDictImpl&, const BatchSize&,
+                                  const detail::tree::Matched&) {
+    if (e.is_non_tensor_data()) {
+      const auto& d = e.non_tensor_data();
+      return Entry(NonTensorData(d.value(), ::tensordict::sub_batch(p.batch, d.batch_size(), p.src_dims)));
     }
+    NonTensorStack s = e.non_tensor_stack().remap([this](const at::Tensor& pos) { return p.get(pos); });
+    // upstream: the selected values all equal -> a NonTensorData of the indexed batch
+    if (s.all_equal()) return Entry(NonTensorData(s.at(0), s.batch_size()));
+    return Entry(std::move(s));
   }
-  TensorDict result(out);
-  if (p.preserve && (src.is_memmap || src.is_shared)) {
-    // upstream: a view-preserving index of a memmap / shared TensorDict is memmap / shared, and locked
-    out->is_memmap = src.is_memmap;
-    out->is_shared = !src.is_memmap && src.is_shared;
-    result.lock_();
+  std::optional<TensorDict> sub_result(const detail::tree::KeyPath&, const TensorDict& sub, TensorDict out, bool) {
+    return finish(*sub.impl(), std::move(out));
   }
-  return result;
+  TensorDict finish(const TensorDictImpl& src, TensorDict result) {
+    if (p.preserve && (src.is_memmap || src.is_shared)) {
+      // upstream: a view-preserving index of a memmap / shared TensorDict is memmap / shared, and locked
+      TensorDictImpl& out = *static_cast<TensorDictImpl*>(result.node().get());
+      out.is_memmap = src.is_memmap;
+      out.is_shared = !src.is_memmap && src.is_shared;
+      result.lock_();
+    }
+    return result;
+  }
+};
+
+TensorDict index_impl(const TensorDictImpl& src, const Prepared& p, BatchSize new_batch) {
+  IndexVisitor v(p);
+  return v.finish(src, detail::tree::rebuild(src, std::move(new_batch), v));
 }
 
 // ----------------------------------------------------------------------------------- writing
@@ -596,18 +592,16 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
 //! kind (a lazy stack below a dense TensorDict), which writes itself
 template <class F, class G>
 void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn, const G& other) {
-  for (const auto& kv : impl.entries) {
-    if (kv.second.is_tensor()) {
-      fn(kv.first, kv.second.tensor());
-    } else if (kv.second.is_tensordict()) {
-      TensorDict sub = kv.second.tensordict();
-      if (sub.is_dense()) {
-        for_each_tensor_leaf(*sub.impl(), fn, other);
-      } else {
-        other(sub);
-      }
-    }
-  }
+  detail::tree::for_each_leaf(
+      impl,
+      [&](const detail::tree::KeyPath& p, const Entry& e) {
+        if (e.is_tensor()) fn(p.name(), e.tensor());
+      },
+      [&](const detail::tree::KeyPath&, const TensorDict& sub) {
+        TensorDict s = sub;
+        other(s);
+      },
+      detail::tree::Descend::DenseOnly);
 }
 
 }  // namespace

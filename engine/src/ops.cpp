@@ -20,9 +20,12 @@
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
 #include "torch_errors.hpp"
+#include "tree_visitor.hpp"
 
 namespace tensordict {
 namespace {
+
+namespace tree = detail::tree;
 
 using detail::current_torch_message;
 using detail::dtype_str;
@@ -42,16 +45,16 @@ std::string keys_str(const std::vector<NestedKey>& keys) {
   return s + "]";
 }
 
-//! inserts `value` into `level` at `name` after the usual checks (batch prefix, device); the error
-//! names the key
-void put(TensorDict& level, const std::string& name, const NestedKey& full, const Entry& value, const char* op) {
+//! inserts `value` into a level being built by the tree visitor after the usual checks (batch prefix,
+//! device); the error names the key
+void put_checked(TensorDictImpl& level, const tree::KeyPath& at, const Entry& value, const char* op) {
   try {
-    level.impl()->entries.emplace_back(name, detail::prepare_value(*level.impl(), name, value));
+    level.entries.emplace_back(at.name(), detail::prepare_value(level, at.name(), value));
   } catch (const BatchSizeError& e) {
-    throw BatchSizeError(std::string(op) + ": the result for key " + full.repr() + " does not fit the batch size: " +
+    throw BatchSizeError(std::string(op) + ": the result for key " + at.full().repr() + " does not fit the batch size: " +
                          e.message());
   } catch (...) {  // e.g. moving the result to the TensorDict's device failed
-    throw RuntimeError(std::string(op) + ": cannot store the result for key " + full.repr() + ": " +
+    throw RuntimeError(std::string(op) + ": cannot store the result for key " + at.full().repr() + ": " +
                        current_torch_message());
   }
 }
@@ -69,28 +72,21 @@ std::optional<Entry> rebatch_non_tensor(const Entry& e, size_t old_nd, const Bat
   return std::nullopt;
 }
 
-//! every tensor leaf with its full key
-void for_each_leaf(const TensorDictImpl& impl, const NestedKey& prefix,
-                   const std::function<void(const NestedKey&, const at::Tensor&)>& f) {
-  for (const auto& kv : impl.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    if (kv.second.is_tensor()) {
-      f(full, kv.second.tensor());
-    } else if (kv.second.is_tensordict()) {
-      TensorDict sub = kv.second.tensordict();
-      if (!sub.is_dense() && !sub.node()->dense_view()) {
-        throw NotImplementedError("this operation reaches the leaves of " + full.repr() + ", a " +
-                                  sub.node()->type_name() + ", which has no dense leaves to visit");
-      }
-      for_each_leaf(*sub.impl(), full, f);
-    }
-  }
+//! every tensor leaf with its path (the tree visitor's leaf walk; the key is built only when asked)
+template <class F>
+void for_each_leaf(const TensorDictImpl& impl, F&& f) {
+  tree::for_each_tensor(impl, f);
 }
 
+//! the full key of a path (keys of writes collected before they are committed are NestedKeys already)
+NestedKey key_of(const tree::KeyPath& p) { return p.full(); }
+const NestedKey& key_of(const NestedKey& k) { return k; }
+
 //! in-place writes need distinct memory per element (an expanded leaf is read-only in torch)
-void check_writable(const at::Tensor& t, const NestedKey& key, const char* op) {
+template <class Key>
+void check_writable(const at::Tensor& t, const Key& key, const char* op) {
   if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
-    throw RuntimeError(std::string(op) + ": cannot write in place into key " + key.repr() + " of shape " +
+    throw RuntimeError(std::string(op) + ": cannot write in place into key " + key_of(key).repr() + " of shape " +
                        shape_str(t.sizes()) +
                        ": more than one element of the tensor refers to a single memory location (an expanded "
                        "leaf); clone() the TensorDict first");
@@ -98,11 +94,12 @@ void check_writable(const at::Tensor& t, const NestedKey& key, const char* op) {
 }
 
 //! the result dtype of an in-place op must be castable to the leaf's dtype (torch's rule)
-void check_castable(at::ScalarType result, const at::Tensor& t, const NestedKey& key, const char* op) {
+template <class Key>
+void check_castable(at::ScalarType result, const at::Tensor& t, const Key& key, const char* op) {
   if (!at::can_cast(result, t.scalar_type())) {
     throw RuntimeError(std::string(op) + ": result type " + dtype_str(result) +
                        " can't be cast to the desired output type " + dtype_str(t.scalar_type()) + " of key " +
-                       key.repr());
+                       key_of(key).repr());
   }
 }
 
@@ -164,44 +161,53 @@ TensorDict expand_to(const TensorDict& td, const BatchSize& bs) {
 }
 
 // ---------------------------------------------------------------------------------------------- transform
-using LeafMap = std::function<at::Tensor(const NestedKey& full, const at::Tensor& leaf)>;
 using BatchMap = std::function<BatchSize(const BatchSize&)>;
 enum class NonTensorPolicy { Carry, CarryOrDrop, Drop };
 
-//! a new TensorDict with td's structure: tensor leaves replaced by fn (an undefined result drops the
-//! key), every level's batch size mapped by batch_map, non-tensor leaves handled by `policy`
-TensorDict transform(const TensorDict& td_in, const NestedKey& prefix, const BatchMap& batch_map, const LeafMap& fn,
-                     NonTensorPolicy policy, const char* op) {
-  const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
-  const TensorDictImpl& s = *td.impl();
-  BatchSize nb = batch_map(s.batch_size);
-  TensorDict out = detail::make_empty(s, nb);
-  for (const auto& kv : s.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    const Entry& e = kv.second;
-    if (e.is_tensor()) {
-      at::Tensor r;
-      try {
-        r = fn(full, e.tensor());
-      } catch (...) {
-        throw RuntimeError(std::string(op) + ": key " + full.repr() + ": " + current_torch_message());
-      }
-      if (r.defined()) put(out, kv.first, full, Entry(r), op);
-    } else if (e.is_tensordict()) {
-      put(out, kv.first, full, Entry(transform(e.tensordict(), full, batch_map, fn, policy, op)), op);
-    } else if (e.is_non_tensor()) {
-      if (policy == NonTensorPolicy::Drop) continue;
-      auto c = rebatch_non_tensor(e, s.batch_size.size(), nb);
-      if (c) {
-        put(out, kv.first, full, *c, op);
-      } else if (policy == NonTensorPolicy::Carry) {
-        throw BatchSizeError(std::string(op) + ": the NonTensorStack at key " + full.repr() + " of batch size " +
-                             shape_str(e.shape()) + " holds different values and cannot follow the new batch size " +
-                             shape_str(nb));
-      }
+//! the tree visitor's rebuild for transform: tensor leaves through fn(path, leaf, matched leaves of the
+//! other trees), each level's batch through batch_map, non-tensors by policy, results put with the checks
+template <class Fn>
+struct TransformVisitor : tree::RebuildVisitor {
+  const BatchMap& batch_map;
+  Fn& fn;
+  NonTensorPolicy policy;
+  const char* op;
+  TransformVisitor(const BatchMap& bm, Fn& f, NonTensorPolicy p, const char* o) : batch_map(bm), fn(f), policy(p), op(o) {}
+
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return batch_map(own); }
+  at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& t, const tree::Matched& others) {
+    try {
+      return fn(at, t, others);
+    } catch (...) {
+      throw RuntimeError(std::string(op) + ": key " + at.full().repr() + ": " + current_torch_message());
     }
   }
-  return out;
+  std::optional<Entry> non_tensor(const tree::KeyPath& at, const Entry& e, const TensorDictImpl& src,
+                                  const BatchSize& nb, const tree::Matched&) {
+    if (policy == NonTensorPolicy::Drop) return std::nullopt;
+    auto c = rebatch_non_tensor(e, src.batch_size.size(), nb);
+    if (!c && policy == NonTensorPolicy::Carry) {
+      throw BatchSizeError(std::string(op) + ": the NonTensorStack at key " + at.full().repr() + " of batch size " +
+                           shape_str(e.shape()) + " holds different values and cannot follow the new batch size " +
+                           shape_str(nb));
+    }
+    return c;
+  }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry&& value) { put_checked(out, at, value, op); }
+};
+
+//! a new TensorDict with td's structure: tensor leaves replaced by fn(path, leaf, matched) (an undefined
+//! result drops the key), every level's batch size mapped by batch_map, non-tensor leaves handled by
+//! `policy`; `others` (dense trees) are walked in parallel, their entries at each key given to fn
+template <class Fn>
+TensorDict transform(const TensorDict& td_in, const BatchMap& batch_map, Fn&& fn, NonTensorPolicy policy,
+                     const char* op, const std::vector<TensorDict>& others = {}) {
+  const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
+  const TensorDictImpl& s = *td.impl();
+  std::vector<const TensorDictImpl*> levels;
+  for (const auto& o : others) levels.push_back(o.impl().get());
+  TransformVisitor<std::remove_reference_t<Fn>> v(batch_map, fn, policy, op);
+  return tree::rebuild(s, batch_map(s.batch_size), v, levels);
 }
 
 BatchSize same_batch(const BatchSize& bs) { return bs; }
@@ -232,101 +238,116 @@ struct ApplyCall {
                  "]); every key of self must be in the others unless ApplyOptions().default_value(...) is given");
 }
 
-std::optional<TensorDict> apply_level(const TensorDict& self, const std::vector<std::optional<TensorDict>>& others,
-                                      const NestedKey& prefix, ApplyCall& c, bool top) {
-  const TensorDictImpl& s = *self.impl();
-  const ApplyOptions& o = c.opts;
-  TensorDict result;
-  if (!c.inplace) result = detail::make_empty(s, o.batch_size() ? *o.batch_size() : s.batch_size);
-  if (!c.inplace && o.batch_size()) {
-    for (auto d : *o.batch_size())
-      if (d < 0) throw BatchSizeError(std::string(c.op) + ": batch size " + shape_str(*o.batch_size()) + " has a negative dimension");
+//! the tree visitor's (parallel) rebuild for the apply family: fn on every tensor leaf with the matching
+//! leaves of the others; in place, the writes are collected (and no result level is filled)
+struct ApplyVisitor : tree::RebuildVisitor {
+  ApplyCall& c;
+  //! the others' levels of the levels being walked (innermost last): the KeyError lists their keys
+  std::vector<std::vector<const TensorDictImpl*>> levels;
+  explicit ApplyVisitor(ApplyCall& call) : c(call) {}
+
+  void enter(const tree::KeyPath&, const TensorDictImpl&, const std::vector<const TensorDictImpl*>& others) {
+    levels.push_back(others);
   }
-  bool any_set = false;
-  for (const auto& kv : s.entries) {
-    const std::string& name = kv.first;
-    const Entry& e = kv.second;
-    NestedKey full = prefix + NestedKey(name);
-    std::vector<const Entry*> oe(others.size(), nullptr);
-    for (size_t i = 0; i < others.size(); ++i) {
-      if (others[i]) oe[i] = others[i]->impl()->find(name);
-      if (!oe[i] && !o.default_value()) missing_in_other(full, i, *others[i]->impl(), c.op);
+  void leave(const tree::KeyPath&) { levels.pop_back(); }
+  TensorDict make_level(const tree::KeyPath&, const TensorDictImpl& src, BatchSize nb) {
+    const ApplyOptions& o = c.opts;
+    TensorDict result;
+    if (!c.inplace) result = detail::make_empty(src, std::move(nb));
+    if (!c.inplace && o.batch_size()) {
+      for (auto d : *o.batch_size())
+        if (d < 0) throw BatchSizeError(std::string(c.op) + ": batch size " + shape_str(*o.batch_size()) + " has a negative dimension");
     }
-    if (e.is_tensordict()) {
-      std::vector<std::optional<TensorDict>> sub(others.size());
-      for (size_t i = 0; i < others.size(); ++i) {
-        if (!oe[i]) continue;
-        if (!oe[i]->is_tensordict()) {
-          throw TypeError(std::string(c.op) + ": key " + full.repr() + " is a TensorDict in self but a " +
-                          Entry::kind_name(oe[i]->kind()) + " in others[" + std::to_string(i) + "]");
-        }
-        sub[i] = oe[i]->tensordict();
+    return result;
+  }
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) {
+    return c.opts.batch_size() ? *c.opts.batch_size() : own;
+  }
+  //! every other has the key, unless a default value is given
+  void check_others(const tree::KeyPath& at, const tree::Matched& m) {
+    for (size_t i = 0; i < m.size(); ++i)
+      if (!m[i] && !c.opts.default_value()) missing_in_other(at.full(), i, *levels.back()[i], c.op);
+  }
+  const TensorDictImpl* descend(const tree::KeyPath& at, const TensorDict& child, const tree::Matched& m) {
+    check_others(at, m);
+    for (size_t i = 0; i < m.size(); ++i) {
+      if (m[i] && !m[i]->is_tensordict()) {
+        throw TypeError(std::string(c.op) + ": key " + at.full().repr() + " is a TensorDict in self but a " +
+                        Entry::kind_name(m[i]->kind()) + " in others[" + std::to_string(i) + "]");
       }
-      std::optional<TensorDict> r;
-      TensorDict child = e.tensordict();
-      if (!child.is_dense() && c.unary && others.empty()) {  // another node kind applies itself
-        if (c.inplace) {
-          child.apply_(*c.unary);
-          r = child;
-        } else {
-          r = child.apply(*c.unary, ApplyOptions().keep_empty(o.keep_empty()));
-        }
-      } else {
-        r = apply_level(child, sub, full, c, false);
-      }
-      if (r) {
-        put(result, name, full, Entry(*r), c.op);
-        any_set = true;
-      }
-    } else if (e.is_tensor()) {
-      at::Tensor out;
-      try {
-        if (c.named) {
-          out = (*c.named)(o.nested_keys() ? full : NestedKey(name), e.tensor());
-        } else if (c.multi || c.named_multi) {
-          std::vector<at::Tensor> args;
-          args.reserve(others.size() + 1);
-          args.push_back(e.tensor());
-          for (size_t i = 0; i < others.size(); ++i) {
-            if (!oe[i]) {
-              args.push_back(*o.default_value());
-            } else if (oe[i]->is_tensor()) {
-              args.push_back(oe[i]->tensor());
-            } else {
-              throw TypeError(std::string(c.op) + ": key " + full.repr() + " is a Tensor in self but a " +
-                              Entry::kind_name(oe[i]->kind()) + " in others[" + std::to_string(i) + "]");
-            }
+    }
+    if (!child.is_dense() && c.unary && m.empty()) return nullptr;  // another node kind applies itself
+    return child.impl().get();
+  }
+  std::vector<const TensorDictImpl*> descend_others(const tree::KeyPath&, const TensorDictImpl& child,
+                                                    const tree::Matched& m) {
+    std::vector<const TensorDictImpl*> out(m.size(), nullptr);
+    if (child.entries.empty()) return out;  // nothing to match: the others' levels are not read
+    for (size_t i = 0; i < m.size(); ++i)
+      if (m[i]) out[i] = m[i]->tensordict().impl().get();
+    return out;
+  }
+  std::optional<TensorDict> other_node(const tree::KeyPath&, const TensorDict& sub, const BatchSize&,
+                                       const tree::Matched&) {
+    TensorDict child = sub;
+    if (c.inplace) {
+      child.apply_(*c.unary);
+      return child;
+    }
+    return child.apply(*c.unary, ApplyOptions().keep_empty(c.opts.keep_empty()));
+  }
+  std::optional<TensorDict> sub_result(const tree::KeyPath&, const TensorDict&, TensorDict out, bool any) {
+    if (c.inplace || (!c.opts.keep_empty() && !any)) return std::nullopt;
+    return out;
+  }
+  at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& leaf, const tree::Matched& m) {
+    check_others(at, m);
+    const ApplyOptions& o = c.opts;
+    at::Tensor out;
+    try {
+      if (c.named) {
+        out = (*c.named)(o.nested_keys() ? at.full() : NestedKey(at.name()), leaf);
+      } else if (c.multi || c.named_multi) {
+        std::vector<at::Tensor> args;
+        args.reserve(m.size() + 1);
+        args.push_back(leaf);
+        for (size_t i = 0; i < m.size(); ++i) {
+          if (!m[i]) {
+            args.push_back(*o.default_value());
+          } else if (m[i]->is_tensor()) {
+            args.push_back(m[i]->tensor());
+          } else {
+            throw TypeError(std::string(c.op) + ": key " + at.full().repr() + " is a Tensor in self but a " +
+                            Entry::kind_name(m[i]->kind()) + " in others[" + std::to_string(i) + "]");
           }
-          out = c.multi ? (*c.multi)(args) : (*c.named_multi)(o.nested_keys() ? full : NestedKey(name), args);
-        } else {
-          out = (*c.unary)(e.tensor());
         }
-      } catch (...) {
-        throw RuntimeError(std::string(c.op) + ": fn failed on key " + full.repr() + ": " + current_torch_message());
-      }
-      if (!out.defined()) continue;  // upstream: returning None drops the key (apply_: leaves it alone)
-      if (c.inplace) {
-        c.writes.emplace_back(full, e.tensor(), out);
+        out = c.multi ? (*c.multi)(args) : (*c.named_multi)(o.nested_keys() ? at.full() : NestedKey(at.name()), args);
       } else {
-        put(result, name, full, Entry(out), c.op);
+        out = (*c.unary)(leaf);
       }
-      any_set = true;
-    } else if (e.is_non_tensor()) {
-      if (c.inplace) continue;
-      auto carried = rebatch_non_tensor(e, s.batch_size.size(), result.batch_size());
-      if (!carried) {
-        throw BatchSizeError(std::string(c.op) + ": the NonTensorStack at key " + full.repr() + " of batch size " +
-                             shape_str(e.shape()) + " holds different values and cannot take the batch size " +
-                             shape_str(result.batch_size()));
-      }
-      put(result, name, full, *carried, c.op);
-      any_set = true;
+    } catch (...) {
+      throw RuntimeError(std::string(c.op) + ": fn failed on key " + at.full().repr() + ": " + current_torch_message());
     }
+    // upstream: returning None drops the key (apply_: leaves it alone)
+    if (out.defined() && c.inplace) c.writes.emplace_back(at.full(), leaf, out);
+    return out;
   }
-  if (c.inplace) return std::nullopt;
-  if (!top && !o.keep_empty() && !any_set) return std::nullopt;
-  return result;
-}
+  std::optional<Entry> non_tensor(const tree::KeyPath& at, const Entry& e, const TensorDictImpl& src,
+                                  const BatchSize& nb, const tree::Matched& m) {
+    check_others(at, m);
+    if (c.inplace) return std::nullopt;
+    auto carried = rebatch_non_tensor(e, src.batch_size.size(), nb);
+    if (!carried) {
+      throw BatchSizeError(std::string(c.op) + ": the NonTensorStack at key " + at.full().repr() + " of batch size " +
+                           shape_str(e.shape()) + " holds different values and cannot take the batch size " +
+                           shape_str(nb));
+    }
+    return carried;
+  }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry&& value) {
+    if (!c.inplace) put_checked(out, at, value, c.op);
+  }
+};
 
 TensorDict run_apply(const TensorDict& self, const std::vector<TensorDict>& others, ApplyCall& c) {
   for (size_t i = 0; i < others.size(); ++i)
@@ -334,11 +355,17 @@ TensorDict run_apply(const TensorDict& self, const std::vector<TensorDict>& othe
   if (c.opts.default_value() && !c.opts.default_value()->defined()) {
     throw ValueError(std::string(c.op) + ": the default value is an undefined tensor");
   }
-  std::vector<std::optional<TensorDict>> os(others.begin(), others.end());
-  auto r = apply_level(self, os, NestedKey(), c, true);
+  const TensorDictImpl& s = *self.impl();
+  std::vector<const TensorDictImpl*> levels(others.size(), nullptr);
+  if (!s.entries.empty()) {  // nothing to match: the others' levels are not read
+    for (size_t i = 0; i < others.size(); ++i) levels[i] = others[i].impl().get();
+  }
+  ApplyVisitor v(c);
+  BatchSize nb = c.opts.batch_size() ? *c.opts.batch_size() : s.batch_size;
+  TensorDict r = tree::rebuild(s, std::move(nb), v, levels);
   if (c.inplace) return self;
-  if (c.opts.propagate_lock() && self.is_locked()) r->lock_();
-  return *r;
+  if (c.opts.propagate_lock() && self.is_locked()) r.lock_();
+  return r;
 }
 
 void commit_writes(ApplyCall& c) {
@@ -413,7 +440,7 @@ at::Tensor bin(Bin op, const at::Tensor& a, const Other& b) {
 //! tensor leaf keys (nested) of td
 std::set<NestedKey> leaf_keys(const TensorDict& td) {
   std::set<NestedKey> out;
-  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor&) { out.insert(k); });
+  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor&) { out.insert(k.full()); });
   return out;
 }
 
@@ -447,8 +474,12 @@ TensorDict binary_td(const TensorDict& self, const TensorDict& other, Bin op) {
   TensorDict a = expand_to(self, bs);
   TensorDict b = expand_to(other, bs);
   TensorDict out = transform(
-      a, NestedKey(), same_batch,
-      [&](const NestedKey& k, const at::Tensor& x) { return bin(op, x, b.get(k)); }, NonTensorPolicy::Carry, name);
+      a, same_batch,
+      [&](const tree::KeyPath& k, const at::Tensor& x, const tree::Matched& y) {
+        // b has the same tensor leaves (checked above): its leaf comes from the parallel walk
+        return bin(op, x, y[0] && y[0]->is_tensor() ? y[0]->tensor() : b.get(k.full()));
+      },
+      NonTensorPolicy::Carry, name, {b});
   return maybe_lock(out, self);
 }
 
@@ -458,7 +489,7 @@ TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op
   if (!other.defined()) throw ValueError(std::string(name) + ": the other tensor is undefined");
   if (other.dim() == 0) {
     TensorDict out = transform(
-        self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return bin(op, x, other); },
+        self, same_batch, [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return bin(op, x, other); },
         NonTensorPolicy::Carry, name);
     return maybe_lock(out, self);
   }
@@ -467,8 +498,8 @@ TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op
   TensorDict a = expand_to(self, bs);
   const size_t nd = bs.size();
   TensorDict out = transform(
-      a, NestedKey(), same_batch,
-      [&](const NestedKey&, const at::Tensor& x) {
+      a, same_batch,
+      [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) {
         BatchSize shape = sizes_of(other);
         shape.resize(shape.size() + static_cast<size_t>(x.dim()) - nd, 1);
         at::Tensor o = other.reshape(shape);
@@ -482,7 +513,7 @@ TensorDict binary_tensor(const TensorDict& self, const at::Tensor& other, Bin op
 TensorDict binary_scalar(const TensorDict& self, const at::Scalar& other, Bin op) {
   if (!detail::is_dense_tree(self)) return binary_scalar(detail::dense_tree(self), other, op);
   TensorDict out = transform(
-      self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return bin(op, x, other); },
+      self, same_batch, [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return bin(op, x, other); },
       NonTensorPolicy::Carry, bin_name(op));
   return maybe_lock(out, self);
 }
@@ -550,49 +581,64 @@ std::string key_set_str(const TensorDictImpl& impl) {
   return ks.empty() ? "set()" : s + "}";
 }
 
-TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op, const NestedKey& prefix) {
+//! the tree visitor's parallel rebuild for TD-vs-TD comparisons: the key sets must match at every level
+struct CompareVisitor : tree::RebuildVisitor {
+  Cmp op;
+  explicit CompareVisitor(Cmp o) : op(o) {}
+
+  void enter(const tree::KeyPath& at, const TensorDictImpl& a, const std::vector<const TensorDictImpl*>& others) {
+    const TensorDictImpl& b = *others[0];
+    bool same = a.entries.size() == b.entries.size();
+    for (const auto& kv : a.entries)
+      if (!b.find(kv.first)) same = false;
+    if (!same) {
+      throw KeyError(std::string(cmp_name(op)) + ": keys in tensordicts mismatch" +
+                     (at.is_root() ? std::string() : " at " + at.full().repr()) + ", got " + key_set_str(a) + " and " +
+                     key_set_str(b));
+    }
+  }
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return own; }
+  void check_kinds(const tree::KeyPath& at, Entry::Kind x, const Entry& y) {
+    if (x != y.kind()) {
+      throw TypeError(std::string(cmp_name(op)) + ": cannot compare a " + Entry::kind_name(x) + " with a " +
+                      Entry::kind_name(y.kind()) + " at key " + at.full().repr());
+    }
+  }
+  std::optional<Entry> non_tensor(const tree::KeyPath& at, const Entry& x, const TensorDictImpl& src, const BatchSize&,
+                                  const tree::Matched& m) {
+    const Entry& y = *m[0];
+    if (y.is_non_tensor()) {
+      if (op == Cmp::Eq || op == Cmp::Ne) return Entry(compare_non_tensor(op, x, y, at.full(), src.device));
+      return std::nullopt;  // ordering of non-tensor values: left out, as upstream's empty result
+    }
+    check_kinds(at, x.kind(), y);
+    return std::nullopt;
+  }
+  const TensorDictImpl* descend(const tree::KeyPath& at, const TensorDict& sub, const tree::Matched& m) {
+    check_kinds(at, Entry::Kind::TensorDict, *m[0]);
+    return sub.impl().get();
+  }
+  at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& x, const tree::Matched& m) {
+    check_kinds(at, Entry::Kind::Tensor, *m[0]);
+    try {
+      return cmp(op, x, m[0]->tensor());
+    } catch (...) {
+      throw RuntimeError(std::string(cmp_name(op)) + ": key " + at.full().repr() + ": " + current_torch_message());
+    }
+  }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry&& value) { put_checked(out, at, value, cmp_name(op)); }
+};
+
+TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op) {
+  CompareVisitor v(op);
   const TensorDictImpl& a = *self.impl();
-  const TensorDictImpl& b = *other.impl();
-  bool same = a.entries.size() == b.entries.size();
-  for (const auto& kv : a.entries)
-    if (!b.find(kv.first)) same = false;
-  if (!same) {
-    throw KeyError(std::string(cmp_name(op)) + ": keys in tensordicts mismatch" +
-                   (prefix.empty() ? std::string() : " at " + prefix.repr()) + ", got " + key_set_str(a) + " and " +
-                   key_set_str(b));
-  }
-  TensorDict out = detail::make_empty(a, a.batch_size);
-  for (const auto& kv : a.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    const Entry& x = kv.second;
-    const Entry& y = *b.find(kv.first);
-    if (x.is_non_tensor() && y.is_non_tensor()) {
-      if (op == Cmp::Eq || op == Cmp::Ne) put(out, kv.first, full, Entry(compare_non_tensor(op, x, y, full, a.device)), cmp_name(op));
-      continue;  // ordering of non-tensor values: left out, as upstream's empty result
-    }
-    if (x.kind() != y.kind()) {
-      throw TypeError(std::string(cmp_name(op)) + ": cannot compare a " + Entry::kind_name(x.kind()) + " with a " +
-                      Entry::kind_name(y.kind()) + " at key " + full.repr());
-    }
-    if (x.is_tensordict()) {
-      put(out, kv.first, full, Entry(compare_td(x.tensordict(), y.tensordict(), op, full)), cmp_name(op));
-    } else {
-      at::Tensor r;
-      try {
-        r = cmp(op, x.tensor(), y.tensor());
-      } catch (...) {
-        throw RuntimeError(std::string(cmp_name(op)) + ": key " + full.repr() + ": " + current_torch_message());
-      }
-      put(out, kv.first, full, Entry(r), cmp_name(op));
-    }
-  }
-  return out;
+  return tree::rebuild(a, a.batch_size, v, {other.impl().get()});
 }
 
 TensorDict compare_td_top(const TensorDict& self, const TensorDict& other, Cmp op) {
   if (!detail::is_dense_tree(self) || !detail::is_dense_tree(other)) return compare_td_top(detail::dense_tree(self), detail::dense_tree(other), op);
   if (!other.defined()) throw ValueError(std::string(cmp_name(op)) + ": the other TensorDict is undefined");
-  return compare_td(self, other, op, NestedKey());
+  return compare_td(self, other, op);
 }
 
 //! td < t: t broadcast on the left to the batch dims, then on the right to each leaf (as arithmetic)
@@ -604,8 +650,8 @@ TensorDict compare_tensor(const TensorDict& self, const at::Tensor& other, Cmp o
   TensorDict a = expand_to(self, bs);
   const size_t nd = bs.size();
   return transform(
-      a, NestedKey(), same_batch,
-      [&](const NestedKey&, const at::Tensor& x) {
+      a, same_batch,
+      [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) {
         if (other.dim() == 0) return cmp(op, x, other);
         BatchSize shape = sizes_of(other);
         shape.resize(shape.size() + static_cast<size_t>(x.dim()) - nd, 1);
@@ -619,7 +665,7 @@ TensorDict compare_tensor(const TensorDict& self, const at::Tensor& other, Cmp o
 TensorDict compare_scalar(const TensorDict& self, const at::Scalar& other, Cmp op) {
   if (!detail::is_dense_tree(self)) return compare_scalar(detail::dense_tree(self), other, op);
   return transform(
-      self, NestedKey(), same_batch, [&](const NestedKey&, const at::Tensor& x) { return cmp(op, x, other); },
+      self, same_batch, [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return cmp(op, x, other); },
       NonTensorPolicy::Drop, cmp_name(op));
 }
 
@@ -668,52 +714,61 @@ TensorDict all_any_dim(const TensorDict& self, int64_t dim, bool is_all) {
   std::vector<int64_t> dims = reduce_dims(self, {dim}, op, ErrorCode::Runtime);
   const int64_t d = dims[0];
   return transform(
-      self, NestedKey(), reduce_batch(dims, false),
-      [&](const NestedKey&, const at::Tensor& x) { return is_all ? x.all(d) : x.any(d); },
+      self, reduce_batch(dims, false),
+      [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return is_all ? x.all(d) : x.any(d); },
       NonTensorPolicy::CarryOrDrop, op);
 }
 
 bool all_any(const TensorDict& self, bool is_all) {
   if (!detail::is_dense_tree(self)) return all_any(detail::dense_tree(self), is_all);
   bool result = is_all;
-  for_each_leaf(*self.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
+  for_each_leaf(*self.impl(), [&](const tree::KeyPath& k, const at::Tensor& t) {
     if (result != is_all) return;
     bool v = is_all;
     try {
       v = is_all ? t.all().item().toBool() : t.any().item().toBool();
     } catch (...) {
-      throw RuntimeError(std::string(is_all ? "all" : "any") + ": key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError(std::string(is_all ? "all" : "any") + ": key " + k.full().repr() + ": " + current_torch_message());
     }
     if (v != is_all) result = v;
   });
   return result;
 }
 
-bool equal_entries(const Entry& a, const Entry& b);
+//! the tree visitor's two-tree walk for equal: stops at the first difference; a sub-TensorDict of another node
+//! kind on either side compares with TensorDict::equal
+struct EqualVisitor : tree::WalkVisitor {
+  tree::Step visit(const tree::KeyPath&, const Entry& x, const tree::Matched& m) {
+    const Entry* y = m[0];
+    if (!y) return tree::Step::Stop;
+    if (x.is_non_tensor() && y->is_non_tensor()) {
+      if (x.shape() != y->shape()) return tree::Step::Stop;
+      return non_tensor_values(x, x.shape()) == non_tensor_values(*y, y->shape()) ? tree::Step::Next : tree::Step::Stop;
+    }
+    if (x.kind() != y->kind()) return tree::Step::Stop;
+    if (x.is_tensordict()) {
+      const TensorDict tx = x.tensordict(), ty = y->tensordict();
+      if (!tx.is_dense() || !ty.is_dense()) return tx.equal(ty) ? tree::Step::Next : tree::Step::Stop;
+      return same_shape(*tx.impl(), *ty.impl()) ? tree::Step::Enter : tree::Step::Stop;
+    }
+    const at::Tensor& t = x.tensor();
+    const at::Tensor& u = y->tensor();
+    if (t.scalar_type() != u.scalar_type() || t.device() != u.device() || !t.sizes().equals(u.sizes())) {
+      return tree::Step::Stop;
+    }
+    return at::equal(t, u) ? tree::Step::Next : tree::Step::Stop;
+  }
+  static bool same_shape(const TensorDictImpl& a, const TensorDictImpl& b) {
+    return a.batch_size == b.batch_size && a.entries.size() == b.entries.size();
+  }
+  //! both sides are dense nodes here (checked in visit)
+  const TensorDictImpl* level(const TensorDict& sub) { return tree::level_of(sub, tree::Descend::DenseOnly); }
+};
 
 bool equal_impl(const TensorDictImpl& a, const TensorDictImpl& b) {
-  if (a.batch_size != b.batch_size || a.entries.size() != b.entries.size()) return false;
-  for (const auto& kv : a.entries) {
-    const Entry* e = b.find(kv.first);
-    if (!e || !equal_entries(kv.second, *e)) return false;
-  }
-  return true;
-}
-
-bool equal_entries(const Entry& a, const Entry& b) {
-  if (a.is_non_tensor() && b.is_non_tensor()) {
-    if (a.shape() != b.shape()) return false;
-    return non_tensor_values(a, a.shape()) == non_tensor_values(b, b.shape());
-  }
-  if (a.kind() != b.kind()) return false;
-  if (a.is_tensordict()) {
-    if (!a.tensordict().is_dense() || !b.tensordict().is_dense()) return a.tensordict().equal(b.tensordict());
-    return equal_impl(*a.tensordict().impl(), *b.tensordict().impl());
-  }
-  const at::Tensor& x = a.tensor();
-  const at::Tensor& y = b.tensor();
-  if (x.scalar_type() != y.scalar_type() || x.device() != y.device() || !x.sizes().equals(y.sizes())) return false;
-  return at::equal(x, y);
+  if (!EqualVisitor::same_shape(a, b)) return false;
+  EqualVisitor v;
+  return tree::walk(a, {&b}, v);
 }
 
 }  // namespace
@@ -817,12 +872,12 @@ TensorDict& TensorDict::zero_() {
     for (auto& m : lz->members) m.zero_();
     return *this;
   }
-  for_each_leaf(*d(), NestedKey(), [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
-  for_each_leaf(*d(), NestedKey(), [](const NestedKey& k, const at::Tensor& t) {
+  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
+  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) {
     try {
       at::Tensor(t).zero_();
     } catch (...) {
-      throw RuntimeError("zero_: key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError("zero_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
   return *this;
@@ -845,72 +900,80 @@ TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& v
   }
   if (detail::lazy_node(*this)) return index_put_({mask.to(at::kBool)}, value);
   check_batch_mask(*this, mask, "masked_fill_", "mask");
-  for_each_leaf(*d(), NestedKey(),
-                [](const NestedKey& k, const at::Tensor& t) { check_writable(t, k, "masked_fill_"); });
-  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& t) {
+  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) { check_writable(t, k, "masked_fill_"); });
+  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& t) {
     try {
       at::Tensor(t).masked_fill_(right_view(mask, t), value);
     } catch (...) {
-      throw RuntimeError("masked_fill_: key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError("masked_fill_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
   return *this;
 }
 
 namespace {
-TensorDict where_level(const TensorDict& self, const TensorDict& other, const at::Tensor& cond,
-                       const NestedKey& prefix) {
-  const TensorDictImpl& s = *self.impl();
-  const TensorDictImpl& o = *other.impl();
-  for (const auto& kv : o.entries) {
-    if (!s.find(kv.first)) {
-      throw KeyError("where: Key " + (prefix + NestedKey(kv.first)).repr() +
-                     " of other not found in self and no pad value provided.");
-    }
-  }
-  TensorDict out = detail::make_empty(s, s.batch_size);
-  for (const auto& kv : s.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    const Entry& x = kv.second;
-    const Entry* y = o.find(kv.first);
-    if (!y) throw KeyError("where: Key " + full.repr() + " not found in other and no pad value provided.");
-    if (x.is_non_tensor()) {
-      put(out, kv.first, full, x, "where");
-      continue;
-    }
-    if (x.kind() != y->kind()) {
-      throw TypeError("where: key " + full.repr() + " is a " + Entry::kind_name(x.kind()) + " in self but a " +
-                      Entry::kind_name(y->kind()) + " in other");
-    }
-    if (x.is_tensordict()) {
-      put(out, kv.first, full, Entry(where_level(x.tensordict(), y->tensordict(), cond, full)), "where");
-    } else {
-      at::Tensor r;
-      try {
-        r = at::where(right_view(cond, x.tensor()), x.tensor(), y->tensor());
-      } catch (...) {
-        throw RuntimeError("where: key " + full.repr() + ": " + current_torch_message());
+//! the tree visitor's parallel rebuild for where(cond, self, other): other's keys must all be in self
+struct WhereVisitor : tree::RebuildVisitor {
+  const at::Tensor& cond;
+  explicit WhereVisitor(const at::Tensor& c) : cond(c) {}
+
+  void enter(const tree::KeyPath& at, const TensorDictImpl& s, const std::vector<const TensorDictImpl*>& others) {
+    for (const auto& kv : others[0]->entries) {
+      if (!s.find(kv.first)) {
+        throw KeyError("where: Key " + (at.full() + NestedKey(kv.first)).repr() +
+                       " of other not found in self and no pad value provided.");
       }
-      put(out, kv.first, full, Entry(r), "where");
     }
   }
-  return out;
-}
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return own; }
+  const Entry& other_of(const tree::KeyPath& at, Entry::Kind x, const tree::Matched& m) {
+    if (!m[0]) throw KeyError("where: Key " + at.full().repr() + " not found in other and no pad value provided.");
+    if (x != Entry::Kind::NonTensorData && x != Entry::Kind::NonTensorStack && x != m[0]->kind()) {
+      throw TypeError("where: key " + at.full().repr() + " is a " + Entry::kind_name(x) + " in self but a " +
+                      Entry::kind_name(m[0]->kind()) + " in other");
+    }
+    return *m[0];
+  }
+  std::optional<Entry> non_tensor(const tree::KeyPath& at, const Entry& x, const TensorDictImpl&, const BatchSize&,
+                                  const tree::Matched& m) {
+    other_of(at, x.kind(), m);
+    return x;
+  }
+  const TensorDictImpl* descend(const tree::KeyPath& at, const TensorDict& sub, const tree::Matched& m) {
+    other_of(at, Entry::Kind::TensorDict, m);
+    return sub.impl().get();
+  }
+  std::vector<const TensorDictImpl*> descend_others(const tree::KeyPath&, const TensorDictImpl&, const tree::Matched& m) {
+    return {m[0]->tensordict().impl().get()};
+  }
+  at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& x, const tree::Matched& m) {
+    const Entry& y = other_of(at, Entry::Kind::Tensor, m);
+    try {
+      return at::where(right_view(cond, x), x, y.tensor());
+    } catch (...) {
+      throw RuntimeError("where: key " + at.full().repr() + ": " + current_torch_message());
+    }
+  }
+  void put(TensorDictImpl& out, const tree::KeyPath& at, Entry&& value) { put_checked(out, at, value, "where"); }
+};
+
 }  // namespace
 
 TensorDict TensorDict::where(const at::Tensor& condition, const TensorDict& other) const {
   if (!is_dense()) return contiguous().where(condition, other);  // another node kind: on its dense form
   check_batch_mask(*this, condition, "where", "condition");
   if (!other.defined()) throw ValueError("where: the other TensorDict is undefined");
-  return where_level(*this, other, condition, NestedKey());
+  WhereVisitor v(condition);
+  const TensorDictImpl& s = *impl();
+  return detail::tree::rebuild(s, s.batch_size, v, {other.impl().get()});
 }
 
 TensorDict TensorDict::where(const at::Tensor& condition, const at::Scalar& other) const {
   if (!is_dense()) return contiguous().where(condition, other);  // another node kind: on its dense form
   check_batch_mask(*this, condition, "where", "condition");
   TensorDict out = transform(
-      *this, NestedKey(), same_batch,
-      [&](const NestedKey&, const at::Tensor& x) { return at::where(right_view(condition, x), x, other); },
+      *this, same_batch,
+      [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return at::where(right_view(condition, x), x, other); },
       NonTensorPolicy::Carry, "where");
   return maybe_lock(out, *this);
 }
@@ -953,21 +1016,21 @@ TensorDict& TensorDict::add_(const TensorDict& other) {
                          " (an in-place result cannot change the batch size)");
   }
   TensorDict b = expand_to(other, bs);
-  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     check_writable(x, k, "add_");
-    at::Tensor y = b.get(k);
+    at::Tensor y = b.get(k.full());
     auto s = broadcast_shapes(sizes_of(x), sizes_of(y));
     if (!s || *s != sizes_of(x)) {
-      throw BatchSizeError("add_: the other leaf at key " + k.repr() + " of shape " + shape_str(y.sizes()) +
+      throw BatchSizeError("add_: the other leaf at key " + k.full().repr() + " of shape " + shape_str(y.sizes()) +
                            " does not broadcast to the leaf of shape " + shape_str(x.sizes()));
     }
     check_castable(at::result_type(x, y), x, k, "add_");
   });
-  for_each_leaf(*d(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
-      at::Tensor(x).add_(b.get(k));
+      at::Tensor(x).add_(b.get(k.full()));
     } catch (...) {
-      throw RuntimeError("add_: key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError("add_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
   return *this;
@@ -975,11 +1038,11 @@ TensorDict& TensorDict::add_(const TensorDict& other) {
 
 namespace {
 void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is_add) {
-  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     check_writable(x, k, op);
     check_castable(at::result_type(x, s), x, k, op);
   });
-  for_each_leaf(*td.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
       if (is_add) {
         at::Tensor(x).add_(s);
@@ -987,7 +1050,7 @@ void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is
         at::Tensor(x).mul_(s);
       }
     } catch (...) {
-      throw RuntimeError(std::string(op) + ": key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError(std::string(op) + ": key " + k.full().repr() + ": " + current_torch_message());
     }
   });
 }
@@ -1038,15 +1101,15 @@ TensorDict& write_result(TensorDict& self, const TensorDict& result, const char*
   }
   const TensorDict dense = detail::dense_tree(self);
   std::vector<std::pair<NestedKey, at::Tensor>> writes;
-  for_each_leaf(*result.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& r) {
-    const at::Tensor x = dense.get(k);
+  for_each_leaf(*result.impl(), [&](const tree::KeyPath& k, const at::Tensor& r) {
+    const at::Tensor x = dense.get(k.full());
     check_writable(x, k, op);
     check_castable(r.scalar_type(), x, k, op);
     if (!r.sizes().equals(x.sizes())) {
-      throw RuntimeError(std::string(op) + ": output with shape " + shape_str(x.sizes()) + " of key " + k.repr() +
+      throw RuntimeError(std::string(op) + ": output with shape " + shape_str(x.sizes()) + " of key " + k.full().repr() +
                          " doesn't match the broadcast shape " + shape_str(r.sizes()));
     }
-    writes.emplace_back(k, r);
+    writes.emplace_back(k.full(), r);
   });
   for (const auto& w : writes) self.set_(w.first, w.second);
   return self;
@@ -1119,7 +1182,7 @@ TensorDict reduce_td(const TensorDict& self, Red r, const std::optional<std::vec
     bm = [keepdim](const BatchSize& bs) { return keepdim ? BatchSize(bs.size(), 1) : BatchSize{}; };
   }
   return transform(
-      self, NestedKey(), bm, [&](const NestedKey&, const at::Tensor& x) { return reduce_leaf(r, x, dims, keepdim); },
+      self, bm, [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return reduce_leaf(r, x, dims, keepdim); },
       NonTensorPolicy::CarryOrDrop, red_name(r));
 }
 
@@ -1135,7 +1198,7 @@ at::Tensor reduce_all_leaves(const TensorDict& self_in, Red r, const std::option
   const BatchSize out_bs = reduce_batch(dims, keepdim)(bs);
   const int64_t nd = static_cast<int64_t>(bs.size());
   std::vector<at::Tensor> parts;
-  for_each_leaf(*self.impl(), NestedKey(), [&](const NestedKey& k, const at::Tensor& x) {
+  for_each_leaf(*self.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
       // batch dims kept in front, every other element of the leaf (reduced dims and features) flattened last
       std::vector<int64_t> perm;
@@ -1153,7 +1216,7 @@ at::Tensor reduce_all_leaves(const TensorDict& self_in, Red r, const std::option
     } catch (const Error&) {
       throw;
     } catch (...) {
-      throw RuntimeError(std::string(red_name(r)) + "(reduce=true): key " + k.repr() + ": " + current_torch_message());
+      throw RuntimeError(std::string(red_name(r)) + "(reduce=true): key " + k.full().repr() + ": " + current_torch_message());
     }
   });
   if (parts.empty()) throw RuntimeError(std::string(red_name(r)) + "(reduce=true): the TensorDict has no tensor leaf");

@@ -8,6 +8,7 @@
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
 #include "torch_errors.hpp"
+#include "tree_visitor.hpp"
 
 namespace tensordict {
 
@@ -107,87 +108,114 @@ TensorDict map_keep_lock(const char* op, const TensorDict& td, const BatchSize& 
   return out;
 }
 
+//! the tree visitor's rebuild for map_batch_multi: the rebuild makes output 0, the visitor builds outputs
+//! 1..n-1 alongside (one stack of levels per depth), from the same fn call per leaf
+struct MultiVisitor : detail::tree::RebuildVisitor {
+  //! the levels of outputs 1..n-1 at one depth, and the source level's batch dims
+  struct Levels {
+    std::vector<TensorDict> outs;
+    size_t old_nd = 0;
+  };
+  const std::vector<BatchSize>& new_batches;
+  const MultiFn& fn;
+  bool keep_flags;
+  size_t n;
+  std::vector<Levels> stack;  //!< innermost last
+  Levels done;                //!< the levels of the sub-level just rebuilt
+  MultiVisitor(const std::vector<BatchSize>& nbs, const MultiFn& f, bool k)
+      : new_batches(nbs), fn(f), keep_flags(k), n(nbs.size()) {}
+
+  TensorDictImpl& level(size_t i) { return *static_cast<TensorDictImpl*>(stack.back().outs[i - 1].node().get()); }
+  void check_parts(const std::vector<at::Tensor>& parts, const std::string& key) {
+    if (parts.size() != n) {
+      throw RuntimeError("splitting the entry '" + key + "' gave " + std::to_string(parts.size()) +
+                         " parts, expected " + std::to_string(n));
+    }
+  }
+  TensorDict make_level(const detail::tree::KeyPath&, const TensorDictImpl& src, BatchSize nb0) {
+    Levels l;
+    l.old_nd = src.batch_size.size();
+    for (size_t i = 1; i < n; ++i) {
+      BatchSize nb = stack.empty() ? new_batches[i]
+                                   : detail::tree::child_batch(level(i).batch_size, stack.back().old_nd, src.batch_size);
+      l.outs.push_back(detail::make_empty(src, std::move(nb)));
+      static_cast<TensorDictImpl*>(l.outs.back().node().get())->entries.reserve(src.entries.size());
+    }
+    stack.push_back(std::move(l));
+    return detail::make_empty(src, std::move(nb0));
+  }
+  void leave(const detail::tree::KeyPath&) {
+    done = std::move(stack.back());
+    stack.pop_back();
+  }
+  at::Tensor tensor(const detail::tree::KeyPath& at, const at::Tensor& t, const detail::tree::Matched&) {
+    std::vector<at::Tensor> parts = fn(t);
+    check_parts(parts, at.name());
+    for (size_t i = 1; i < n; ++i) level(i).entries.emplace_back(at.name(), Entry(std::move(parts[i])));
+    return n ? std::move(parts[0]) : at::Tensor();
+  }
+  std::optional<Entry> non_tensor(const detail::tree::KeyPath& at, const Entry& e, const TensorDictImpl& src,
+                                  const BatchSize& nb0, const detail::tree::Matched&) {
+    const size_t old_nd = src.batch_size.size();
+    if (e.is_non_tensor_data()) {
+      const NonTensorData& d = e.non_tensor_data();
+      for (size_t i = 1; i < n; ++i) {
+        level(i).entries.emplace_back(
+            at.name(), Entry(NonTensorData(d.value(), detail::tree::child_batch(level(i).batch_size, old_nd, d.batch_size()))));
+      }
+      return Entry(NonTensorData(d.value(), detail::tree::child_batch(nb0, old_nd, d.batch_size())));
+    }
+    const NonTensorStack& s = e.non_tensor_stack();
+    std::vector<at::Tensor> parts = fn(s.positions());
+    check_parts(parts, at.name());
+    std::vector<Entry> out;
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor p = parts[i].contiguous();
+      std::vector<JsonValue> vals;
+      vals.reserve(static_cast<size_t>(p.numel()));
+      const int64_t* pp = p.data_ptr<int64_t>();
+      for (int64_t j = 0; j < p.numel(); ++j) vals.push_back(s.values()[static_cast<size_t>(pp[j])]);
+      Entry v(NonTensorStack(std::move(vals), BatchSize(p.sizes().begin(), p.sizes().end())));
+      if (i == 0) {
+        out.push_back(std::move(v));
+      } else {
+        level(i).entries.emplace_back(at.name(), std::move(v));
+      }
+    }
+    return n ? std::optional<Entry>(std::move(out[0])) : std::nullopt;
+  }
+  const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
+    return sub.impl().get();
+  }
+  std::optional<TensorDict> sub_result(const detail::tree::KeyPath& at, const TensorDict& sub, TensorDict out0, bool) {
+    const TensorDictImpl& src = *sub.impl();
+    for (size_t i = 1; i < n; ++i) level(i).entries.emplace_back(at.name(), Entry(finish(src, done.outs[i - 1])));
+    return finish(src, std::move(out0));
+  }
+  TensorDict finish(const TensorDictImpl& src, TensorDict r) {
+    if (keep_flags) {
+      TensorDictImpl& o = *static_cast<TensorDictImpl*>(r.node().get());
+      o.is_memmap = src.is_memmap;
+      o.is_shared = src.is_shared;
+      if (src.locked) r.lock_();
+    }
+    return r;
+  }
+};
+
 //! the multi-output twin of map_batch: fn splits a tensor whose leading dims are the old batch dims into
 //! new_batches.size() tensors (unbind, split); sub-TensorDicts and non-tensors follow
 std::vector<TensorDict> map_batch_multi(const TensorDict& td_in, const std::vector<BatchSize>& new_batches,
                                         const MultiFn& fn, bool keep_flags) {
   const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
   const TensorDictImpl& src = *td.impl();
-  const size_t n = new_batches.size();
-  const int64_t old_nd = static_cast<int64_t>(src.batch_size.size());
-  std::vector<std::shared_ptr<TensorDictImpl>> outs(n);
-  for (size_t i = 0; i < n; ++i) {
-    outs[i] = std::make_shared<TensorDictImpl>();
-    outs[i]->batch_size = new_batches[i];
-    outs[i]->device = src.device;
-    outs[i]->entries.reserve(src.entries.size());
-  }
-  auto extra = [&](const BatchSize& base, const BatchSize& child) {
-    BatchSize cb = base;
-    if (static_cast<int64_t>(child.size()) > old_nd) cb.insert(cb.end(), child.begin() + old_nd, child.end());
-    return cb;
-  };
-  auto check_parts = [&](const std::vector<at::Tensor>& parts, const std::string& key) {
-    if (parts.size() != n) {
-      throw RuntimeError("splitting the entry '" + key + "' gave " + std::to_string(parts.size()) +
-                         " parts, expected " + std::to_string(n));
-    }
-  };
-  for (const auto& kv : src.entries) {
-    const Entry& e = kv.second;
-    switch (e.kind()) {
-      case Entry::Kind::Tensor: {
-        std::vector<at::Tensor> parts = fn(e.tensor());
-        check_parts(parts, kv.first);
-        for (size_t i = 0; i < n; ++i) outs[i]->entries.emplace_back(kv.first, Entry(std::move(parts[i])));
-        break;
-      }
-      case Entry::Kind::TensorDict: {
-        TensorDict child = e.tensordict();
-        std::vector<BatchSize> cbs;
-        cbs.reserve(n);
-        for (size_t i = 0; i < n; ++i) cbs.push_back(extra(new_batches[i], child.batch_size()));
-        std::vector<TensorDict> parts = map_batch_multi(child, cbs, fn, keep_flags);
-        for (size_t i = 0; i < n; ++i) outs[i]->entries.emplace_back(kv.first, Entry(parts[i]));
-        break;
-      }
-      case Entry::Kind::NonTensorData: {
-        const NonTensorData& d = e.non_tensor_data();
-        for (size_t i = 0; i < n; ++i) {
-          outs[i]->entries.emplace_back(kv.first, Entry(NonTensorData(d.value(), extra(new_batches[i], d.batch_size()))));
-        }
-        break;
-      }
-      case Entry::Kind::NonTensorStack: {
-        const NonTensorStack& s = e.non_tensor_stack();
-        std::vector<at::Tensor> parts = fn(s.positions());
-        check_parts(parts, kv.first);
-        for (size_t i = 0; i < n; ++i) {
-          at::Tensor p = parts[i].contiguous();
-          std::vector<JsonValue> vals;
-          vals.reserve(static_cast<size_t>(p.numel()));
-          const int64_t* pp = p.data_ptr<int64_t>();
-          for (int64_t j = 0; j < p.numel(); ++j) vals.push_back(s.values()[static_cast<size_t>(pp[j])]);
-          outs[i]->entries.emplace_back(kv.first,
-                                        Entry(NonTensorStack(std::move(vals), BatchSize(p.sizes().begin(), p.sizes().end()))));
-        }
-        break;
-      }
-      default:
-        break;
-    }
-  }
+  if (new_batches.empty()) return {};
+  MultiVisitor v(new_batches, fn, keep_flags);
+  TensorDict first = detail::tree::rebuild(src, new_batches[0], v);
   std::vector<TensorDict> result;
-  result.reserve(n);
-  for (auto& o : outs) {
-    TensorDict r(o);
-    if (keep_flags) {
-      o->is_memmap = src.is_memmap;
-      o->is_shared = src.is_shared;
-      if (src.locked) r.lock_();
-    }
-    result.push_back(std::move(r));
-  }
+  result.reserve(new_batches.size());
+  result.push_back(v.finish(src, std::move(first)));
+  for (auto& o : v.done.outs) result.push_back(v.finish(src, std::move(o)));
   return result;
 }
 

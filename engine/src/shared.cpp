@@ -2,6 +2,7 @@
 #include <mutex>
 
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 #include "tensordict/backends/shm.hpp"
 
 namespace tensordict {
@@ -10,32 +11,23 @@ namespace {
 std::mutex g_prefix_mu;
 std::string g_prefix = "tensordict_";
 
-void collect_leaves(const TensorDictImpl& impl, const std::vector<std::string>& prefix,
-                    std::vector<std::vector<std::string>>& keys, std::vector<at::Tensor>& tensors) {
-  for (const auto& kv : impl.entries) {
-    std::vector<std::string> k = prefix;
-    k.push_back(kv.first);
-    if (kv.second.is_tensor()) {
-      keys.push_back(k);
-      tensors.push_back(kv.second.tensor());
-    } else if (kv.second.is_tensordict()) {
-      collect_leaves(*kv.second.tensordict().impl(), k, keys, tensors);
-    }
-  }
+void collect_leaves(const TensorDictImpl& impl, std::vector<std::vector<std::string>>& keys,
+                    std::vector<at::Tensor>& tensors) {
+  detail::tree::for_each_leaf(
+      impl,
+      [&](const detail::tree::KeyPath& p, const Entry& e) {
+        if (!e.is_tensor()) return;
+        keys.push_back(p.full().parts());
+        tensors.push_back(e.tensor());
+      },
+      [](const detail::tree::KeyPath&, const TensorDict& sub) { sub.impl(); });  // NotImplementedError
 }
 
 void mark_shared(const std::shared_ptr<TensorDictImpl>& impl) {
-  impl->is_shared = true;
-  impl->is_memmap = false;
-  for (auto& kv : impl->entries)
-    if (kv.second.is_tensordict()) mark_shared(kv.second.tensordict().impl());
-}
-
-//! replaces the tensor at a key path (walking existing levels; no lock checks: storage swap, same data)
-void swap_leaf(TensorDictImpl& root, const std::vector<std::string>& key, const at::Tensor& t) {
-  TensorDictImpl* cur = &root;
-  for (size_t i = 0; i + 1 < key.size(); ++i) cur = cur->find(key[i])->tensordict().impl().get();
-  *cur->find(key.back()) = Entry(t);
+  detail::tree::for_each_level(*impl, [](const detail::tree::KeyPath&, TensorDictImpl& level) {
+    level.is_shared = true;
+    level.is_memmap = false;
+  });
 }
 
 }  // namespace
@@ -60,7 +52,7 @@ TensorDict& TensorDict::share_memory_() {
   if (d()->is_shared) return *this;
   std::vector<std::vector<std::string>> keys;
   std::vector<at::Tensor> tensors;
-  collect_leaves(*d(), {}, keys, tensors);
+  collect_leaves(*d(), keys, tensors);
   if (!tensors.empty()) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (!tensors[i].device().is_cpu()) {
@@ -68,7 +60,10 @@ TensorDict& TensorDict::share_memory_() {
       }
     }
     backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, d()->batch_size, shm_prefix());
-    for (size_t i = 0; i < keys.size(); ++i) swap_leaf(*d(), keys[i], alloc.tensors[i]);
+    size_t i = 0;  // the leaves in the order collect_leaves listed them: each swapped for its shared copy
+    detail::tree::for_each_leaf_mut(*d(), [&](const detail::tree::KeyPath&, Entry& e) {
+      if (e.is_tensor()) e = Entry(alloc.tensors[i++]);
+    });
   }
   mark_shared(impl());
   lock_();
@@ -79,7 +74,7 @@ std::string TensorDict::share_handle() const {
   if (!d()->is_shared) throw ValueError("share_handle needs a shared TensorDict (call share_memory_() first)");
   std::vector<std::vector<std::string>> keys;
   std::vector<at::Tensor> tensors;
-  collect_leaves(*d(), {}, keys, tensors);
+  collect_leaves(*d(), keys, tensors);
   backends::ShmTensorDictHandle h;
   h.batch_size = d()->batch_size;
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -9,6 +9,7 @@
 #include "tensor_dict_internal.hpp"
 #include "tensordict/lazy_stack.hpp"
 #include "torch_errors.hpp"
+#include "tree_visitor.hpp"
 
 namespace tensordict {
 
@@ -100,11 +101,10 @@ struct Combiner {
     }
   }
 
-  //! the entries of every input at `key`, checked for kind and shape
-  std::vector<Entry> gather(const std::vector<TensorDict>& tds, const std::string& key, const NestedKey& full) const {
-    std::vector<Entry> es;
-    es.reserve(tds.size());
-    for (const auto& td : tds) es.push_back(*td.impl()->find(key));
+  //! the entries of every input at one key (the first input's, then the others' from a parallel walk),
+  //! checked for kind and shape
+  std::vector<Entry> gather(const Entry& first, const detail::tree::Matched& rest, const NestedKey& full) const {
+    std::vector<Entry> es = entries(first, rest);
     Cat c = category(es[0]);
     for (size_t i = 1; i < es.size(); ++i) {
       if (category(es[i]) != c) {
@@ -130,14 +130,44 @@ struct Combiner {
     return es;
   }
 
-  void validate(const std::vector<TensorDict>& tds, const NestedKey& at) const {
-    check_batch(tds, at);
-    check_keys(tds, at);
-    for (const auto& kv : tds[0].impl()->entries) {
-      NestedKey full = at + NestedKey(kv.first);
-      std::vector<Entry> es = gather(tds, kv.first, full);
-      if (es[0].is_tensordict()) validate(children(es), full);
-    }
+  //! the entries of every input at one key: the first input's and the others' (all present)
+  static std::vector<Entry> entries(const Entry& first, const detail::tree::Matched& rest) {
+    std::vector<Entry> es;
+    es.reserve(rest.size() + 1);
+    es.push_back(first);
+    for (const Entry* e : rest) es.push_back(*e);
+    return es;
+  }
+  //! the levels of tds[1..] (and of `out`), what the tree visitor walks in parallel with tds[0]
+  static std::vector<const TensorDictImpl*> other_levels(const std::vector<TensorDict>& tds,
+                                                         const TensorDictImpl* out = nullptr) {
+    std::vector<const TensorDictImpl*> levels;
+    levels.reserve(tds.size());
+    for (size_t i = 1; i < tds.size(); ++i) levels.push_back(tds[i].impl().get());
+    if (out) levels.push_back(out);
+    return levels;
+  }
+
+  //! every level: same batch sizes (as the op needs them), same key sets, entries of one kind and of fitting
+  //! shapes; nothing is written
+  void validate(const std::vector<TensorDict>& tds) const {
+    struct Visitor : detail::tree::WalkVisitor {
+      const Combiner& c;
+      explicit Visitor(const Combiner& comb) : c(comb) {}
+      detail::tree::Step visit(const detail::tree::KeyPath& at, const Entry& e, const detail::tree::Matched& m) {
+        const NestedKey full = at.full();
+        std::vector<Entry> es = c.gather(e, m, full);
+        if (!es[0].is_tensordict()) return detail::tree::Step::Next;
+        const std::vector<TensorDict> kids = children(es);
+        c.check_batch(kids, full);
+        c.check_keys(kids, full);
+        return detail::tree::Step::Enter;
+      }
+      const TensorDictImpl* level(const TensorDict& sub) { return sub.impl().get(); }
+    } v(*this);
+    check_batch(tds, NestedKey());
+    check_keys(tds, NestedKey());
+    detail::tree::walk(*tds[0].impl(), other_levels(tds), v);
   }
 
   static std::vector<TensorDict> children(const std::vector<Entry>& es) {
@@ -147,8 +177,9 @@ struct Combiner {
     return out;
   }
 
-  //! checks that `out` can receive the result: same batch, every key present with the right kind and shape
-  void validate_out(const std::vector<TensorDict>& tds, const TensorDict& out, const NestedKey& at) const {
+  //! `out`'s level against the batch size of the result of `tds`' levels (handles: checked before `out`'s level
+  //! is read, whatever its node kind)
+  void check_out_batch(const std::vector<TensorDict>& tds, const TensorDict& out, const NestedKey& at) const {
     std::vector<BatchSize> bss;
     for (const auto& td : tds) bss.push_back(td.batch_size());
     BatchSize want = result_shape(bss);
@@ -158,42 +189,62 @@ struct Combiner {
                            " batch size must match, got out.batch_size=" + shape_str(out.batch_size()) +
                            " and batch_size=" + shape_str(want) + where);
     }
-    const TensorDictImpl& o = *out.impl();
-    for (const auto& kv : tds[0].impl()->entries) {
-      NestedKey full = at + NestedKey(kv.first);
-      const Entry* dest = o.find(kv.first);
-      if (!dest) {
-        throw KeyError(std::string(name()) + "(out=...): key " + full.repr() +
-                       " of the inputs is missing in out (out has keys " + key_list(o) + ")");
+  }
+
+  //! checks that `out` can receive the result: same batch, every key present with the right kind and shape
+  void validate_out(const std::vector<TensorDict>& tds, const TensorDict& out) const {
+    struct Visitor : detail::tree::WalkVisitor {
+      const Combiner& c;
+      std::vector<const TensorDictImpl*> outs;  //!< out's levels being walked (innermost last)
+      explicit Visitor(const Combiner& comb) : c(comb) {}
+      void enter(const detail::tree::KeyPath&, const TensorDictImpl&, const std::vector<const TensorDictImpl*>& o) {
+        outs.push_back(o.back());
       }
-      std::vector<Entry> es;
-      for (const auto& td : tds) es.push_back(*td.impl()->find(kv.first));
-      if (category(*dest) != category(es[0])) {
-        throw TypeError(std::string(name()) + "(out=...): key " + full.repr() + " is a " +
-                        Entry::kind_name(es[0].kind()) + " in the inputs but a " + Entry::kind_name(dest->kind()) +
-                        " in out");
+      void leave(const detail::tree::KeyPath&) { outs.pop_back(); }
+      detail::tree::Step visit(const detail::tree::KeyPath& at, const Entry& e, const detail::tree::Matched& m) {
+        const NestedKey full = at.full();
+        const Entry* dest = m.back();
+        if (!dest) {
+          throw KeyError(std::string(c.name()) + "(out=...): key " + full.repr() +
+                         " of the inputs is missing in out (out has keys " + key_list(*outs.back()) + ")");
+        }
+        const detail::tree::Matched rest(m.begin(), m.end() - 1);
+        std::vector<Entry> es = entries(e, rest);
+        if (category(*dest) != category(es[0])) {
+          throw TypeError(std::string(c.name()) + "(out=...): key " + full.repr() + " is a " +
+                          Entry::kind_name(es[0].kind()) + " in the inputs but a " + Entry::kind_name(dest->kind()) +
+                          " in out");
+        }
+        if (es[0].is_tensordict()) {
+          c.check_out_batch(children(es), dest->tensordict(), full);
+          return detail::tree::Step::Enter;
+        }
+        if (es[0].is_tensor()) {
+          std::vector<BatchSize> shapes;
+          c10::ScalarType promoted = es[0].tensor().scalar_type();
+          for (const auto& x : es) {
+            shapes.push_back(x.shape());
+            promoted = c10::promoteTypes(promoted, x.tensor().scalar_type());
+          }
+          BatchSize ws = c.result_shape(shapes);
+          const at::Tensor& d = dest->tensor();
+          if (!d.sizes().equals(ws)) {
+            throw BatchSizeError(std::string(c.name()) + "(out=...): out[" + full.repr() + "] has shape " +
+                                 shape_str(d.sizes()) + " but the result has shape " + shape_str(ws));
+          }
+          if (!c10::canCast(promoted, d.scalar_type())) {
+            throw TypeError(std::string(c.name()) + "(out=...): cannot write values of dtype " +
+                            c10::toString(promoted) + " into out[" + full.repr() + "] of dtype " +
+                            c10::toString(d.scalar_type()));
+          }
+        }
+        return detail::tree::Step::Next;
       }
-      if (es[0].is_tensordict()) {
-        validate_out(children(es), dest->tensordict(), full);
-      } else if (es[0].is_tensor()) {
-        std::vector<BatchSize> shapes;
-        c10::ScalarType promoted = es[0].tensor().scalar_type();
-        for (const auto& e : es) {
-          shapes.push_back(e.shape());
-          promoted = c10::promoteTypes(promoted, e.tensor().scalar_type());
-        }
-        BatchSize ws = result_shape(shapes);
-        const at::Tensor& d = dest->tensor();
-        if (!d.sizes().equals(ws)) {
-          throw BatchSizeError(std::string(name()) + "(out=...): out[" + full.repr() + "] has shape " +
-                               shape_str(d.sizes()) + " but the result has shape " + shape_str(ws));
-        }
-        if (!c10::canCast(promoted, d.scalar_type())) {
-          throw TypeError(std::string(name()) + "(out=...): cannot write values of dtype " + c10::toString(promoted) +
-                          " into out[" + full.repr() + "] of dtype " + c10::toString(d.scalar_type()));
-        }
-      }
-    }
+      const TensorDictImpl* level(const TensorDict& sub) { return sub.impl().get(); }
+    } v(*this);
+    check_out_batch(tds, out, NestedKey());
+    const std::vector<const TensorDictImpl*> others = other_levels(tds, out.impl().get());
+    detail::tree::walk(*tds[0].impl(), others, v);
   }
 
   // ------------------------------------------------------------------ fast path (no out)
@@ -314,56 +365,71 @@ struct Combiner {
     }
   }
 
-  TensorDict build(const std::vector<TensorDict>& tds, const NestedKey& at) const {
-    std::vector<BatchSize> bss;
-    for (const auto& td : tds) bss.push_back(td.batch_size());
-    TensorDict result = detail::make_empty(*tds[0].impl(), result_shape(bss));
-    TensorDictImpl& r = *result.impl();
-    r.entries.reserve(tds[0].impl()->entries.size());
-    for (const auto& kv : tds[0].impl()->entries) {
-      NestedKey full = at + NestedKey(kv.first);
-      std::vector<Entry> es;
-      es.reserve(tds.size());
-      for (const auto& td : tds) es.push_back(*td.impl()->find(kv.first));
-      switch (category(es[0])) {
-        case Cat::Tensor:
-          r.entries.emplace_back(kv.first, Entry(combine_tensors(es, full, nullptr)));
-          break;
-        case Cat::TensorDict:
-          r.entries.emplace_back(kv.first, Entry(build(children(es), full)));
-          break;
-        case Cat::NonTensor:
-          r.entries.emplace_back(kv.first, Entry(combine_non_tensor(es)));
-          break;
+  //! the result, built by the tree visitor's parallel rebuild (inputs validated)
+  TensorDict build(const std::vector<TensorDict>& tds) const {
+    struct Visitor : detail::tree::RebuildVisitor {
+      const Combiner& c;
+      std::vector<std::vector<const TensorDictImpl*>> levels;  //!< the other inputs' levels (innermost last)
+      explicit Visitor(const Combiner& comb) : c(comb) {}
+      void enter(const detail::tree::KeyPath&, const TensorDictImpl&, const std::vector<const TensorDictImpl*>& o) {
+        levels.push_back(o);
       }
-    }
-    return result;
+      void leave(const detail::tree::KeyPath&) { levels.pop_back(); }
+      TensorDict make_level(const detail::tree::KeyPath&, const TensorDictImpl& src, BatchSize) {
+        std::vector<BatchSize> bss{src.batch_size};
+        for (const TensorDictImpl* o : levels.back()) bss.push_back(o->batch_size);
+        return detail::make_empty(src, c.result_shape(bss));
+      }
+      at::Tensor tensor(const detail::tree::KeyPath& at, const at::Tensor& t, const detail::tree::Matched& m) {
+        return c.combine_tensors(entries(Entry(t), m), at.full(), nullptr);
+      }
+      std::optional<Entry> non_tensor(const detail::tree::KeyPath&, const Entry& e, const TensorDictImpl&,
+                                      const BatchSize&, const detail::tree::Matched& m) {
+        return Entry(c.combine_non_tensor(entries(e, m)));
+      }
+      const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
+        return sub.impl().get();
+      }
+      std::vector<const TensorDictImpl*> descend_others(const detail::tree::KeyPath&, const TensorDictImpl&,
+                                                        const detail::tree::Matched& m) {
+        std::vector<const TensorDictImpl*> out;
+        out.reserve(m.size());
+        for (const Entry* e : m) out.push_back(e->tensordict().impl().get());
+        return out;
+      }
+    } v(*this);
+    const TensorDictImpl& first = *tds[0].impl();
+    return detail::tree::rebuild(first, first.batch_size, v, other_levels(tds));
   }
 
-  void write(const std::vector<TensorDict>& tds, const TensorDict& out, const NestedKey& at) const {
-    TensorDictImpl& o = *out.impl();
-    for (const auto& kv : tds[0].impl()->entries) {
-      NestedKey full = at + NestedKey(kv.first);
-      std::vector<Entry> es;
-      es.reserve(tds.size());
-      for (const auto& td : tds) es.push_back(*td.impl()->find(kv.first));
-      Entry* dest = o.find(kv.first);
-      switch (category(es[0])) {
-        case Cat::Tensor: {
-          at::Tensor d = dest->tensor();
-          combine_tensors(es, full, &d);
-          break;
+  //! the result written into `out`'s leaves (inputs and out validated); non-tensor entries are replaced
+  void write(const std::vector<TensorDict>& tds, const TensorDict& out) const {
+    struct Visitor : detail::tree::WalkVisitor {
+      const Combiner& c;
+      explicit Visitor(const Combiner& comb) : c(comb) {}
+      detail::tree::Step visit(const detail::tree::KeyPath& at, const Entry& e, const detail::tree::Matched& m) {
+        // out's entry: out is the destination, written through the walk (its levels are mutable)
+        Entry* dest = const_cast<Entry*>(m.back());
+        const detail::tree::Matched rest(m.begin(), m.end() - 1);
+        switch (category(e)) {
+          case Cat::Tensor: {
+            at::Tensor d = dest->tensor();
+            c.combine_tensors(entries(e, rest), at.full(), &d);
+            return detail::tree::Step::Next;
+          }
+          case Cat::TensorDict:
+            return detail::tree::Step::Enter;
+          case Cat::NonTensor:
+            // non-tensors have no storage to write into: the entry is replaced (like an indexed write of a
+            // non-tensor, this is allowed on a locked out)
+            *dest = Entry(c.combine_non_tensor(entries(e, rest)));
+            return detail::tree::Step::Next;
         }
-        case Cat::TensorDict:
-          write(children(es), dest->tensordict(), full);
-          break;
-        case Cat::NonTensor:
-          // non-tensors have no storage to write into: the entry is replaced (like an indexed write of a
-          // non-tensor, this is allowed on a locked out)
-          *dest = Entry(combine_non_tensor(es));
-          break;
+        return detail::tree::Step::Next;
       }
-    }
+      const TensorDictImpl* level(const TensorDict& sub) { return sub.impl().get(); }
+    } v(*this);
+    detail::tree::walk(*tds[0].impl(), other_levels(tds, out.impl().get()), v);
   }
 };
 
@@ -397,11 +463,11 @@ TensorDict run(const Combiner& c, const std::vector<TensorDict>& tds, const std:
     TensorDict r;
     if (ims[0] && c.fast_build(ims, &r)) return r;
   }
-  c.validate(tds, NestedKey());
-  if (!out) return c.build(tds, NestedKey());
+  c.validate(tds);
+  if (!out) return c.build(tds);
   if (!out->defined()) throw ValueError(std::string(c.name()) + ": out is an undefined TensorDict");
-  c.validate_out(tds, *out, NestedKey());
-  c.write(tds, *out, NestedKey());
+  c.validate_out(tds, *out);
+  c.write(tds, *out);
   return *out;
 }
 

@@ -5,6 +5,7 @@
 
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 #include "tensordict/index_math.hpp"
 
 namespace tensordict {
@@ -146,10 +147,16 @@ const TensorDictImpl* walk(const TensorDictImpl* root, const NestedKey& key) {
 }
 
 bool is_dense_tree(const TensorDict& td) {
-  if (!td.is_dense() && !(td.node() && td.node()->dense_view())) return false;
-  for (const auto& kv : td.impl()->entries)
-    if (kv.second.is_tensordict() && !is_dense_tree(kv.second.tensordict())) return false;
-  return true;
+  const TensorDictImpl* root = tree::dense_level(td);
+  if (!root) return false;
+  bool dense = true;
+  tree::for_each_entry(*root, [&](const tree::KeyPath&, const Entry& e) -> const TensorDictImpl* {
+    if (!dense || !e.is_tensordict()) return nullptr;
+    const TensorDictImpl* child = tree::dense_level(e.tensordict());
+    if (!child) dense = false;
+    return child;
+  });
+  return dense;
 }
 
 bool is_remote(const TensorDict& td) {
@@ -170,53 +177,44 @@ TensorDict dense_tree(const TensorDict& td) {
   return TensorDict(out);
 }
 
+namespace {
+//! the tree visitor's rebuild for map_batch: fn on every tensor (and NonTensorStack positions), sub-levels
+//! get new_batch + their extra dims; keep_flags: memmap / shared flags and the lock survive at every level
+struct MapBatchVisitor : tree::RebuildVisitor {
+  const std::function<at::Tensor(const at::Tensor&)>& fn;
+  bool keep_flags;
+  MapBatchVisitor(const std::function<at::Tensor(const at::Tensor&)>& f, bool k) : fn(f), keep_flags(k) {}
+
+  at::Tensor tensor(const tree::KeyPath&, const at::Tensor& t, const tree::Matched&) { return fn(t); }
+  std::optional<Entry> non_tensor(const tree::KeyPath&, const Entry& e, const TensorDictImpl& src, const BatchSize& nb,
+                                  const tree::Matched&) {
+    if (e.is_non_tensor_data()) {
+      const NonTensorData& d = e.non_tensor_data();
+      return Entry(NonTensorData(d.value(), tree::child_batch(nb, src.batch_size.size(), d.batch_size())));
+    }
+    return Entry(e.non_tensor_stack().remap(fn));
+  }
+  std::optional<TensorDict> sub_result(const tree::KeyPath&, const TensorDict& sub, TensorDict out, bool) {
+    return finish(*tree::dense_level(sub), std::move(out));
+  }
+  TensorDict finish(const TensorDictImpl& src, TensorDict out) {
+    if (keep_flags) {
+      TensorDictImpl& o = *static_cast<TensorDictImpl*>(out.node().get());
+      o.is_memmap = src.is_memmap;
+      o.is_shared = src.is_shared;
+      if (src.locked) out.lock_();
+    }
+    return out;
+  }
+};
+}  // namespace
+
 TensorDict map_batch(const TensorDict& td_in, const BatchSize& new_batch,
                      const std::function<at::Tensor(const at::Tensor&)>& fn, bool keep_flags) {
   const TensorDict td = dense_tree(td_in);  // other node kinds below: on their dense form
   const TensorDictImpl& src = *td.impl();
-  auto out = std::make_shared<TensorDictImpl>();
-  out->batch_size = new_batch;
-  out->device = src.device;
-  out->entries.reserve(src.entries.size());
-  const size_t old_nd = src.batch_size.size();
-  for (const auto& kv : src.entries) {
-    const Entry& e = kv.second;
-    switch (e.kind()) {
-      case Entry::Kind::Tensor:
-        out->entries.emplace_back(kv.first, Entry(fn(e.tensor())));
-        break;
-      case Entry::Kind::TensorDict: {
-        TensorDict child = e.tensordict();
-        BatchSize cb = new_batch;
-        const auto& obs = child.batch_size();
-        cb.insert(cb.end(), obs.begin() + static_cast<long>(old_nd), obs.end());
-        out->entries.emplace_back(kv.first, Entry(map_batch(child, cb, fn, keep_flags)));
-        break;
-      }
-      case Entry::Kind::NonTensorData: {
-        BatchSize cb = new_batch;
-        const auto& obs = e.non_tensor_data().batch_size();
-        if (obs.size() > old_nd) cb.insert(cb.end(), obs.begin() + static_cast<long>(old_nd), obs.end());
-        out->entries.emplace_back(kv.first, Entry(NonTensorData(e.non_tensor_data().value(), cb)));
-        break;
-      }
-      case Entry::Kind::NonTensorStack:
-        out->entries.emplace_back(kv.first, Entry(e.non_tensor_stack().remap(fn)));
-        break;
-      default:
-        break;
-    }
-  }
-  if (keep_flags) {
-    out->is_memmap = src.is_memmap;
-    out->is_shared = src.is_shared;
-    if (src.locked) {
-      TensorDict r(out);
-      r.lock_();
-      return r;
-    }
-  }
-  return TensorDict(out);
+  MapBatchVisitor v(fn, keep_flags);
+  return v.finish(src, tree::rebuild(src, new_batch, v));
 }
 
 static void lock_node(const std::shared_ptr<Node>& node) {
@@ -589,10 +587,13 @@ int64_t TensorDict::bytes() const {
       n += e.tensor().numel() * static_cast<int64_t>(e.tensor().element_size());
     return n;
   }
-  for (const auto& kv : d()->entries) {
-    if (kv.second.is_tensor()) n += kv.second.tensor().numel() * static_cast<int64_t>(kv.second.tensor().element_size());
-    if (kv.second.is_tensordict()) n += kv.second.tensordict().bytes();
-  }
+  detail::tree::for_each_leaf(
+      *d(),
+      [&](const detail::tree::KeyPath&, const Entry& e) {
+        if (e.is_tensor()) n += e.tensor().numel() * static_cast<int64_t>(e.tensor().element_size());
+      },
+      [&](const detail::tree::KeyPath&, const TensorDict& sub) { n += sub.bytes(); },  // its own form
+      detail::tree::Descend::DenseOnly);
   return n;
 }
 
@@ -1338,6 +1339,28 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace
 }
 
 // ============================================================================ clone, to
+namespace {
+//! the tree visitor's rebuild for clone: leaves copied (recurse) or shared; a sub-TensorDict of another
+//! node kind clones itself; typed sub-TensorDicts keep their schema
+struct CloneVisitor : detail::tree::RebuildVisitor {
+  bool recurse;
+  at::Tensor tensor(const detail::tree::KeyPath&, const at::Tensor& t, const detail::tree::Matched&) {
+    return recurse ? t.clone() : t;
+  }
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return own; }
+  const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
+    return detail::tree::level_of(sub, detail::tree::Descend::DenseOnly);
+  }
+  std::optional<TensorDict> other_node(const detail::tree::KeyPath&, const TensorDict& sub, const BatchSize&,
+                                       const detail::tree::Matched&) {
+    return sub.clone(recurse);
+  }
+  std::optional<TensorDict> sub_result(const detail::tree::KeyPath&, const TensorDict& sub, TensorDict out, bool) {
+    return detail::keep_type(sub, std::move(out));
+  }
+};
+}  // namespace
+
 TensorDict TensorDict::clone(bool recurse) const {
   if (typed_) return detail::keep_type(*this, with_schema(nullptr).clone(recurse));
   if (detail::is_remote(*this)) return contiguous();  // a remote node: its dense form is a copy already
@@ -1347,38 +1370,32 @@ TensorDict TensorDict::clone(bool recurse) const {
     if (members.empty()) return TensorDict(std::shared_ptr<Node>(std::make_shared<LazyStackNode>(lz->member_batch, lz->stack_dim, lz->device)));
     return detail::make_lazy(std::move(members), lz->stack_dim);
   }
-  auto out = std::make_shared<TensorDictImpl>();
-  out->batch_size = d()->batch_size;
-  out->device = d()->device;
-  out->entries.reserve(d()->entries.size());
-  for (const auto& kv : d()->entries) {
-    const Entry& e = kv.second;
-    if (e.is_tensor()) {
-      out->entries.emplace_back(kv.first, recurse ? Entry(e.tensor().clone()) : e);
-    } else if (e.is_tensordict()) {
-      out->entries.emplace_back(kv.first, Entry(e.tensordict().clone(recurse)));
-    } else {
-      out->entries.emplace_back(kv.first, e);
-    }
-  }
-  return TensorDict(out);
+  CloneVisitor v{{}, recurse};
+  return detail::tree::rebuild(*d(), d()->batch_size, v);
 }
 
 namespace {
-std::shared_ptr<TensorDictImpl> copy_nodes(const TensorDictImpl& src) {
-  auto out = std::make_shared<TensorDictImpl>(src);  // entries (leaves shared), flags, directory, records
-  out->locked = false;
-  out->locked_parents.clear();
-  for (auto& kv : out->entries) {
-    if (!kv.second.is_tensordict()) continue;
-    std::shared_ptr<TensorDictImpl> child = kv.second.tensordict().impl();
-    kv.second = Entry(TensorDict(copy_nodes(*child)));
+//! the tree visitor's rebuild for shallow_copy: every level a new node with the source's flags, directory
+//! and class records, unlocked; leaves shared
+struct CopyNodesVisitor : detail::tree::RebuildVisitor {
+  TensorDict make_level(const detail::tree::KeyPath&, const TensorDictImpl& src, BatchSize) {
+    auto out = std::make_shared<TensorDictImpl>(src);  // flags, directory, records (entries rebuilt)
+    out->entries.clear();
+    out->locked = false;
+    out->locked_parents.clear();
+    return TensorDict(std::move(out));
   }
-  return out;
-}
+  //! another node kind below: NotImplementedError, as impl() says
+  const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
+    return sub.impl().get();
+  }
+};
 }  // namespace
 
-TensorDict TensorDict::shallow_copy() const { return TensorDict(copy_nodes(*d())); }
+TensorDict TensorDict::shallow_copy() const {
+  CopyNodesVisitor v;
+  return detail::tree::rebuild(*d(), d()->batch_size, v);
+}
 
 TensorDict TensorDict::to(at::Device device) const {
   if (detail::is_remote(*this)) return contiguous().to(device);  // a remote node: on its dense form
@@ -1389,10 +1406,14 @@ TensorDict TensorDict::to(at::Device device) const {
   }
   if (d()->device && *d()->device == device) return *this;
   std::optional<at::Device> target = device;
-  std::function<void(TensorDictImpl&)> set_dev = [&](TensorDictImpl& i) {
-    i.device = target;
-    for (auto& kv : i.entries)
-      if (kv.second.is_tensordict()) set_dev(*kv.second.tensordict().impl());
+  auto set_dev = [&](TensorDictImpl& root) {
+    root.device = target;
+    detail::tree::for_each_entry(root, [&](const detail::tree::KeyPath&, const Entry& e) -> const TensorDictImpl* {
+      if (!e.is_tensordict()) return nullptr;
+      TensorDictImpl* level = e.tensordict().impl().get();  // another node kind: NotImplementedError
+      level->device = target;
+      return level;
+    });
   };
   // apply() moves results to the result's device (upstream): run it on a device-less structure copy
   TensorDict src = clone(false);
