@@ -586,8 +586,11 @@ BOOST_AUTO_TEST_CASE(killed_creator_cleaned_by_cleanup_stale_segments) {
 
 BOOST_AUTO_TEST_CASE(fatal_signal_and_exit_unlink) {
   auto make_and_report = [](Pipe& p) {
-    auto* keep = new std::shared_ptr<ShmSegment>(ShmSegment::create(4096, prefix()));  // leaked on purpose
-    write_all(p.w(), (*keep)->name());
+    // never destroyed on purpose (the process ends owning it); held by a static so that LeakSanitizer
+    // sees it reachable
+    static auto* kept = new std::vector<std::shared_ptr<ShmSegment>>();
+    kept->push_back(ShmSegment::create(4096, prefix()));
+    write_all(p.w(), kept->back()->name());
   };
   // abort(): SIGABRT is a terminal signal. Boost.Test's own SIGABRT handler is inherited by the child; put
   // the default back first (as in a normal program), so ours unlinks and then re-raises.
