@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Sanitizer runs of the test suites (tests/README.md, "sanitizers"). Not yet part of scripts/test.sh: see
+# tests/README.md for what the first run found and what it costs on 2 cores.
+#   address  ASan + UBSan build in build-asan: every Boost.Test suite (backends, engine, actors, api, conformance)
+#   thread   TSan build in build-tsan: the concurrency suites (concurrent fill, map, store actors, loader threads)
+# Usage: scripts/sanitize.sh [address|thread|all]     (default: all)
+#   TD_JOBS=N   parallel build jobs (default 2)
+# Suppressions (each with its reason) are in tests/sanitizers/. Needs the packages of scripts/setup.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:-all}
+root=$(pwd)
+jobs=${TD_JOBS:-2}
+shared_args=()
+[ -n "${TD_SHARED_DIR:-}" ] && shared_args+=("-DTD_SHARED_DIR=${TD_SHARED_DIR}")
+
+configure_and_build() {  # dir sanitizer targets...
+  local dir=$1 san=$2
+  shift 2
+  # -O1: sanitizer builds run the suites, they are not timed; no examples / benchmarks in them
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+        -DTD_SANITIZE="$san" -DTD_BUILD_TESTS=ON -DTD_BUILD_EXAMPLES=OFF -DTD_BUILD_BENCH=OFF \
+        "${shared_args[@]}" >/dev/null
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$dir" -j"$jobs" "${targets[@]}"
+}
+
+run_address() {
+  configure_and_build build-asan address backends_tests engine_tests actors_tests api_tests conformance_tests \
+                      td_map_worker td_store_client td_loader_worker
+  # detect_leaks: LeakSanitizer on, with the third-party libraries' process-lifetime allocations suppressed;
+  # alloc_dealloc_mismatch off: libtorch's (uninstrumented) allocator pairs are reported across the boundary
+  export ASAN_OPTIONS="detect_leaks=1:alloc_dealloc_mismatch=0:detect_odr_violation=0:abort_on_error=0:halt_on_error=1:allocator_may_return_null=1"
+  export LSAN_OPTIONS="suppressions=${root}/tests/sanitizers/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=${root}/tests/sanitizers/ubsan.supp"
+  (cd build-asan && ctest --output-on-failure -j"$jobs" -R '^(backends|engine|actors|api|conformance)\.' \
+                          -E '^api\.(soak|load)$')
+}
+
+run_thread() {
+  configure_and_build build-tsan thread engine_tests api_tests td_map_worker td_store_client td_loader_worker
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=${root}/tests/sanitizers/tsan.supp"
+  (cd build-tsan && ctest --output-on-failure -j1 -R '^(engine\.concurrent_fill|api\.(map|map_unbind|store|loader|tensordict_store))$')
+}
+
+case "$kind" in
+  address) run_address ;;
+  thread) run_thread ;;
+  all) run_address; run_thread ;;
+  *) echo "usage: scripts/sanitize.sh [address|thread|all]" >&2; exit 2 ;;
+esac
