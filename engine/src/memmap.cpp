@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -76,8 +77,44 @@ class StagedSave {
   bool committed_ = false;
 };
 
+//! whether a mapped address still belongs to the file a path names (/proc/self/maps, read once per save)
+class MappedInodes {
+ public:
+  bool same_file(const void* p, const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return false;
+    if (!loaded_) load();
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    for (const Range& r : ranges_)
+      if (a >= r.start && a < r.end) return r.inode == static_cast<unsigned long>(st.st_ino);
+    return false;
+  }
+
+ private:
+  struct Range {
+    uintptr_t start, end;
+    unsigned long inode;
+  };
+  void load() {
+    loaded_ = true;
+    FILE* f = std::fopen("/proc/self/maps", "r");
+    if (!f) return;
+    char line[4096];
+    while (std::fgets(line, sizeof line, f)) {
+      unsigned long start = 0, end = 0, off = 0, inode = 0;
+      char perms[8], dev[32];
+      if (std::sscanf(line, "%lx-%lx %7s %lx %31s %lu", &start, &end, perms, &off, dev, &inode) == 6 && inode != 0)
+        ranges_.push_back({start, end, inode});
+    }
+    std::fclose(f);
+  }
+  bool loaded_ = false;
+  std::vector<Range> ranges_;
+};
+
 //! the plan of a whole tree: leaf jobs, then meta.json files bottom-up
 struct WritePlan {
+  MappedInodes inodes;
   const StagedSave* stage = nullptr;
   std::vector<LeafJob> leaves;
   std::vector<std::pair<std::string, std::shared_ptr<DirNode>>> metas;  // post-order: children first
@@ -254,12 +291,17 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
           bool same = false;
           std::error_code ec;
           same = fs::equivalent(info->filename, path, ec);
-          if (same && info->nbytes == t.numel() * static_cast<int64_t>(t.element_size()) && t.is_contiguous() &&
-              t.storage_offset() == 0) {
+          // the name may now be another file: a later save replaced the directory this leaf was mapped from
+          // (the leaf still reads its own, older file). Then its data is written like any other tensor's.
+          const bool replaced = same && !plan.inodes.same_file(t.data_ptr(), path);
+          if (replaced) {
+            same = false;
+          } else if (same && info->nbytes == t.numel() * static_cast<int64_t>(t.element_size()) &&
+                     t.is_contiguous() && t.storage_offset() == 0) {
             job.reuse = true;
           } else if (same && !plan.stage) {
             job.source = t.clone();  // the file is about to be rewritten: read the data out first
-          } else if (!o.copy_existing() && replace) {
+          } else if (!same && !o.copy_existing() && replace) {
             throw ValueError("the leaf '" + key + "' is already memory-mapped to '" + info->filename +
                              "'; memmap_ into '" + path + "' needs copy_existing=true");
           }

@@ -206,6 +206,22 @@ BOOST_AUTO_TEST_CASE(staged_save_keeps_other_files_and_live_mappings) {
   BOOST_TEST(staging_dirs(prefix) == 0);
   // the first TensorDict still reads its own (old) data
   BOOST_TEST(td.get("leaf1").eq(1.0f).all().item<bool>());
+  // re-saving it there writes its data (its leaves' file names now name the other state's files)
+  td.memmap_(prefix, MemmapOptions().existsok(true));
+  TensorDict again = TensorDict::load_memmap(prefix);
+  BOOST_TEST(again.contains("only_old"));
+  BOOST_TEST(!again.contains("only_new"));
+  BOOST_TEST(again.get("leaf0").eq(3.0f).all().item<bool>());
+  BOOST_TEST(again.get("leaf1").eq(1.0f).all().item<bool>());
+  BOOST_TEST(again.get(NestedKey{"nested", "x"}).eq(1.0f).all().item<bool>());
+  // views of those leaves (part of each file) saved over the same prefix: written from the files they map
+  TensorDict part = td.index({at::indexing::Slice(0, 128)});
+  part.memmap_(prefix, MemmapOptions().existsok(true));
+  TensorDict half = TensorDict::load_memmap(prefix);
+  BOOST_TEST(half.batch_size() == BatchSize({128}));
+  BOOST_TEST(half.get("leaf1").eq(1.0f).all().item<bool>());
+  BOOST_TEST(half.get("leaf0").eq(3.0f).all().item<bool>());
+  BOOST_TEST(staging_dirs(prefix) == 0);
 }
 
 BOOST_AUTO_TEST_CASE(meta_json_rewrite_killed_loads_old_or_new) {
