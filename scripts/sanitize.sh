@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sanitizer runs of the test suites (tests/README.md, "sanitizers"). Not yet part of scripts/test.sh: see
-# tests/README.md for what the first run found and what it costs on 2 cores.
+# Sanitizer runs of the test suites (tests/README.md, "sanitizers"); scripts/test.sh runs `all` after the plain
+# suite. Prints what each build and run took.
 #   address  ASan + UBSan build in build-asan: every Boost.Test suite (backends, engine, actors, api, conformance)
 #   thread   TSan build in build-tsan: the concurrency suites (concurrent fill, map, store actors, loader threads)
 # Usage: scripts/sanitize.sh [address|thread|all]     (default: all)
@@ -11,37 +11,48 @@ cd "$(dirname "$0")/.."
 kind=${1:-all}
 root=$(pwd)
 jobs=${TD_JOBS:-2}
+tsan_suites='^(engine/test_concurrent_fill|api/test_(map|map_unbind|store|loader|tensordict_store))$'
 shared_args=()
 [ -n "${TD_SHARED_DIR:-}" ] && shared_args+=("-DTD_SHARED_DIR=${TD_SHARED_DIR}")
 
-configure_and_build() {  # dir sanitizer targets...
-  local dir=$1 san=$2
-  shift 2
+configure_and_build() {  # dir sanitizer test-filter targets...
+  local dir=$1 san=$2 filter=$3
+  shift 3
   # -O1: sanitizer builds run the suites, they are not timed; no examples / benchmarks in them
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
-        -DTD_SANITIZE="$san" -DTD_BUILD_TESTS=ON -DTD_BUILD_EXAMPLES=OFF -DTD_BUILD_BENCH=OFF \
+        -DTD_SANITIZE="$san" -DTD_TEST_FILTER="$filter" -DTD_BUILD_TESTS=ON -DTD_BUILD_EXAMPLES=OFF -DTD_BUILD_BENCH=OFF \
         "${shared_args[@]}" >/dev/null
   local targets=()
   for t in "$@"; do targets+=(--target "$t"); done
+  local t=$(date +%s)
   cmake --build "$dir" -j"$jobs" "${targets[@]}"
+  echo "sanitize.sh: $dir built in $(($(date +%s) - t)) s"
+}
+
+run_tests() {  # dir ctest-jobs regex [exclude]
+  local t=$(date +%s)
+  (cd "$1" && ctest --output-on-failure -j"$2" -R "$3" ${4:+-E "$4"})
+  echo "sanitize.sh: $1 tests ran in $(($(date +%s) - t)) s"
 }
 
 run_address() {
-  configure_and_build build-asan address backends_tests engine_tests actors_tests api_tests conformance_tests \
+  configure_and_build build-asan address "" backends_tests engine_tests actors_tests api_tests conformance_tests \
                       td_map_worker td_store_client td_loader_worker
   # detect_leaks: LeakSanitizer on, with the third-party libraries' process-lifetime allocations suppressed;
   # alloc_dealloc_mismatch off: libtorch's (uninstrumented) allocator pairs are reported across the boundary
   export ASAN_OPTIONS="detect_leaks=1:alloc_dealloc_mismatch=0:detect_odr_violation=0:abort_on_error=0:halt_on_error=1:allocator_may_return_null=1"
   export LSAN_OPTIONS="suppressions=${root}/tests/sanitizers/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=${root}/tests/sanitizers/ubsan.supp"
-  (cd build-asan && ctest --output-on-failure -j"$jobs" -R '^(backends|engine|actors|api|conformance)\.' \
-                          -E '^api\.(soak|load)$')
+  # the leak soaks and the load test count resources and rows/s: plain build only
+  run_tests build-asan "$jobs" '^(backends|engine|actors|api|conformance)\.' '^api\.(soak|load)$'
 }
 
 run_thread() {
-  configure_and_build build-tsan thread engine_tests api_tests td_map_worker td_store_client td_loader_worker
+  # only the concurrency suites' files are compiled (TD_TEST_FILTER, tests/CMakeLists.txt)
+  configure_and_build build-tsan thread "${tsan_suites}" engine_tests api_tests td_map_worker td_store_client \
+                      td_loader_worker
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=${root}/tests/sanitizers/tsan.supp"
-  (cd build-tsan && ctest --output-on-failure -j1 -R '^(engine\.concurrent_fill|api\.(map|map_unbind|store|loader|tensordict_store))$')
+  run_tests build-tsan 1 '^(engine|api)\.'
 }
 
 case "$kind" in

@@ -8,6 +8,7 @@ PKGS=(
   libboost-dev libboost-test-dev
   libspdlog-dev rapidjson-dev libcli11-dev
   clang libclang-rt-14-dev
+  libasan8 libubsan1 libtsan2
   python3-h5py hdf5-tools
 )
 missing=()

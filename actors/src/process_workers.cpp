@@ -18,6 +18,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "tensordict/actors/fault_points.hpp"
 #include "tensordict/actors/messages.hpp"
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/errors.hpp"
@@ -189,37 +190,12 @@ void finish(remote_worker* self) {
   self->quit();
 }
 
-//! Fault injection for the tests of issue 14 (tests/api/test_map_process.cpp):
-//! TD_FAULT_MAP_WORKER=<stage>@<index>@<marker file> makes worker <index> create <marker file> and SIGKILL
-//! itself at <stage>: "hello" (connected, before it says hello), "job" (the job opened, before its first
-//! chunk), "reply" (its first chunk computed and written into out, before the done message). Read once per
-//! process; unset, it costs one string compare per stage.
-struct FaultPlan {
-  std::string stage, marker;
-  int64_t index = -1;
-};
-const FaultPlan& fault_plan() {
-  static const FaultPlan plan = [] {
-    FaultPlan p;
-    const char* v = std::getenv("TD_FAULT_MAP_WORKER");
-    if (!v) return p;
-    const std::string s = v;
-    const size_t a = s.find('@');
-    const size_t b = a == std::string::npos ? a : s.find('@', a + 1);
-    if (b == std::string::npos) return p;
-    p.stage = s.substr(0, a);
-    p.index = std::atoll(s.c_str() + a + 1);
-    p.marker = s.substr(b + 1);
-    return p;
-  }();
-  return plan;
-}
+//! TD_FAULT_MAP_WORKER=<stage>@<index>@<marker> (tensordict/actors/fault_points.hpp; tests/api/test_map_process.cpp):
+//! "hello" (connected, before it says hello), "job" (the job opened, before its first chunk), "reply" (its
+//! first chunk computed and written into out, before the done message)
 void maybe_die_at(const char* stage, int64_t index) {
-  const FaultPlan& p = fault_plan();
-  if (p.index != index || p.stage != stage) return;
-  const int fd = ::open(p.marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd >= 0) ::close(fd);
-  ::raise(SIGKILL);
+  static const FaultPoints points("TD_FAULT_MAP_WORKER");
+  points.maybe_die_at(stage, index);
 }
 
 void open_job(remote_worker* self, const map_job_desc& d) {

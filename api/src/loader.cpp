@@ -29,6 +29,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include "tensordict/actors/fault_points.hpp"
 #include "tensordict/actors/process_workers.hpp"
 #include "tensordict/backends/shm.hpp"
 #include "tensordict/config.hpp"
@@ -515,6 +516,11 @@ struct WorkerCore {
   std::vector<at::Tensor> dense_leaves;  // the source's leaves when it is dense (zero-copy views)
   std::vector<int64_t> src_rest;         // the source's batch dims after the row dim
   std::vector<at::Tensor> gather_buf;    // with a transform: reused gather buffers (dense sources)
+  const actors::FaultPoints* faults = nullptr;  // worker processes: TD_FAULT_LOADER_WORKER (crash tests)
+
+  void fault_point(const char* stage) const {
+    if (faults) faults->maybe_die_at(stage, index);
+  }
 
   void prepare() {
     src_keys = src.keys(KeysOptions().include_nested(true).leaves_only(true));
@@ -605,6 +611,7 @@ struct WorkerCore {
       // a worker's torch threads; the trainer's own thread (num_workers 0) keeps the user's setting
       if (index >= 0 && at::get_num_threads() != worker_threads) at::set_num_threads(static_cast<int>(worker_threads));
       at::Tensor idx = at::from_blob(ring->indices(slot), {n}, at::TensorOptions().dtype(at::kLong));
+      fault_point("claim");
       if (!transform) {
         gather(idx, n, slot, true);
       } else {
@@ -617,6 +624,7 @@ struct WorkerCore {
         TensorDict out = map_detail::call_with_context(transform, in, ctx);
         write_result(out, slot, n, c.batch, c.epoch, true);
       }
+      fault_point("write");  // the slot written, not yet ready
       c.ready_ns = now_ns();
       c.state.store(kReady, std::memory_order_release);
     } catch (...) {
@@ -628,6 +636,7 @@ struct WorkerCore {
       c.state.store(kFailed, std::memory_order_release);
     }
     signal_seq(ring->hdr->done_seq, ring->hdr->done_waiters);
+    fault_point("ready");
   }
 
   //! claims the pending slot with the smallest task number; -1 when none
@@ -1257,6 +1266,13 @@ bool run_loader_worker_process(int /*argc*/, char** /*argv*/) {
   rec.pid.store(static_cast<int32_t>(::getpid()));
   const pid_t trainer = ring->hdr->trainer_pid;
   if (::getppid() != trainer) std::_Exit(4);  // the trainer is gone already
+  // TD_FAULT_LOADER_WORKER=<stage>@<index>@<marker> (tensordict/actors/fault_points.hpp, tests/api/test_loader.cpp):
+  // attach (the ring mapped, the source not open), open (the source open, not yet attached), claim (a batch
+  // claimed, nothing written), write (the batch written into its slot, not marked ready), ready (just after)
+  static const actors::FaultPoints faults("TD_FAULT_LOADER_WORKER");
+  core.faults = &faults;
+  core.index = index;
+  core.fault_point("attach");
   try {
     if (!ring->cfg.log_level.empty()) set_log_level(ring->cfg.log_level);
     core.ring = ring;
@@ -1271,6 +1287,7 @@ bool run_loader_worker_process(int /*argc*/, char** /*argv*/) {
       }
     }
     core.prepare();
+    core.fault_point("open");
   } catch (...) {
     map_detail::CarriedError e = map_detail::carry_current_exception(-1);
     rec.err_code = static_cast<int32_t>(e.code);

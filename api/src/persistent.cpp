@@ -1,6 +1,8 @@
 // PersistentTensorDict: HDF5 files (backends/h5_store) behind their store actor, as RemoteNodes.
 #include "tensordict/persistent.hpp"
 
+#include "tensordict/device.hpp"
+
 #include <filesystem>
 
 #include "remote_node.hpp"
@@ -94,7 +96,7 @@ H5Options H5Options::from_fields(const JsonValue& f) {
   }
   if (const JsonValue* l = f.find("compression_level"); l && l->is_int()) o.compression_level(static_cast<int>(l->as_int()));
   if (const JsonValue* s = f.find("shuffle"); s && s->is_bool()) o.shuffle(s->as_bool());
-  if (const JsonValue* d = f.find("device"); d && d->is_string()) o.device(at::Device(d->as_string()));
+  if (const JsonValue* d = f.find("device"); d && d->is_string()) o.device(parse_device(d->as_string(), "H5Options"));
   return o;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "tensordict/device.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/non_tensor.hpp"
 
@@ -103,6 +104,7 @@ class PlanCache {
 RemoteTree::RemoteTree(std::shared_ptr<actors::LeafStoreClient> client, std::optional<BatchSize> batch,
                        std::optional<at::Device> device, std::string type_name)
     : client_(std::move(client)), device_(device), type_name_(std::move(type_name)) {
+  if (device_) parse_device(device_->str(), type_name_);  // a device this process cannot use: ValueError now
   auto listed = client_->run([](backends::LeafStore& s) {
     return std::make_pair(s.stored_batch_size(), s.list());
   });

@@ -1,6 +1,8 @@
 // TensorDictStore: Redis stores (backends/redis_store) behind their store actor, as RemoteNodes.
 #include "tensordict/tensordict_store.hpp"
 
+#include "tensordict/device.hpp"
+
 #include "remote_node.hpp"
 #include "tensordict/actors/runtime.hpp"
 #include "tensordict/backends/redis_store.hpp"
@@ -100,7 +102,7 @@ RedisOptions RedisOptions::from_fields(const JsonValue& f) {
   };
   o.host(str("host")).port(num("port", 0)).db(num("db", -1)).unix_socket(str("unix_socket")).prefix(str("prefix"));
   o.password(str("password")).td_id(str("td_id"));
-  if (!str("device").empty()) o.device(at::Device(str("device")));
+  if (!str("device").empty()) o.device(parse_device(str("device"), "RedisOptions"));
   return o;
 }
 
@@ -157,7 +159,7 @@ LazyStackedTensorDict TensorDictStore::load_lazy_stack(const std::string& td_id,
     if (leaf.kind == backends::LeafKind::Tensor) paths.push_back(leaf.path);
   std::vector<std::vector<at::Tensor>> values = store.read_leaves(paths);
   std::optional<at::Device> device = o.device();
-  if (!device && !layout.device.empty()) device = at::Device(layout.device);
+  if (!device && !layout.device.empty()) device = parse_device(layout.device, "the Redis store's recorded device");
   std::vector<TensorDict> members;
   for (int64_t m = 0; m < layout.count; ++m) {
     TensorDict td(layout.inner_batch_size, device);

@@ -258,7 +258,7 @@ void set_field(const TypedSchema& s, TensorDict& td, NonTensorFields* nt, const 
         wrong_value(s, field, "a TensorDict", std::string("a ") + Entry::kind_name(value.kind()));
       }
       if (f.kind == FieldKind::Nested && value.is_tensordict()) {
-        const auto& theirs = value.tensordict().typed_schema();
+        const std::shared_ptr<const TypedSchema> theirs = value.tensordict().typed_schema();  // a copy: tensordict() is a temporary
         if (theirs && !theirs->is_a(*f.nested) && !theirs->same_fields(*f.nested)) {
           wrong_value(s, field, f.cpp_type.c_str(), "a " + theirs->name);
         }
