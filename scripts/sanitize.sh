@@ -18,8 +18,8 @@ shared_args=()
 configure_and_build() {  # dir sanitizer test-filter targets...
   local dir=$1 san=$2 filter=$3
   shift 3
-  # -O1: sanitizer builds run the suites, they are not timed; no examples / benchmarks in them
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+  # -O1 (set by CMakeLists.txt for TD_SANITIZE builds); no examples / benchmarks in them
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release \
         -DTD_SANITIZE="$san" -DTD_TEST_FILTER="$filter" -DTD_BUILD_TESTS=ON -DTD_BUILD_EXAMPLES=OFF -DTD_BUILD_BENCH=OFF \
         "${shared_args[@]}" >/dev/null
   local targets=()
@@ -37,22 +37,22 @@ run_tests() {  # dir ctest-jobs regex [exclude]
 
 run_address() {
   configure_and_build build-asan address "" backends_tests engine_tests actors_tests api_tests conformance_tests \
-                      td_map_worker td_store_client td_loader_worker
+                      td_map_worker td_store_client td_loader_worker sanitizer_canary
   # detect_leaks: LeakSanitizer on, with the third-party libraries' process-lifetime allocations suppressed;
   # alloc_dealloc_mismatch off: libtorch's (uninstrumented) allocator pairs are reported across the boundary
   export ASAN_OPTIONS="detect_leaks=1:alloc_dealloc_mismatch=0:detect_odr_violation=0:abort_on_error=0:halt_on_error=1:allocator_may_return_null=1"
   export LSAN_OPTIONS="suppressions=${root}/tests/sanitizers/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=${root}/tests/sanitizers/ubsan.supp"
   # the leak soaks and the load test count resources and rows/s: plain build only
-  run_tests build-asan "$jobs" '^(backends|engine|actors|api|conformance)\.' '^api\.(soak|load)$'
+  run_tests build-asan "$jobs" '^(sanitizers|backends|engine|actors|api|conformance)\.' '^api\.(soak|load)$'
 }
 
 run_thread() {
   # only the concurrency suites' files are compiled (TD_TEST_FILTER, tests/CMakeLists.txt)
   configure_and_build build-tsan thread "${tsan_suites}" engine_tests api_tests td_map_worker td_store_client \
-                      td_loader_worker
+                      td_loader_worker sanitizer_canary
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=${root}/tests/sanitizers/tsan.supp"
-  run_tests build-tsan 1 '^(engine|api)\.'
+  run_tests build-tsan "$jobs" '^(sanitizers|engine|api)\.'
 }
 
 case "$kind" in

@@ -474,14 +474,13 @@ BOOST_AUTO_TEST_CASE(a_worker_process_killed_at_each_stage_loses_no_batch) {
       ::setenv("TD_FAULT_LOADER_WORKER", (std::string(stage) + "@*@" + marker).c_str(), 1);
       LoaderOptions o = procs(2).batch_size(10).shuffle(true).seed(5);
       if (with_transform) o.transform_name("ld_affine");
-      std::vector<TensorDict> batches, again;
+      std::vector<TensorDict> batches;
       std::string error;
       LoaderStats st;
       try {
         DataLoader l(mm, o);
         batches = epoch(l);
         st = l.stats();
-        again = epoch(l);  // a later epoch: the fault has fired, nothing dies
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -491,8 +490,6 @@ BOOST_AUTO_TEST_CASE(a_worker_process_killed_at_each_stage_loses_no_batch) {
       BOOST_TEST(batches.size() == 20u, what);
       BOOST_TEST(is_permutation_of_range(all_idx(batches), 200), what);
       BOOST_TEST(every_batch_matches(batches, with_transform ? 2 : 1, with_transform ? 1 : 0), what);
-      BOOST_TEST(is_permutation_of_range(all_idx(again), 200), what);
-      BOOST_TEST(every_batch_matches(again, with_transform ? 2 : 1, with_transform ? 1 : 0), what);
       // a worker that dies holding a batch is always seen (its batch cannot finish otherwise) and its batch is
       // redone; one that dies holding none may be noticed only after the epoch (the trainer polls while it waits)
       const bool held_a_batch = std::string(stage) == "claim" || std::string(stage) == "write";
