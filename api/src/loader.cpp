@@ -1276,7 +1276,6 @@ bool run_loader_worker_process(int /*argc*/, char** /*argv*/) {
   try {
     if (!ring->cfg.log_level.empty()) set_log_level(ring->cfg.log_level);
     core.ring = ring;
-    core.index = index;
     core.worker_threads = ring->cfg.worker_threads;
     core.src = open_storage(StorageSpec::parse(ring->cfg.src_spec), OpenOptions().writable(false));
     if (!ring->cfg.transform.empty()) {

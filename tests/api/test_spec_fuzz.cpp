@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 
@@ -288,6 +289,39 @@ BOOST_AUTO_TEST_CASE(mutated_specs_open_or_fail_typed_and_harm_nothing) {
                  .get(NestedKey{"next", "reward"})
                  .equal(ref.get(NestedKey{"next", "reward"})));
   BOOST_TEST(listing(dir.path) == before);
+}
+
+BOOST_AUTO_TEST_CASE(a_device_this_process_cannot_use_is_a_value_error_where_it_is_named) {
+  TempDir dir("spec-device");
+  auto message_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const ValueError& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("not a ValueError: ") + e.what();
+    }
+    return "no error";
+  };
+  // in a spec: refused before any connection (port 1 is closed; the device is checked first)
+  std::string m = message_of([] {
+    open_storage(StorageSpec::parse(R"({"driver": "redis", "host": "127.0.0.1", "port": 1, "device": "cuda:2"})"));
+  });
+  BOOST_TEST(m.find("device 'cuda:2' is not available") != std::string::npos, m);
+  m = message_of([] {
+    open_storage(StorageSpec::parse(R"({"driver": "redis", "host": "127.0.0.1", "port": 1, "device": "gpu-ish"})"));
+  });
+  BOOST_TEST(m.find("'gpu-ish' is not a device") != std::string::npos, m);
+  // in options: an HDF5 buffer on a device this process cannot use is refused before the file is created
+  const Schema schema = {{NestedKey("x"), {{3}, at::kFloat}}};
+  m = message_of([&] {
+    TensorDict::from_schema(schema, {4}, "h5", H5Options().filename(dir / "buf.h5").device(at::Device("cuda:1")));
+  });
+  BOOST_TEST(m.find("device 'cuda:1' is not available") != std::string::npos, m);
+  BOOST_TEST(!fs::exists(dir / "buf.h5"));
+  // the CPU is always fine
+  TensorDict ok = TensorDict::from_schema(schema, {4}, "h5", H5Options().filename(dir / "ok.h5").device(at::Device("cpu")));
+  BOOST_TEST(ok.get("x").device().is_cpu());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
