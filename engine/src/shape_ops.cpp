@@ -3,6 +3,8 @@
 // dims carried along; sub-TensorDicts get it too (their extra batch dims preserved); results are views
 // wherever torch gives views. Lock and memmap/shared flags survive (upstream test_shared_inheritance).
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "lazy_stack_node.hpp"
@@ -219,10 +221,65 @@ std::vector<TensorDict> map_batch_multi(const TensorDict& td_in, const std::vect
   return result;
 }
 
+// ============================================================================ lazy stacks
+// upstream's LazyStackedTensorDict shape ops: every member gets the op on its own batch dims (the stack dim
+// taken out) and the result is a lazy stack again, its stack dim moved (upstream _lazy.py _unsqueeze,
+// _squeeze, _permute, _transpose, _view, split / chunk). Members' results are their own views, so writes
+// through the result reach the members; ragged members stay ragged. An op that would merge or split the
+// stack dim itself runs on the dense form (the members must then stack).
+
+//! the lazy node of td when its shape ops run member by member (a lazy stack with members), else nullptr
+const LazyStackNode* lazy_members(const TensorDict& td) {
+  const LazyStackNode* lz = detail::lazy_node(td);
+  return lz && !lz->members.empty() ? lz : nullptr;
+}
+
+//! a lazy stack along `stack_dim` of op(member) for every member, locked when `self` is
+TensorDict restack(const TensorDict& self, const LazyStackNode& lz, int64_t stack_dim,
+                   const std::function<TensorDict(const TensorDict&)>& op) {
+  std::vector<TensorDict> out;
+  out.reserve(lz.members.size());
+  for (const auto& m : lz.members) out.push_back(op(m));
+  TensorDict r = detail::make_lazy(std::move(out), stack_dim);
+  if (self.is_locked() && !r.is_locked()) r.lock_();
+  return r;
+}
+
+//! batch dim d (not the stack dim) of the stack -> the same dim of a member
+int64_t member_dim(int64_t d, int64_t stack_dim) { return d < stack_dim ? d : d - 1; }
+
+//! the lazy form of view / reshape to `shape` (already inferred): when the dims before the stack dim and the
+//! stack dim itself are kept, each member takes the rest; nullopt otherwise
+std::optional<TensorDict> lazy_view(const TensorDict& self, const LazyStackNode& lz, const BatchSize& bs,
+                                    const BatchSize& shape, bool reshape) {
+  const size_t s = static_cast<size_t>(lz.stack_dim);
+  if (shape.size() <= s) return std::nullopt;
+  for (size_t i = 0; i <= s; ++i)
+    if (shape[i] != bs[i]) return std::nullopt;
+  BatchSize mshape(shape.begin(), shape.end());
+  mshape.erase(mshape.begin() + static_cast<int64_t>(s));
+  return restack(self, lz, lz.stack_dim, [&](const TensorDict& m) {
+    return reshape ? m.reshape(mshape) : m.view(mshape);
+  });
+}
+
 }  // namespace
 
 // ============================================================================ view / reshape / flatten
 TensorDict TensorDict::view(BatchSize shape) const {
+  if (const LazyStackNode* lz = lazy_members(*this)) {
+    const BatchSize bs = batch_size();
+    if (shape == bs) return *this;
+    if (std::find(bs.begin(), bs.end(), -1) == bs.end()) {
+      try {
+        shape = infer_sizes("view", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
+      } catch (const RuntimeError& e) {
+        throw AssertionError(e.message());
+      }
+      if (shape == bs) return *this;
+      if (auto r = lazy_view(*this, *lz, bs, shape, false)) return *r;
+    }
+  }
   if (!is_dense()) return contiguous().view(shape);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   try {
@@ -237,6 +294,15 @@ TensorDict TensorDict::view(BatchSize shape) const {
 }
 
 TensorDict TensorDict::reshape(BatchSize shape) const {
+  if (const LazyStackNode* lz = lazy_members(*this)) {
+    const BatchSize bs = batch_size();
+    if (shape == bs) return *this;
+    if (std::find(bs.begin(), bs.end(), -1) == bs.end()) {
+      shape = infer_sizes("reshape", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
+      if (shape == bs) return *this;
+      if (auto r = lazy_view(*this, *lz, bs, shape, true)) return *r;
+    }
+  }
   if (!is_dense()) return contiguous().reshape(shape);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   shape = infer_sizes("reshape", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
@@ -247,6 +313,17 @@ TensorDict TensorDict::reshape(BatchSize shape) const {
 }
 
 TensorDict TensorDict::flatten(int64_t start_dim, int64_t end_dim) const {
+  if (const LazyStackNode* lz = lazy_members(*this)) {
+    const BatchSize bs = batch_size();
+    const int64_t s = norm_dim("flatten", start_dim, bs);
+    const int64_t e = norm_dim("flatten", end_dim, bs);
+    const int64_t sd = lz->stack_dim;
+    if (s <= e && e < sd) {  // before the stack dim: it moves left by the dims merged
+      return restack(*this, *lz, sd - (e - s), [s, e](const TensorDict& m) { return m.flatten(s, e); });
+    }
+    if (s <= e && s > sd) return restack(*this, *lz, sd, [s, e](const TensorDict& m) { return m.flatten(s - 1, e - 1); });
+    if (s == e) return *this;
+  }
   if (!is_dense()) return contiguous().flatten(start_dim, end_dim);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   const int64_t s = norm_dim("flatten", start_dim, bs);
@@ -263,6 +340,17 @@ TensorDict TensorDict::flatten(int64_t start_dim, int64_t end_dim) const {
 }
 
 TensorDict TensorDict::unflatten(int64_t dim, BatchSize sizes) const {
+  if (const LazyStackNode* lz = lazy_members(*this)) {
+    const BatchSize bs = batch_size();
+    const int64_t d = norm_dim("unflatten", dim, bs);
+    const int64_t sd = lz->stack_dim;
+    if (sizes.empty()) throw ValueError("unflatten: sizes must be non-empty");
+    if (d < sd) {
+      const int64_t grown = static_cast<int64_t>(sizes.size()) - 1;
+      return restack(*this, *lz, sd + grown, [&](const TensorDict& m) { return m.unflatten(d, sizes); });
+    }
+    if (d > sd) return restack(*this, *lz, sd, [&](const TensorDict& m) { return m.unflatten(d - 1, sizes); });
+  }
   if (!is_dense()) return contiguous().unflatten(dim, sizes);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   const int64_t d = norm_dim("unflatten", dim, bs);
@@ -279,6 +367,13 @@ TensorDict TensorDict::unflatten(int64_t dim, BatchSize sizes) const {
 
 // ============================================================================ squeeze / unsqueeze
 TensorDict TensorDict::squeeze() const {
+  if (lazy_members(*this)) {
+    const BatchSize bs = batch_size();
+    TensorDict r = *this;  // every singleton dim, last first (the stack dim too: its one member)
+    for (int64_t i = static_cast<int64_t>(bs.size()) - 1; i >= 0; --i)
+      if (bs[static_cast<size_t>(i)] == 1) r = r.squeeze(i);
+    return r;
+  }
   if (!is_dense()) return contiguous().squeeze();  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   std::vector<int64_t> dims;
@@ -301,6 +396,17 @@ TensorDict TensorDict::squeeze() const {
 }
 
 TensorDict TensorDict::squeeze(int64_t dim) const {
+  if (const LazyStackNode* lz = lazy_members(*this)) {
+    const BatchSize bs = batch_size();
+    const int64_t d = norm_dim("squeeze", dim, bs);
+    const int64_t sd = lz->stack_dim;
+    if (bs[static_cast<size_t>(d)] != 1) return *this;  // like torch: a non-singleton dim is left alone
+    if (d == sd) {  // a stack of one: its member (upstream returns tensordicts[0])
+      TensorDict m = lz->members[0];
+      return m;
+    }
+    return restack(*this, *lz, d < sd ? sd - 1 : sd, [&](const TensorDict& m) { return m.squeeze(member_dim(d, sd)); });
+  }
   if (!is_dense()) return contiguous().squeeze(dim);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   if (bs.empty()) {  // like a 0-dim tensor: dims -1 and 0 are accepted and change nothing
@@ -315,6 +421,12 @@ TensorDict TensorDict::squeeze(int64_t dim) const {
 }
 
 TensorDict TensorDict::unsqueeze(int64_t dim) const {
+  if (const LazyStackNode* lz = lazy_members(*this)) {
+    const int64_t d = norm_dim("unsqueeze", dim, batch_size(), /*allow_end=*/true, ErrorCode::Runtime);
+    const int64_t sd = lz->stack_dim;
+    if (d <= sd) return restack(*this, *lz, sd + 1, [d](const TensorDict& m) { return m.unsqueeze(d); });
+    return restack(*this, *lz, sd, [d](const TensorDict& m) { return m.unsqueeze(d - 1); });
+  }
   if (!is_dense()) return contiguous().unsqueeze(dim);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   const int64_t d = norm_dim("unsqueeze", dim, bs, /*allow_end=*/true, ErrorCode::Runtime);
@@ -324,16 +436,16 @@ TensorDict TensorDict::unsqueeze(int64_t dim) const {
 }
 
 // ============================================================================ permute / transpose / expand
-TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
-  if (!is_dense()) return contiguous().permute(dims);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+namespace {
+//! dims of permute checked against bs (ValueError as upstream) and normalized; a permutation of the first k
+//! dims (k <= batch dims) is accepted, like upstream
+std::vector<int64_t> checked_permutation(std::vector<int64_t> dims, const BatchSize& bs) {
   const size_t nd = bs.size();
   if (dims.size() > nd) {
     throw ValueError("permute: got " + std::to_string(dims.size()) + " dims " + shape_list(dims) +
                      " for a TensorDict with " + std::to_string(nd) + " batch dims (batch_size " + shape_str(bs) + ")");
   }
   for (auto& d : dims) d = norm_dim("permute", d, bs, false, ErrorCode::Value);
-  // like upstream, a permutation of the first k dims (k <= batch_dims) is accepted
   std::vector<int64_t> sorted = dims;
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {
@@ -344,6 +456,39 @@ TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
                        " but expected a permutation of " + shape_list(want) + " (batch_size " + shape_str(bs) + ")");
     }
   }
+  return dims;
+}
+
+//! a lazy stack permuted by `dims` (checked, normalized): the members get the permutation without the stack
+//! dim, the stack dim goes where `dims` puts it
+TensorDict lazy_permute(const TensorDict& self, const LazyStackNode& lz, std::vector<int64_t> dims, size_t nd) {
+  for (size_t i = dims.size(); i < nd; ++i) dims.push_back(static_cast<int64_t>(i));
+  const int64_t sd = lz.stack_dim;
+  int64_t new_sd = 0;
+  std::vector<int64_t> mdims;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == sd) {
+      new_sd = static_cast<int64_t>(i);
+    } else {
+      mdims.push_back(member_dim(dims[i], sd));
+    }
+  }
+  return restack(self, lz, new_sd, [&](const TensorDict& m) { return m.permute(mdims); });
+}
+}  // namespace
+
+TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
+  if (const LazyStackNode* lz = lazy_members(*this)) {
+    const BatchSize bs = batch_size();
+    dims = checked_permutation(std::move(dims), bs);
+    bool identity = true;
+    for (size_t i = 0; i < dims.size(); ++i) identity = identity && dims[i] == static_cast<int64_t>(i);
+    if (identity) return *this;
+    return lazy_permute(*this, *lz, std::move(dims), bs.size());
+  }
+  if (!is_dense()) return contiguous().permute(dims);  // another node kind: on its dense form
+  const BatchSize& bs = d()->batch_size;
+  dims = checked_permutation(std::move(dims), bs);
   bool identity = true;
   for (size_t i = 0; i < dims.size(); ++i) identity = identity && dims[i] == static_cast<int64_t>(i);
   if (identity) return *this;
@@ -359,6 +504,16 @@ TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
 }
 
 TensorDict TensorDict::transpose(int64_t dim0, int64_t dim1) const {
+  if (const LazyStackNode* lz = lazy_members(*this)) {
+    const BatchSize bs = batch_size();
+    const int64_t d0 = norm_dim("transpose", dim0, bs, false, ErrorCode::Value);
+    const int64_t d1 = norm_dim("transpose", dim1, bs, false, ErrorCode::Value);
+    if (d0 == d1) return *this;
+    std::vector<int64_t> dims(bs.size());
+    for (size_t i = 0; i < dims.size(); ++i) dims[i] = static_cast<int64_t>(i);
+    std::swap(dims[static_cast<size_t>(d0)], dims[static_cast<size_t>(d1)]);
+    return lazy_permute(*this, *lz, std::move(dims), bs.size());
+  }
   if (!is_dense()) return contiguous().transpose(dim0, dim1);  // another node kind: on its dense form
   const BatchSize& bs = d()->batch_size;
   const int64_t d0 = norm_dim("transpose", dim0, bs, false, ErrorCode::Value);
@@ -440,9 +595,17 @@ std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
   return map_batch_multi(*this, nbs, [d](const at::Tensor& t) { return t.unbind(d); }, true);
 }
 
+//! a lazy stack splits without densifying (upstream): along the stack dim into lazy stacks of its members,
+//! across it member by member; a ragged dim (-1) or an empty part runs on the dense form
+static bool lazy_splits(const TensorDict& td, int64_t dim) {
+  if (!lazy_members(td)) return false;
+  const BatchSize bs = td.batch_size();
+  return bs.empty() || bs[static_cast<size_t>(norm_dim("split", dim, bs))] >= 0;
+}
+
 std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const {
-  if (!is_dense()) return contiguous().split(split_size, dim);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+  if (!is_dense() && !lazy_splits(*this, dim)) return contiguous().split(split_size, dim);  // its dense form
+  const BatchSize bs = batch_size();
   if (bs.empty()) throw RuntimeError("split: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("split", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];
@@ -463,8 +626,10 @@ std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const
 }
 
 std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int64_t dim) const {
-  if (!is_dense()) return contiguous().split(split_sizes, dim);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+  const bool lazy = !is_dense() && lazy_splits(*this, dim) &&
+                    std::find(split_sizes.begin(), split_sizes.end(), 0) == split_sizes.end();
+  if (!is_dense() && !lazy) return contiguous().split(split_sizes, dim);  // another node kind: its dense form
+  const BatchSize bs = batch_size();
   if (bs.empty()) throw RuntimeError("split: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("split", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];
@@ -481,6 +646,31 @@ std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int6
                        " (tensor's size at dimension " + std::to_string(d) + "), but got split_size=" +
                        shape_list(split_sizes));
   }
+  if (lazy) {
+    const LazyStackNode& lz = *lazy_members(*this);
+    const int64_t sd = lz.stack_dim;
+    std::vector<TensorDict> out;
+    if (d == sd) {  // consecutive members, each part a lazy stack of its own
+      size_t at = 0;
+      for (auto size : split_sizes) {
+        std::vector<TensorDict> part(lz.members.begin() + static_cast<int64_t>(at),
+                                     lz.members.begin() + static_cast<int64_t>(at) + size);
+        at += static_cast<size_t>(size);
+        out.push_back(detail::make_lazy(std::move(part), sd));
+      }
+    } else {  // every member split along its dim; part j stacks the members' parts j
+      std::vector<std::vector<TensorDict>> parts;
+      for (const auto& m : lz.members) parts.push_back(m.split(split_sizes, member_dim(d, sd)));
+      for (size_t j = 0; j < split_sizes.size(); ++j) {
+        std::vector<TensorDict> col;
+        for (auto& p : parts) col.push_back(p[j]);
+        out.push_back(detail::make_lazy(std::move(col), sd));
+      }
+    }
+    for (auto& t : out)
+      if (is_locked() && !t.is_locked()) t.lock_();
+    return out;
+  }
   std::vector<BatchSize> nbs;
   nbs.reserve(split_sizes.size());
   for (auto s : split_sizes) {
@@ -493,9 +683,9 @@ std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int6
 }
 
 std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
-  if (!is_dense()) return contiguous().chunk(chunks, dim);  // another node kind: on its dense form
+  if (!is_dense() && !lazy_splits(*this, dim)) return contiguous().chunk(chunks, dim);  // its dense form
   if (chunks < 1) throw ValueError("chunks must be a strictly positive integer, got " + std::to_string(chunks) + ".");
-  const BatchSize& bs = d()->batch_size;
+  const BatchSize bs = batch_size();
   if (bs.empty()) throw RuntimeError("chunk: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("chunk", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];

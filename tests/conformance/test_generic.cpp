@@ -200,7 +200,9 @@ BOOST_AUTO_TEST_CASE(test_shape_ops) {
     std::vector<TensorDict> sp = td.split(3, 0);
     std::vector<TensorDict> sw = ref.split(3, 0);
     BOOST_REQUIRE(sp.size() == sw.size());
-    for (size_t i = 0; i < sp.size(); ++i) BOOST_TEST(sp[i].equal(sw[i]));
+    // a part of a lazy stack along its stack dim is a lazy stack of some members (upstream): its keys are
+    // those members' common keys, which may be more than the whole stack's; the stack's keys must match
+    for (size_t i = 0; i < sp.size(); ++i) BOOST_TEST(same_values(sp[i], sw[i]));
   });
 }
 

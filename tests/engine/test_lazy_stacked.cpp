@@ -1,5 +1,7 @@
 // LazyStackedTensorDict (upstream §3, test/test_lazy.py): a TensorDict whose node stacks members lazily.
 // Test names follow upstream's where one exists.
+#include <functional>
+
 #include <boost/test/unit_test.hpp>
 
 #include "engine/fixtures.hpp"
@@ -435,6 +437,142 @@ BOOST_AUTO_TEST_CASE(index_put_on_ragged_batch_with_paired_index_tensors_is_refu
                                               {"differ in batch size"}));
   BOOST_TEST(t0.get("a").sum().item<float>() == 0.f);  // nothing written
   BOOST_TEST(t1.get("a").sum().item<float>() == 0.f);
+}
+
+// upstream: shape ops of a lazy stack return lazy stacks with a moved stack dim (_unsqueeze, _squeeze, _permute,
+// _transpose, _view, split / chunk); values as the dense stack's, members' results are their views
+BOOST_AUTO_TEST_CASE(test_shape_ops_return_lazy_stacks) {
+  std::vector<TensorDict> tds = members();  // 4 members of batch [3, 2]
+  struct Case {
+    const char* what;
+    int64_t stack_dim;
+    std::function<TensorDict(const TensorDict&)> op;
+    int64_t want_stack_dim;  // -1: the result is dense (the op merges or splits the stack dim)
+  };
+  const std::vector<Case> cases = {
+      {"unsqueeze(0)", 1, [](const TensorDict& t) { return t.unsqueeze(0); }, 2},
+      {"unsqueeze(1)", 1, [](const TensorDict& t) { return t.unsqueeze(1); }, 2},
+      {"unsqueeze(2)", 1, [](const TensorDict& t) { return t.unsqueeze(2); }, 1},
+      {"unsqueeze(-1)", 0, [](const TensorDict& t) { return t.unsqueeze(-1); }, 0},
+      {"permute(2,0,1)", 1, [](const TensorDict& t) { return t.permute({2, 0, 1}); }, 2},
+      {"permute(1,0)", 0, [](const TensorDict& t) { return t.permute({1, 0}); }, 1},
+      {"transpose(0,1)", 1, [](const TensorDict& t) { return t.transpose(0, 1); }, 0},
+      {"transpose(-1,0)", 1, [](const TensorDict& t) { return t.transpose(-1, 0); }, 1},
+      {"view(3,4,2,1)", 1, [](const TensorDict& t) { return t.view({3, 4, 2, 1}); }, 1},
+      {"reshape(4,6)", 0, [](const TensorDict& t) { return t.reshape({4, 6}); }, 0},
+      {"reshape(-1,2)", 0, [](const TensorDict& t) { return t.reshape({-1, 2}); }, -1},
+      {"flatten(1,2)", 0, [](const TensorDict& t) { return t.flatten(1, 2); }, 0},
+      {"flatten(0,1)", 2, [](const TensorDict& t) { return t.flatten(0, 1); }, 1},
+      {"flatten(0,2)", 2, [](const TensorDict& t) { return t.flatten(0, 2); }, -1},
+      {"unflatten(2,(2,1))", 0, [](const TensorDict& t) { return t.unflatten(2, {2, 1}); }, 0},
+      {"unflatten(0,(3,1))", 1, [](const TensorDict& t) { return t.unflatten(0, {3, 1}); }, 2},
+      {"unflatten(stack)", 0, [](const TensorDict& t) { return t.unflatten(0, {2, 2}); }, -1},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what << " of a stack along " << c.stack_dim) {
+      LazyStackedTensorDict lazy = lazy_stack(tds, c.stack_dim);
+      const TensorDict got = c.op(lazy);
+      const TensorDict want = c.op(dense_of(tds, c.stack_dim));
+      BOOST_TEST(got.batch_size() == want.batch_size());
+      BOOST_TEST(got.equal(want));
+      BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(got) == (c.want_stack_dim >= 0));
+      if (c.want_stack_dim < 0) continue;
+      LazyStackedTensorDict l(got);
+      BOOST_TEST(l.stack_dim() == c.want_stack_dim);
+      BOOST_REQUIRE(l.size() == tds.size());
+      for (size_t i = 0; i < tds.size(); ++i) {  // views of the members: a write through the result reaches them
+        BOOST_TEST(l.member(static_cast<int64_t>(i)).get("a").is_alias_of(tds[i].get("a")));
+        BOOST_TEST(l.member(static_cast<int64_t>(i)).get({"b", "c"}).is_alias_of(tds[i].get({"b", "c"})));
+      }
+    }
+  }
+  // squeeze: the stack dim of a stack of one gives its member; other singleton dims stay lazy
+  TensorDict one({{"a", at::zeros({3, 1, 2})}}, {3, 1});
+  LazyStackedTensorDict single = lazy_stack({one}, 0);
+  BOOST_TEST(single.squeeze(0).is_same(one));
+  const TensorDict sq = single.squeeze(2);
+  BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(sq));
+  BOOST_TEST(sq.batch_size() == BatchSize({1, 3}));
+  BOOST_TEST(single.squeeze(1).is_same(single));  // a non-singleton dim is left alone, like torch
+  const TensorDict all = single.squeeze();         // every singleton dim: the member, squeezed
+  BOOST_TEST(all.batch_size() == BatchSize({3}));
+  BOOST_TEST(all.get("a").is_alias_of(one.get("a")));
+  LazyStackedTensorDict two = lazy_stack({one, one.clone()}, 1);
+  const TensorDict sq2 = two.squeeze();
+  BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(sq2));
+  BOOST_TEST(sq2.batch_size() == BatchSize({3, 2}));
+  BOOST_TEST(LazyStackedTensorDict(sq2).stack_dim() == 1);
+}
+
+BOOST_AUTO_TEST_CASE(test_split_and_chunk_lazy_stacks) {
+  std::vector<TensorDict> tds = members();
+  LazyStackedTensorDict lazy = lazy_stack(tds, 0);
+  // along the stack dim: lazy stacks of the members themselves
+  std::vector<TensorDict> halves = lazy.split(2, 0);
+  BOOST_REQUIRE(halves.size() == 2);
+  for (size_t h = 0; h < 2; ++h) {
+    LazyStackedTensorDict part(halves[h]);
+    BOOST_TEST(part.stack_dim() == 0);
+    BOOST_TEST(part.member(0).is_same(tds[2 * h]));
+    BOOST_TEST(part.member(1).is_same(tds[2 * h + 1]));
+  }
+  std::vector<TensorDict> chunks = lazy.chunk(3, 0);
+  std::vector<TensorDict> want_chunks = dense_of(tds, 0).chunk(3, 0);
+  BOOST_REQUIRE(chunks.size() == want_chunks.size());
+  for (size_t j = 0; j < chunks.size(); ++j) BOOST_TEST(chunks[j].equal(want_chunks[j]));
+  // across it: member by member, each part a lazy stack of the members' parts
+  std::vector<TensorDict> cols = lazy.split(std::vector<int64_t>{1, 2}, 1);
+  std::vector<TensorDict> want = dense_of(tds, 0).split(std::vector<int64_t>{1, 2}, 1);
+  BOOST_REQUIRE(cols.size() == 2);
+  for (size_t j = 0; j < 2; ++j) {
+    BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(cols[j]));
+    BOOST_TEST(cols[j].equal(want[j]));
+    BOOST_TEST(LazyStackedTensorDict(cols[j]).member(3).get("a").is_alias_of(tds[3].get("a")));
+  }
+  BOOST_CHECK_THROW(lazy.split(std::vector<int64_t>{1, 1}, 1), RuntimeError);  // sizes must sum to the dim
+  BOOST_CHECK_THROW(lazy.split(2, 5), IndexError);
+}
+
+BOOST_AUTO_TEST_CASE(shape_ops_of_ragged_lazy_stacks_stay_lazy) {
+  // members of batch [3] and [5]: the dense stack does not exist, the lazy shape ops still work
+  TensorDict t0({{"x", at::arange(6).view({3, 2})}}, {3});
+  TensorDict t1({{"x", at::arange(10).view({5, 2})}}, {5});
+  LazyStackedTensorDict lazy = lazy_stack({t0, t1}, 0);
+  const TensorDict u = lazy.unsqueeze(-1);
+  BOOST_TEST(u.batch_size() == BatchSize({2, -1, 1}));
+  BOOST_TEST(LazyStackedTensorDict(u).member(1).get("x").is_alias_of(t1.get("x")));
+  const TensorDict p = lazy.transpose(0, 1);
+  BOOST_TEST(p.batch_size() == BatchSize({-1, 2}));
+  BOOST_TEST(LazyStackedTensorDict(p).stack_dim() == 1);
+  BOOST_TEST(LazyStackedTensorDict(p).member(1).is_same(t1));  // an identity permute of a member is itself
+  std::vector<TensorDict> halves = lazy.split(1, 0);
+  BOOST_TEST(halves.size() == 2);
+  BOOST_TEST(LazyStackedTensorDict(halves[1]).member(0).is_same(t1));
+  // ops that need the dense stack give the stack error
+  BOOST_TEST(throws_with<Error>([&] { lazy.reshape({-1}); }, {"cannot densify the stack"}));
+  // leaf shapes may differ when the batch does not: a view keeping the stack dim stays lazy
+  TensorDict r0({{"a", at::zeros({3, 2, 4})}}, {3, 2});
+  TensorDict r1({{"a", at::ones({3, 2, 7})}}, {3, 2});
+  LazyStackedTensorDict ragged_leaf = lazy_stack({r0, r1}, 0);
+  const TensorDict v = ragged_leaf.view({2, 6});
+  BOOST_TEST(v.batch_size() == BatchSize({2, 6}));
+  BOOST_TEST(LazyStackedTensorDict(v).member(1).get("a").sizes() == at::IntArrayRef({6, 7}));
+}
+
+BOOST_AUTO_TEST_CASE(shape_ops_of_a_locked_lazy_stack_are_locked_and_checked) {
+  std::vector<TensorDict> tds = members(2);
+  LazyStackedTensorDict lazy = lazy_stack(tds, 1);
+  lazy.lock_();
+  BOOST_TEST(lazy.unsqueeze(0).is_locked());
+  BOOST_TEST(lazy.permute({2, 1, 0}).is_locked());
+  BOOST_TEST(lazy.split(1, 1)[0].is_locked());
+  BOOST_CHECK_THROW(lazy.unsqueeze(0).set("new", at::zeros({1, 3, 2, 2})), LockedError);
+  // the dense ops' error classes (upstream): RuntimeError in unsqueeze, ValueError in permute / transpose
+  BOOST_CHECK_THROW(lazy.unsqueeze(4), RuntimeError);
+  BOOST_CHECK_THROW(lazy.permute({0, 0, 1}), ValueError);
+  BOOST_CHECK_THROW(lazy.transpose(0, 3), ValueError);
+  BOOST_CHECK_THROW(lazy.view({5}), AssertionError);
+  BOOST_CHECK_THROW(lazy.flatten(2, 0), ValueError);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
