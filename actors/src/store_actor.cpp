@@ -22,13 +22,14 @@ std::string shape_str(const BatchSize& s) {
   return r + "]";
 }
 
-//! checks shared by every backend: a new key whose parent exists, a shape that starts with the batch size
+//! checks shared by every backend: a new key whose existing parents are TensorDicts (missing ones are created,
+//! as set(("a", "b"), x) creates "a" upstream), a shape that starts with the batch size
 void check_new_key(const TensorDict& td, const NestedKey& key, const BatchSize& shape) {
   if (key.size() == 0) throw KeyError("add_key: the key is empty");
   if (td.contains(key)) throw KeyError("add_key: key " + key.repr() + " already exists in the store");
   for (size_t i = 0; i + 1 < key.size(); ++i) {
     NestedKey parent(std::vector<std::string>(key.parts().begin(), key.parts().begin() + static_cast<long>(i) + 1));
-    if (!td.contains(parent)) throw KeyError("add_key: the parent " + parent.repr() + " of " + key.repr() + " is missing");
+    if (!td.contains(parent)) break;  // this level and those below it are created with the leaf
     if (!td.get_entry(parent).is_tensordict()) {
       throw KeyError("add_key: " + parent.repr() + " is not a TensorDict, so it cannot hold " + key.repr());
     }
@@ -80,7 +81,7 @@ class MemmapStore final : public StoreBackend {
   void close() override { flush(); }
 
  private:
-  TensorDict td_{std::shared_ptr<TensorDictImpl>()};
+  TensorDict td_ = TensorDict::undefined();
 };
 
 class SharedStore final : public StoreBackend {
@@ -97,7 +98,20 @@ class SharedStore final : public StoreBackend {
     one.set(key, data.defined() ? data.to(dtype).contiguous() : at::zeros(shape, at::TensorOptions().dtype(dtype)));
     one.share_memory_();  // a new segment for the leaf
     TensorDict next = td_.shallow_copy();  // unlocked, still is_shared (unlock_() would clear that)
-    next.set(key, one.get(key));
+    // the first missing level comes whole from `one` (shared like its leaf); else the leaf alone
+    NestedKey first = key;
+    for (size_t i = 0; i + 1 < key.size(); ++i) {
+      NestedKey level(std::vector<std::string>(key.parts().begin(), key.parts().begin() + static_cast<long>(i) + 1));
+      if (!next.contains(level)) {
+        first = level;
+        break;
+      }
+    }
+    if (first.size() < key.size()) {
+      next.set(first, one.get_td(first));
+    } else {
+      next.set(key, one.get(key));
+    }
     td_ = relock(next);
   }
   void flush() override {}    // shared memory: nothing to write back
@@ -106,8 +120,18 @@ class SharedStore final : public StoreBackend {
   void close() override {}
 
  private:
-  TensorDict td_{std::shared_ptr<TensorDictImpl>()};
+  TensorDict td_ = TensorDict::undefined();
 };
+
+//! a Read / Write's rows as the actor accepts them: an index, and for a write one value per key
+const store_rows& checked_rows(const store_rows& rows, bool write) {
+  if (!rows.index) throw ValueError("store: a row request without a resolved index");
+  if (write && rows.values.size() != rows.keys.size()) {
+    throw ValueError("store: a row write with " + std::to_string(rows.keys.size()) + " keys and " +
+                     std::to_string(rows.values.size()) + " values");
+  }
+  return rows;
+}
 
 struct StoreState {
   std::shared_ptr<StoreBackend> backend;
@@ -165,11 +189,11 @@ StoreResult apply(StoreState& st, const store_request& req, store_call* call) {
       break;
     case StoreOp::Read:
       if (!call) throw ValueError("store: rows are read through the mapping in another process, not by message");
-      res.td = st.backend->read(call->index);
+      res.tensors = st.backend->read(checked_rows(call->rows, false));
       return res;  // the hot path: no info
     case StoreOp::Write:
       if (!call) throw ValueError("store: rows are written through the mapping in another process, not by message");
-      st.backend->write(call->index, call->value);
+      st.backend->write(checked_rows(call->rows, true));
       return res;
     case StoreOp::Close:
       st.backend->close();
@@ -278,20 +302,20 @@ class StoreActor final : public HotActor {
   void run_rows(const std::vector<store_call_ptr>& calls, size_t i, size_t j, StoreOp op) {
     try {
       if (op == StoreOp::Read) {
-        std::vector<const Index*> idx;
-        for (size_t k = i; k < j; ++k) idx.push_back(&calls[k]->index);
-        std::vector<TensorDict> out = state_.backend->read_batch(idx);
+        std::vector<const store_rows*> reads;
+        for (size_t k = i; k < j; ++k) reads.push_back(&checked_rows(calls[k]->rows, false));
+        std::vector<std::vector<at::Tensor>> out = state_.backend->read_batch(reads);
         if (out.size() != j - i) throw RuntimeError("store: the backend's read_batch returned a wrong count");
         state_.shared->count_batch(static_cast<int64_t>(j - i));
         for (size_t k = i; k < j; ++k) {
           StoreResult r;
-          r.td = out[k - i];
+          r.tensors = std::move(out[k - i]);
           calls[k]->reply.set_value(std::move(r));
         }
       } else {
-        std::vector<std::pair<const Index*, const TensorDict*>> w;
-        for (size_t k = i; k < j; ++k) w.emplace_back(&calls[k]->index, &calls[k]->value);
-        state_.backend->write_batch(w);
+        std::vector<const store_rows*> writes;
+        for (size_t k = i; k < j; ++k) writes.push_back(&checked_rows(calls[k]->rows, true));
+        state_.backend->write_batch(writes);
         state_.shared->count_batch(static_cast<int64_t>(j - i));
         for (size_t k = i; k < j; ++k) calls[k]->reply.set_value(StoreResult());
       }
@@ -448,7 +472,7 @@ void StoreClient::adopt_remote(const store_response& r) {
   kind_ = r.kind;
   TensorDict current = shared_->snapshot();
   if (current.defined() && r.version == shared_->version()) return;
-  TensorDict next{std::shared_ptr<TensorDictImpl>()};
+  TensorDict next = TensorDict::undefined();
   if (r.kind == "memmap" && current.defined()) {
     next = current.shallow_copy();  // same files: map only the leaves that are new
     next.memmap_refresh_();
@@ -463,8 +487,7 @@ StoreClient::~StoreClient() {
   actor_ = nullptr;
 }
 
-StoreResult StoreClient::call(const store_request& req, const Index& index, const TensorDict& value,
-                              const at::Tensor& tensor) {
+StoreResult StoreClient::call(const store_request& req, store_rows rows, const at::Tensor& tensor) {
   if (remote_) {
     if (closed_) throw BackendError("store: the client is closed");
     StoreResult res;
@@ -473,8 +496,7 @@ StoreResult StoreClient::call(const store_request& req, const Index& index, cons
   }
   auto c = std::make_shared<store_call>();
   c->req = req;
-  c->index = index;
-  c->value = value;
+  c->rows = std::move(rows);
   c->tensor = tensor;
   return store_call_blocking(actor_, *shared_, std::move(c), rt_->spin(), rt_->request_timeout());
 }
@@ -525,6 +547,35 @@ void StoreClient::close() {
   } catch (const BackendError&) {
     // already gone (killed): closing is done
   }
+}
+
+namespace {
+//! the leaf of td at key (KeyError when it is missing or not a tensor); the rows' index must be over td's batch
+at::Tensor row_leaf(const TensorDict& td, const store_rows& rows, const NestedKey& key) {
+  if (rows.index->source_batch() != td.batch_size()) {
+    throw ValueError("store: rows resolved over the batch " + shape_str(rows.index->source_batch()) +
+                     ", the store's is " + shape_str(td.batch_size()));
+  }
+  std::optional<Entry> e = td.get_entry_opt(key);
+  if (!e || !e->is_tensor()) throw KeyError("store: " + key.repr() + " is not a tensor leaf of the store");
+  return e->tensor();
+}
+}  // namespace
+
+std::vector<at::Tensor> StoreBackend::read(const store_rows& rows) {
+  const TensorDict t = td();
+  std::vector<at::Tensor> out;
+  out.reserve(rows.keys.size());
+  for (const auto& key : rows.keys) out.push_back(rows.index->take(row_leaf(t, rows, key)));
+  return out;
+}
+
+void StoreBackend::write(const store_rows& rows) {
+  const TensorDict t = td();
+  std::vector<at::Tensor> leaves;  // every key checked before the first write: an error writes nothing
+  leaves.reserve(rows.keys.size());
+  for (const auto& key : rows.keys) leaves.push_back(row_leaf(t, rows, key));
+  for (size_t i = 0; i < leaves.size(); ++i) rows.index->put(leaves[i], rows.values[i]);
 }
 
 std::vector<store_leaf> describe_leaves(const TensorDict& td) {

@@ -12,6 +12,12 @@ std::shared_ptr<actors::Runtime> runtime_of(const std::shared_ptr<Engine>& engin
   return (engine ? engine : Engine::default_engine())->runtime();
 }
 
+std::string shape_text(at::IntArrayRef s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
 actors::store_request request(actors::StoreOp op) {
   actors::store_request r;
   r.op = static_cast<int32_t>(op);
@@ -58,7 +64,7 @@ void Store::add_key(const NestedKey& key, const at::Tensor& value) const {
   if (!client_->remote()) {
     actors::store_request r = request(actors::StoreOp::AddKey);
     r.key = key.parts();
-    client_->call(r, {}, TensorDict(std::shared_ptr<TensorDictImpl>()), value);
+    client_->call(r, {}, value);
     return;
   }
   // another process: the owner adds a zero-filled leaf, then the values go straight into the mapping
@@ -79,13 +85,68 @@ void Store::flush() const { client_->call(request(actors::StoreOp::Flush)); }
 void Store::refresh() const { client_->refresh(); }
 
 TensorDict Store::read(const Index& index) const {
+  return read(td().keys(KeysOptions().include_nested(true).leaves_only(true)), index);
+}
+
+TensorDict Store::read(const std::vector<NestedKey>& keys, const Index& index) const {
   if (client_->remote()) throw ValueError("Store::read: a connected store reads rows through its mapping (get)");
-  return client_->call(request(actors::StoreOp::Read), index).td;
+  const TensorDict snap = td();
+  actors::store_rows rows;
+  rows.index = ResolvedIndex::resolve(snap.batch_size(), index);
+  rows.keys = keys;
+  const BatchSize result = rows.index->result_batch();
+  const size_t nb = snap.batch_size().size();
+  TensorDict out(result, snap.device());
+  // the levels first, with the extra batch dims a nested level has beyond the store's
+  for (const auto& key : keys) {
+    for (size_t n = 1; n < key.size(); ++n) {
+      NestedKey level(std::vector<std::string>(key.parts().begin(), key.parts().begin() + static_cast<long>(n)));
+      if (out.contains(level)) continue;
+      const BatchSize& lb = snap.get_td(level).batch_size();
+      BatchSize b = result;
+      if (lb.size() > nb) b.insert(b.end(), lb.begin() + static_cast<long>(nb), lb.end());
+      out.set(level, TensorDict(b, snap.device()));
+    }
+  }
+  std::vector<at::Tensor> got = client_->call(request(actors::StoreOp::Read), std::move(rows)).tensors;
+  if (got.size() != keys.size()) throw BackendError("Store::read: the store answered with a wrong count of leaves");
+  for (size_t i = 0; i < keys.size(); ++i) out.set(keys[i], got[i]);
+  return out;
 }
 
 void Store::write(const Index& index, const TensorDict& value) const {
   if (client_->remote()) throw ValueError("Store::write: a connected store writes rows through its mapping (set_)");
-  client_->call(request(actors::StoreOp::Write), index, value);
+  if (!value.defined()) throw ValueError("Store::write: the value is undefined");
+  const TensorDict snap = td();
+  actors::store_rows rows;
+  rows.index = ResolvedIndex::resolve(snap.batch_size(), index);
+  const BatchSize result = rows.index->result_batch();
+  const size_t nb = snap.batch_size().size();
+  for (const auto& kv : value.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    if (!kv.second.is_tensor()) {
+      throw NotImplementedError("Store::write: a store holds tensor leaves only, not the " +
+                                std::string(Entry::kind_name(kv.second.kind())) + " " + kv.first.repr());
+    }
+    std::optional<Entry> leaf = snap.get_entry_opt(kv.first);
+    if (!leaf || !leaf->is_tensor()) {
+      throw KeyError("Store::write: " + kv.first.repr() + " is not a leaf of the store (add it with add_key)");
+    }
+    const at::Tensor& dst = leaf->tensor();
+    BatchSize target = result;  // the selection, then the leaf's own dims after the store's batch
+    target.insert(target.end(), dst.sizes().begin() + static_cast<long>(nb), dst.sizes().end());
+    at::Tensor v;
+    try {
+      v = kv.second.tensor().to(dst.scalar_type()).expand(target);
+    } catch (const c10::Error&) {
+      throw ValueError("Store::write: the value of " + kv.first.repr() + " of shape " +
+                       shape_text(kv.second.tensor().sizes()) + " does not broadcast to the selection " +
+                       shape_text(target));
+    }
+    rows.keys.push_back(kv.first);
+    rows.values.push_back(std::move(v));
+  }
+  if (rows.keys.empty()) return;
+  client_->call(request(actors::StoreOp::Write), std::move(rows));
 }
 
 uint16_t Store::publish(uint16_t port) const { return client_->publish(port); }

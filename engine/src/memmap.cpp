@@ -771,6 +771,35 @@ TensorDict& TensorDict::memmap_refresh_() {
   return *this;
 }
 
+//! a new, empty level `key` of the memmap TensorDict `parent`: its directory and meta.json first, then the
+//! parent's meta.json rewritten (atomically) to list it, then loaded into `parent` as a memmap TensorDict
+static Entry& make_memmap_level(TensorDictImpl& parent, const std::string& key) {
+  if (parent.memmap_prefix.empty()) throw ValueError("make_memmap: the parent of the new level '" + key + "' has no directory");
+  if (!parent.type_repr.empty()) {
+    throw NotImplementedError("make_memmap: a new level '" + key + "' inside the tensorclass record " + parent.type_repr);
+  }
+  if (key == "shape" || key == "device" || key == "_type") {
+    throw ValueError("make_memmap: a level named '" + key + "' cannot be saved: Python's meta.json uses it for the "
+                     "TensorDict itself");
+  }
+  DirNode level;
+  level.kind = NodeKind::TensorDict;
+  level.type_repr = backends::type_repr::kTensorDict;
+  level.batch_size = parent.batch_size;
+  level.device = std::string("cpu");
+  backends::write_tree(join_path(parent.memmap_prefix, backends::encode_key(key)), level,
+                       [](const DirNode&, const backends::LeafMeta&) { return at::Tensor(); });
+  DirNode node = backends::read_dir(parent.memmap_prefix);
+  if (!node.find(key)) {  // read_dir may already list the new directory
+    node.add_child(key, level);
+    backends::write_meta(parent.memmap_prefix, node);
+  }
+  refresh_impl(parent, backends::read_dir(parent.memmap_prefix), LoadOptions());
+  Entry* e = parent.find(key);
+  if (!e || !e->is_tensordict()) throw BackendError("make_memmap: the new level '" + key + "' did not load back");
+  return *e;
+}
+
 TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype) {
   if (!d()->is_memmap || d()->memmap_prefix.empty()) {
     throw ValueError("make_memmap needs a memmap TensorDict saved to a directory (call memmap_(prefix) first)");
@@ -784,7 +813,7 @@ TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape
   TensorDictImpl* parent = d();
   for (size_t i = 0; i + 1 < key.size(); ++i) {
     Entry* e = parent->find(key[i]);
-    if (!e) throw KeyError("make_memmap: intermediate key '" + key[i] + "' is missing");
+    if (!e) e = &make_memmap_level(*parent, key[i]);  // as set(("a", "b"), x) creates "a" (upstream)
     if (!e->is_tensordict()) throw KeyError("make_memmap: '" + key[i] + "' is not a TensorDict");
     parent = e->tensordict().impl().get();
   }

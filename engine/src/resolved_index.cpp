@@ -216,6 +216,69 @@ ResolvedIndex ResolvedIndex::from_json(const std::string& text) {
   return ResolvedIndex(std::move(source), std::move(t));
 }
 
+namespace {
+
+//! the leaf's dims after the source batch; ValueError unless the leaf starts with it
+BatchSize feature_dims(const BatchSize& source, const at::Tensor& leaf, const char* op) {
+  const auto sizes = leaf.sizes();
+  const bool fits = sizes.size() >= source.size() && std::equal(source.begin(), source.end(), sizes.begin());
+  if (!fits) {
+    throw ValueError(std::string("ResolvedIndex::") + op + ": a leaf of shape " + detail::shape_list(sizes) +
+                     " does not start with the source batch " + detail::shape_list(source));
+  }
+  return BatchSize(sizes.begin() + static_cast<int64_t>(source.size()), sizes.end());
+}
+
+//! `head` followed by `tail`
+BatchSize joined(BatchSize head, const BatchSize& tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
+}
+
+}  // namespace
+
+at::Tensor ResolvedIndex::take(const at::Tensor& leaf) const {
+  const BatchSize feat = feature_dims(source_, leaf, "take");
+  const BatchSize out = joined(result_batch(), feat);
+  if (auto run = row_range()) return leaf.narrow(0, run->first, run->second).reshape(out);
+  at::Tensor flat = leaf.reshape(joined({detail::prod(source_)}, feat));
+  return flat.index_select(0, positions_.reshape({-1})).view(out);
+}
+
+void ResolvedIndex::put(const at::Tensor& leaf, const at::Tensor& value) const {
+  const BatchSize feat = feature_dims(source_, leaf, "put");
+  const BatchSize out = joined(result_batch(), feat);
+  at::Tensor v;
+  try {
+    v = value.to(leaf.scalar_type()).expand(out);
+  } catch (const c10::Error&) {
+    throw ValueError("ResolvedIndex::put: a value of shape " + detail::shape_list(value.sizes()) +
+                     " does not broadcast to the selection's shape " + detail::shape_list(out));
+  }
+  if (auto run = row_range()) {
+    at::Tensor rows = leaf.narrow(0, run->first, run->second);
+    rows.copy_(v.reshape(rows.sizes()));
+    return;
+  }
+  const int64_t count = positions_.numel();
+  if (count == 0) return;
+  const at::Tensor values = v.reshape(joined({count}, feat));
+  if (source_.empty()) {  // a 0-dim source: every position is its one element
+    leaf.copy_(values[count - 1]);
+    return;
+  }
+  // the linear positions unravelled into one index tensor per source dim (any strides, views included)
+  std::vector<at::Tensor> per_dim(source_.size());
+  at::Tensor p = positions_.reshape({-1});
+  for (size_t d = source_.size(); d-- > 0;) {
+    per_dim[d] = p.remainder(source_[d]);
+    p = p.div(source_[d], "trunc");
+  }
+  c10::List<c10::optional<at::Tensor>> indices;
+  for (auto& t : per_dim) indices.push_back(c10::optional<at::Tensor>(t));
+  leaf.index_put_(indices, values);
+}
+
 bool ResolvedIndex::operator==(const ResolvedIndex& o) const {
   return source_ == o.source_ && positions_.sizes() == o.positions_.sizes() && at::equal(positions_, o.positions_);
 }

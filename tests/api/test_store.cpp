@@ -16,6 +16,7 @@
 #include "engine/zoo.hpp"
 #include "process_util.hpp"
 #include "tensordict/actors/store_actor.hpp"
+#include "tensordict/index_math.hpp"
 #include "tensordict/tensordict.hpp"
 
 #ifndef TD_STORE_CLIENT_EXE
@@ -100,18 +101,19 @@ BOOST_AUTO_TEST_CASE(store_tensordict_is_a_tensordict) {
   const int64_t v0 = store.version();
   td.set("reward", at::arange(kRows).to(at::kFloat));
   td.set({"obs", "b"}, at::ones({kRows, 2}));
-  // a store adds leaves to existing levels: a new sub-TensorDict is a KeyError naming the missing parent
-  BOOST_TEST(throws_with<KeyError>([&] { td.set({"next", "done"}, at::zeros({kRows}, at::kBool)); }, {"'next'", "missing"}));
-  BOOST_TEST(store.version() == v0 + 2);
+  // a leaf under a missing level creates the level (a sub-directory with its meta.json), as upstream's set
+  td.set({"next", "done"}, at::zeros({kRows}, at::kBool));
+  BOOST_TEST(store.version() == v0 + 3);
   TensorDict fresh = TensorDict::load_memmap(dir.path + "/buf");
   BOOST_TEST(fresh.get("reward").equal(at::arange(kRows).to(at::kFloat)));
   BOOST_TEST(fresh.get({"obs", "b"}).equal(at::ones({kRows, 2})));
-  BOOST_TEST(!fresh.contains("next"));
+  BOOST_TEST(fresh.get({"next", "done"}).equal(at::zeros({kRows}, at::kBool)));
   BOOST_TEST(td.get({"obs", "b"}).equal(at::ones({kRows, 2})));
   // keys in the storage's order, or sorted on request
-  BOOST_TEST(td.keys() == std::vector<NestedKey>({NestedKey("x"), NestedKey("obs"), NestedKey("reward")}));
+  BOOST_TEST(td.keys() ==
+             std::vector<NestedKey>({NestedKey("x"), NestedKey("obs"), NestedKey("reward"), NestedKey("next")}));
   BOOST_TEST(td.keys(KeysOptions().sort(true)) ==
-             std::vector<NestedKey>({NestedKey("obs"), NestedKey("reward"), NestedKey("x")}));
+             std::vector<NestedKey>({NestedKey("next"), NestedKey("obs"), NestedKey("reward"), NestedKey("x")}));
   // an existing key is written in place
   td.set("reward", at::zeros({kRows}));
   BOOST_TEST(TensorDict::load_memmap(dir.path + "/buf").get("reward").eq(0).all().item<bool>());
@@ -147,6 +149,45 @@ BOOST_AUTO_TEST_CASE(read_and_write_through_the_actor_are_one_message_per_call) 
   wrong.set("x", at::ones({3, 4}));
   BOOST_CHECK_THROW(store.write({Slice(0, 10)}, wrong), Error);
   BOOST_TEST(store.get({Slice(10, 20)}).get("x").equal(at::ones({10, 4})));  // nothing lost
+}
+
+BOOST_AUTO_TEST_CASE(row_requests_carry_keys_and_a_resolved_index) {
+  // the request names the leaves and carries the index resolved by the caller: any index kind, some keys
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  TensorDict all = store.td();
+  all.get("x").copy_(at::arange(kRows * 4, at::kFloat).view({kRows, 4}));
+  all.get({"obs", "a"}).copy_(at::arange(kRows * 3, at::kLong).view({kRows, 3}));
+  const at::Tensor rows = at::tensor({7, 2, 7, 31}, at::kLong);
+  const at::Tensor mask = at::arange(kRows, at::kLong).remainder(5).eq(0);
+  for (const Index& idx : std::vector<Index>{{rows}, {mask}, {Slice(3, 40, 6)}, {at::indexing::None, Slice(1, 3)}, {-1}}) {
+    BOOST_TEST_CONTEXT(index_repr(idx)) {
+      TensorDict got = store.read(idx);
+      TensorDict want = store.td().index(idx);
+      BOOST_TEST(got.batch_size() == want.batch_size());
+      BOOST_TEST(got.equal(want));
+    }
+  }
+  TensorDict only_x = store.read({NestedKey("x")}, {rows});
+  BOOST_TEST(only_x.keys() == std::vector<NestedKey>({NestedKey("x")}));
+  BOOST_TEST(only_x.get("x").equal(all.get("x").index({rows})));
+  BOOST_TEST(throws_with<KeyError>([&] { store.read({NestedKey("nope")}, {0}); }, {"nope"}));
+  // a write at an index tensor, one key of the value only, a value broadcast over the rows and cast
+  TensorDict value(BatchSize{});
+  value.set("x", at::full({4}, 5, at::kLong));
+  store.write({at::tensor({1, 9}, at::kLong)}, value);
+  BOOST_TEST(all.get("x").index({at::tensor({1, 9}, at::kLong)}).eq(5).all().item<bool>());
+  BOOST_TEST(all.get("x")[2].equal(at::arange(8, 12, at::kFloat)));  // neighbours untouched
+  // a value naming a key the store lacks, or one that does not broadcast: an error, nothing written
+  TensorDict extra(BatchSize{2});
+  extra.set("x", at::full({2, 4}, -1.0));
+  extra.set("missing", at::zeros({2}));
+  BOOST_TEST(throws_with<KeyError>([&] { store.write({Slice(0, 2)}, extra); }, {"missing", "add_key"}));
+  TensorDict bad(BatchSize{2});
+  bad.set("x", at::full({2, 5}, -1.0));
+  BOOST_TEST(throws_with<ValueError>([&] { store.write({Slice(0, 2)}, bad); }, {"broadcast"}));
+  BOOST_TEST(all.get("x").index({Slice(0, 2)}).ge(0).all().item<bool>());
+  BOOST_TEST(throws_with<IndexError>([&] { store.write({kRows}, value); }, {}));
 }
 
 BOOST_AUTO_TEST_CASE(concurrent_row_requests_are_drained_in_batches_and_all_answered) {
@@ -226,7 +267,6 @@ BOOST_AUTO_TEST_CASE(bad_requests_raise_their_type_and_lose_nothing) {
   Store store = Store::open(make_buffer(dir.path + "/buf"));
   store.add_key("r", at::ones({kRows}));
   BOOST_TEST(throws_with<KeyError>([&] { store.add_key("r", at::ones({kRows})); }, {"'r'", "already exists"}));
-  BOOST_TEST(throws_with<KeyError>([&] { store.add_key({"nope", "b"}, at::ones({kRows})); }, {"parent", "missing"}));
   BOOST_TEST(throws_with<KeyError>([&] { store.add_key({"x", "b"}, at::ones({kRows})); }, {"not a TensorDict"}));
   BOOST_TEST(throws_with<BatchSizeError>([&] { store.add_key("s", at::ones({kRows + 1, 2})); },
                                          {"[65, 2]", "batch size [64]"}));
@@ -245,6 +285,39 @@ BOOST_AUTO_TEST_CASE(bad_requests_raise_their_type_and_lose_nothing) {
   BOOST_TEST(!fresh.contains("s"));
   BOOST_TEST(!fresh.contains("t"));
   BOOST_TEST(!fs::exists(dir.path + "/buf/s.memmap"));
+}
+
+BOOST_AUTO_TEST_CASE(add_key_under_missing_levels_creates_them) {
+  // as set(("a", "b"), x) upstream: the levels are created, on disk in Python's layout (memmap) or in shared memory
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  store.add_key({"new", "deeper", "v"}, at::arange(kRows, at::kFloat));
+  store.add_key({"new", "w"}, at::zeros({kRows, 2}, at::kLong));
+  BOOST_TEST(store.td().get({"new", "deeper", "v"}).equal(at::arange(kRows, at::kFloat)));
+  BOOST_TEST(store.td().get_td("new").batch_size() == BatchSize({kRows}));
+  BOOST_TEST(store.td().get_td("new").is_memmap());
+  BOOST_TEST(fs::exists(dir.path + "/buf/new/deeper/meta.json"));
+  TensorDict fresh = TensorDict::load_memmap(dir.path + "/buf");
+  BOOST_TEST(fresh.get({"new", "deeper", "v"}).equal(at::arange(kRows, at::kFloat)));
+  BOOST_TEST(fresh.get({"new", "w"}).sizes() == at::IntArrayRef({kRows, 2}));
+  BOOST_TEST(fresh.contains({"obs", "a"}));  // what was there stays
+  // the store-backed TensorDict does the same through set
+  TensorDict td = store.tensordict();
+  td.unlock_();
+  td.set({"made", "by", "set"}, at::ones({kRows, 3}));
+  BOOST_TEST(TensorDict::load_memmap(dir.path + "/buf").get({"made", "by", "set"}).equal(at::ones({kRows, 3})));
+  // a level under a leaf is still refused, and nothing is created
+  BOOST_TEST(throws_with<KeyError>([&] { store.add_key({"x", "b", "c"}, at::ones({kRows})); }, {"not a TensorDict"}));
+  BOOST_TEST(!fs::exists(dir.path + "/buf/x"));
+  // a shared store: the new level is shared memory like its leaf
+  TensorDict buf(BatchSize{kRows});
+  buf.set("x", at::zeros({kRows, 4}));
+  buf.share_memory_();
+  Store shared = Store::open(buf);
+  shared.add_key({"lvl", "y"}, at::full({kRows, 2}, 3.0));
+  BOOST_TEST(shared.td().get_td("lvl").is_shared());
+  TensorDict other = TensorDict::from_share_handle(shared.td().share_handle());
+  BOOST_TEST(other.get({"lvl", "y"}).equal(at::full({kRows, 2}, 3.0)));
 }
 
 BOOST_AUTO_TEST_CASE(shared_store_adds_segments_and_hands_out_handles) {

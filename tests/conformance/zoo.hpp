@@ -79,7 +79,7 @@ inline std::vector<Member> members() {
                    TensorDict buf = zoo::plain(bs, 35).memmap(fresh_dir("store"));
                    return tensordict::Store::open(buf).tensordict();
                  },
-                 true, /*new_levels=*/false});
+                 true});
   // HDF5 (PersistentTensorDict): a file, a group of a file, an indexed view of a file
   out.push_back({"h5_td",
                  [=] { return TensorDict(tensordict::PersistentTensorDict::from_dict(zoo::plain(bs, 101), fresh_dir("h5") + ".h5")); },

@@ -77,4 +77,56 @@ BOOST_AUTO_TEST_CASE(json_round_trip_and_bad_input) {
   BOOST_CHECK_THROW(ResolvedIndex::from_json(R"({"source":[4],"shape":[1]})"), FormatError);
 }
 
+BOOST_AUTO_TEST_CASE(take_and_put_equal_indexing_the_leaf) {
+  // a leaf of batch [5, 4, 3] with feature dims [2]: take is leaf.index(idx), put is leaf.index_put_(idx, v)
+  const BatchSize bs{5, 4, 3};
+  const std::vector<Index> indices = {
+      {},        {1},           {-1, 2},   {Slice(1, 4)}, {Slice(None, None, 2), 1}, {None, 0},
+      {Ellipsis, 1}, {at::tensor({4, 0, 2}, at::kLong)}, {at::tensor({1, 0, 1, 0, 1}, at::kLong).to(at::kBool)},
+  };
+  const at::Tensor leaf = at::arange(5 * 4 * 3 * 2, at::kFloat).view({5, 4, 3, 2});
+  for (const auto& idx : indices) {
+    BOOST_TEST_CONTEXT(index_repr(idx)) {
+      const ResolvedIndex r = ResolvedIndex::resolve(bs, idx);
+      // the leaf's feature dims are not indexed: an Ellipsis stands for the batch dims only
+      const at::Tensor want = idx.empty() ? leaf : leaf.index(convert_ellipsis(idx, 3));
+      const at::Tensor got = r.take(leaf);
+      BOOST_TEST(got.sizes() == want.sizes());
+      BOOST_TEST(got.equal(want));
+      if (r.row_range()) BOOST_TEST(got.is_alias_of(leaf));  // a run of whole rows is a view
+      // put into a contiguous leaf and into a transposed (non-contiguous) one
+      for (bool transposed : {false, true}) {
+        at::Tensor dst = transposed ? at::zeros({5, 3, 4, 2}).transpose(1, 2) : at::zeros({5, 4, 3, 2});
+        at::Tensor ref = at::zeros({5, 4, 3, 2});
+        const at::Tensor value = at::rand(want.sizes()) + 1;
+        r.put(dst, value);
+        if (idx.empty()) {
+          ref.copy_(value);
+        } else {
+          ref.index_put_(convert_ellipsis(idx, 3), value);
+        }
+        BOOST_TEST(dst.equal(ref));
+      }
+    }
+  }
+  // a value that broadcasts (one row for many) and one cast to the leaf's dtype
+  const ResolvedIndex rows = ResolvedIndex::resolve(bs, {Slice(0, 2)});
+  at::Tensor dst = at::zeros({5, 4, 3, 2}, at::kDouble);
+  rows.put(dst, at::full({3, 2}, 7, at::kLong));
+  BOOST_TEST(dst.index({Slice(0, 2)}).eq(7).all().item<bool>());
+  BOOST_TEST(dst.index({Slice(2, None)}).eq(0).all().item<bool>());
+  // errors: a leaf that does not start with the batch, a value that does not broadcast (nothing written)
+  BOOST_CHECK_THROW(rows.take(at::zeros({4, 4, 3})), ValueError);
+  BOOST_CHECK_THROW(rows.put(at::zeros({4, 4, 3}), at::zeros({2, 4, 3})), ValueError);
+  at::Tensor untouched = at::zeros({5, 4, 3, 2});
+  BOOST_CHECK_THROW(rows.put(untouched, at::ones({3, 3})), ValueError);
+  BOOST_TEST(untouched.eq(0).all().item<bool>());
+  // a 0-dim source: every position is its one element
+  const ResolvedIndex scalar = ResolvedIndex::resolve({}, {None});
+  at::Tensor one = at::zeros({2});
+  BOOST_TEST(scalar.take(at::arange(2, at::kFloat)).sizes() == at::IntArrayRef({1, 2}));
+  scalar.put(one, at::ones({1, 2}));
+  BOOST_TEST(one.eq(1).all().item<bool>());
+}
+
 BOOST_AUTO_TEST_SUITE_END()

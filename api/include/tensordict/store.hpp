@@ -72,7 +72,13 @@ class Store {
 
   //! td[index] / td[index] = value as ONE actor request covering every leaf (the path a store that is not
   //! plain memory takes; here mostly for measuring the hop). Not for connected stores (ValueError).
+  //! The request is backend-neutral (actors::store_rows): the keys, the index resolved here against the
+  //! batch (IndexError / TypeError before any hop) and, for a write, one value per key already broadcast to
+  //! the selection (KeyError for a key the store lacks, ValueError for a value that does not broadcast:
+  //! nothing is written)
   TensorDict read(const Index& index) const;
+  //! only `keys` (leaves of the store) at index
+  TensorDict read(const std::vector<NestedKey>& keys, const Index& index) const;
   void write(const Index& index, const TensorDict& value) const;
 
   //! listens on 127.0.0.1:`port` (0: any free port) for connect(); returns the port

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "tensordict/index_math.hpp"
 
@@ -50,6 +50,15 @@ class ResolvedIndex {
     int64_t per_row = 1;    //!< batch elements per row (the product of the source batch after dim 0)
   };
   RowPlan row_plan() const;
+
+  //! leaf[selection] for a leaf held in memory whose leading dims are the source batch (the rest are its
+  //! feature dims): [result batch..., feature...]. A run of whole rows is a view (narrow), the rest a gather.
+  //! ValueError when the leaf does not start with the source batch
+  at::Tensor take(const at::Tensor& leaf) const;
+  //! leaf[selection] = value, in place: `value` broadcasts to [result batch..., leaf's feature dims...] and is
+  //! cast to the leaf's dtype. Where positions repeat, which write wins is torch's index_put_'s choice. ValueError
+  //! (nothing written) when the leaf does not start with the source batch or the value does not broadcast
+  void put(const at::Tensor& leaf, const at::Tensor& value) const;
 
   //! compact JSON: {"source":[...],"shape":[...],"positions":[...]} (what travels to another process)
   std::string to_json() const;

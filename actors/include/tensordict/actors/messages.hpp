@@ -38,6 +38,7 @@
 #include "tensordict/actors/reply.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/map.hpp"  // map_detail::CarriedError
+#include "tensordict/resolved_index.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace tensordict {
@@ -107,8 +108,8 @@ enum class StoreOp : int32_t {
   AddKey,    //!< a new leaf: zero-filled (dtype + full shape) or, in-process, with the given tensor's data
   Flush,     //!< msync every leaf (memmap); nothing for shared memory
   Refresh,   //!< pick up leaves another process added to the directory (memmap_refresh_)
-  Read,      //!< td[index] through the actor (in-process only; the direct path needs no actor)
-  Write,     //!< td[index] = value through the actor (in-process only)
+  Read,      //!< some leaves at a resolved index, one request (in-process only; the direct path needs no actor)
+  Write,     //!< some leaves at a resolved index = values, one request (in-process only)
   Close,     //!< flush and stop the actor
 };
 
@@ -154,18 +155,27 @@ typename Inspector::result_type inspect(Inspector& f, store_response& x) {
            x.leaves, x.version);
 }
 
-//! what an in-process request gets back: the response and, for Read / AddKey / Refresh, a TensorDict
-//! (the rows read, or the new snapshot)
-struct StoreResult {
-  store_response response;
-  TensorDict td{std::shared_ptr<TensorDictImpl>()};
+//! the rows of a Read / Write, backend-neutral: the leaves by full key, the rows as a resolved index over the
+//! store's batch (what the facade resolved, so a bad index fails before the hop), and for a Write one value
+//! per key, already [result batch..., the leaf's feature dims...] in the leaf's dtype
+struct store_rows {
+  std::vector<NestedKey> keys;
+  std::optional<ResolvedIndex> index;
+  std::vector<at::Tensor> values;
 };
 
-//! an in-process store request: the inspectable part, the payload, the reply slot
+//! what an in-process request gets back: the response; for AddKey / Refresh the new snapshot (td); for a
+//! Read one tensor per requested key (tensors)
+struct StoreResult {
+  store_response response;
+  TensorDict td = TensorDict::undefined();
+  std::vector<at::Tensor> tensors;
+};
+
+//! an in-process store request: the inspectable part, the rows (Read / Write), AddKey's data, the reply slot
 struct store_call {
   store_request req;
-  Index index;
-  TensorDict value{std::shared_ptr<TensorDictImpl>()};
+  store_rows rows;
   at::Tensor tensor;
   Reply<StoreResult> reply;
 };

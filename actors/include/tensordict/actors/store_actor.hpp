@@ -34,22 +34,22 @@ class StoreBackend {
   //! `data`'s values when defined. KeyError: the key exists or a parent is missing; BatchSizeError: the
   //! shape does not start with the batch size; TypeError: a dtype the format cannot hold
   virtual void add_key(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype, const at::Tensor& data) = 0;
-  //! td[index] for every leaf (one request); memory-backed stores index td() (a view for slices), a
-  //! store whose data is elsewhere (HDF5 file, Redis) reads it here in one batch
-  virtual TensorDict read(const Index& index) { return td().index(index); }
-  //! td[index] = value for every leaf (one request)
-  virtual void write(const Index& index, const TensorDict& value) { td().index_put_(index, value); }
+  //! rows.keys at rows.index, one tensor per key in order (one request). Default: the leaves of td() in
+  //! memory (ResolvedIndex::take: a view for a run of whole rows, a gather otherwise)
+  virtual std::vector<at::Tensor> read(const store_rows& rows);
+  //! rows.keys at rows.index = rows.values, in place (one request). Default: ResolvedIndex::put into td()
+  virtual void write(const store_rows& rows);
   //! many reads at once: the calls the actor found waiting in its mailbox, in arrival order (a remote store
   //! turns them into one round trip, e.g. one Redis pipeline for many producers). Default: one by one
-  virtual std::vector<TensorDict> read_batch(const std::vector<const Index*>& indices) {
-    std::vector<TensorDict> out;
-    out.reserve(indices.size());
-    for (const Index* i : indices) out.push_back(read(*i));
+  virtual std::vector<std::vector<at::Tensor>> read_batch(const std::vector<const store_rows*>& reads) {
+    std::vector<std::vector<at::Tensor>> out;
+    out.reserve(reads.size());
+    for (const store_rows* r : reads) out.push_back(read(*r));
     return out;
   }
   //! many writes at once, in arrival order (later writes win where they overlap). Default: one by one
-  virtual void write_batch(const std::vector<std::pair<const Index*, const TensorDict*>>& writes) {
-    for (const auto& w : writes) write(*w.first, *w.second);
+  virtual void write_batch(const std::vector<const store_rows*>& writes) {
+    for (const store_rows* w : writes) write(*w);
   }
   virtual void flush() = 0;
   virtual void refresh() = 0;
@@ -87,7 +87,7 @@ class StoreShared {
 
  private:
   mutable std::mutex mu_;
-  TensorDict snapshot_{std::shared_ptr<TensorDictImpl>()};
+  TensorDict snapshot_ = TensorDict::undefined();
   int64_t version_ = 0;
   bool alive_ = true;
   std::string why_dead_;
@@ -132,9 +132,7 @@ class StoreClient {
   int64_t version() const { return shared_->version(); }
   StoreShared::BatchStats batch_stats() const { return shared_->batch_stats(); }
   //! one request: in-process through the reply slot, remote through a scoped_actor request (no payload)
-  StoreResult call(const store_request& req, const Index& index = {},
-                   const TensorDict& value = TensorDict(std::shared_ptr<TensorDictImpl>()),
-                   const at::Tensor& tensor = at::Tensor());
+  StoreResult call(const store_request& req, store_rows rows = {}, const at::Tensor& tensor = at::Tensor());
   //! remote: asks the owner for the current structure and re-maps when it changed; owner: StoreOp::Refresh
   void refresh();
   uint16_t publish(uint16_t port);
