@@ -272,7 +272,7 @@ caf::behavior map_coordinator(coordinator* self, std::shared_ptr<LocalMapJob> jo
         chunk_done(self, *job, worker, chunk, std::move(result));
       },
       [=](map_done_atom, int64_t worker, int64_t chunk) {  // a worker process wrote the chunk into out
-        chunk_done(self, *job, worker, chunk, TensorDict(std::shared_ptr<TensorDictImpl>()));
+        chunk_done(self, *job, worker, chunk, TensorDict::undefined());
       },
       [=](map_failed_atom, int64_t, map_error& e) {
         fail(self, *job, from_wire(e));

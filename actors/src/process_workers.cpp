@@ -171,7 +171,7 @@ struct remote_worker_state {
   int64_t index = 0;
   bool ready = false;
   std::optional<map_error> open_error;  // the job could not be opened: every chunk fails with it
-  TensorDict src{std::shared_ptr<TensorDictImpl>()};
+  TensorDict src = TensorDict::undefined();
   MapFn fn;
   MapPlan plan;
   MapWorkerContext ctx;
@@ -182,7 +182,7 @@ using remote_worker = caf::stateful_actor<remote_worker_state>;
 
 void finish(remote_worker* self) {
   auto& st = self->state;
-  st.src = TensorDict(std::shared_ptr<TensorDictImpl>());
+  st.src = TensorDict::undefined();
   st.plan.out.reset();
   st.fn = nullptr;
   if (st.coordinator) self->demonitor(st.coordinator);

@@ -207,7 +207,7 @@ std::shared_ptr<LocalMapJob> make_job(const Runtime& rt, const TensorDict& src, 
 namespace {
 //! the caller's side of map: results in, restacked or written into a plain out; rethrows the first error
 TensorDict collect(ActorMapIter& it, const MapPlan& plan) {
-  std::vector<TensorDict> results(plan.chunks.size(), TensorDict(std::shared_ptr<TensorDictImpl>()));
+  std::vector<TensorDict> results(plan.chunks.size(), TensorDict::undefined());
   const bool plain_out = plan.out && !plan.in_place_out;
   for (;;) {
     MapEvent ev = it.next_event();
@@ -225,7 +225,7 @@ TensorDict collect(ActorMapIter& it, const MapPlan& plan) {
       results[i] = std::move(ev.result);
     }
   }
-  if (plan.in_place_out) return TensorDict(std::shared_ptr<TensorDictImpl>());
+  if (plan.in_place_out) return TensorDict::undefined();
   if (plain_out) return *plan.out;
   return map_detail::gather(results, plan);
 }
@@ -295,7 +295,7 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
   const MapPlan& plan = job->plan;
   const auto total = static_cast<int64_t>(plan.chunks.size());
   const bool plain_out = plan.out && !plan.in_place_out;
-  std::vector<TensorDict> results(plan.chunks.size(), TensorDict(std::shared_ptr<TensorDictImpl>()));
+  std::vector<TensorDict> results(plan.chunks.size(), TensorDict::undefined());
   Progress progress(plan.progress, total, std::chrono::milliseconds(c.map_progress_interval_ms), "map");
   TorchThreadsGuard threads_guard;
   MapWorkerContext ctx;  // the caller is worker 0
@@ -387,7 +387,7 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
     }
   }
   progress.finish(true);
-  if (plan.in_place_out) return TensorDict(std::shared_ptr<TensorDictImpl>());
+  if (plan.in_place_out) return TensorDict::undefined();
   if (plain_out) return *plan.out;
   return map_detail::gather(results, plan);
 }

@@ -383,7 +383,7 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan) {
       which.push_back(i);
     }
   }
-  if (defined.empty()) return TensorDict(std::shared_ptr<TensorDictImpl>());
+  if (defined.empty()) return TensorDict::undefined();
   // chunksize 0: upstream's maybe_dense_stack (a lazy stack when the per-element results differ in leaf
   // shapes, keys or batch sizes); chunks: concatenated
   auto combine = [&](const std::vector<TensorDict>& tds) {
@@ -424,7 +424,7 @@ TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan
   TensorDict result = fn(chunk);
   if (plan.in_place_out) {
     write_chunk(*plan.out, plan, i, result);
-    return TensorDict(std::shared_ptr<TensorDictImpl>());
+    return TensorDict::undefined();
   }
   return result;
 }

@@ -230,7 +230,7 @@ BOOST_AUTO_TEST_CASE(fn_returning_none) {
   TensorDict r = td.map(
       [&](const TensorDict&) {
         ++calls;
-        return TensorDict(std::shared_ptr<TensorDictImpl>());
+        return TensorDict::undefined();
       },
       MapOptions().chunksize(2));
   BOOST_TEST(!r.defined());
@@ -485,7 +485,7 @@ BOOST_AUTO_TEST_CASE(memmap_chunks_are_views_of_the_mapping) {
         auto m = backends::mapping_of(c.get("a"));
         if (m && m->filename == file) ++mapped;
         c.get("a").mul_(0).add_(c.get("idx").unsqueeze(-1).to(at::kFloat));  // in place, on the files
-        return TensorDict(std::shared_ptr<TensorDictImpl>());
+        return TensorDict::undefined();
       },
       MapOptions().chunksize(2));
   BOOST_TEST(!r.defined());

@@ -172,7 +172,7 @@ BOOST_AUTO_TEST_CASE(apply_others_missing_key_and_default) {
   flat_sub.set("sub", at::zeros({3}));
   BOOST_CHECK_THROW(td.apply(add, {flat_sub}), TypeError);
   // bad arguments
-  BOOST_CHECK_THROW(td.apply(add, {TensorDict(std::shared_ptr<TensorDictImpl>())}), ValueError);
+  BOOST_CHECK_THROW(td.apply(add, {TensorDict::undefined()}), ValueError);
   BOOST_CHECK_THROW(td.apply(add, {other}, ApplyOptions().default_value(at::Tensor())), ValueError);
   BOOST_CHECK_THROW(td.apply(LeafFn()), ValueError);
   BOOST_CHECK_THROW(td.apply(MultiLeafFn(), {other}), ValueError);
@@ -407,7 +407,7 @@ BOOST_AUTO_TEST_CASE(where_errors_and_lock) {
   BOOST_CHECK_THROW(td.where(at::ones({3}), other), TypeError);
   BOOST_CHECK_THROW(td.where(at::ones({2}, at::kBool), other), BatchSizeError);
   BOOST_CHECK_THROW(td.where(at::ones({3, 2}, at::kBool), at::Scalar(1)), BatchSizeError);
-  BOOST_CHECK_THROW(td.where(cond, TensorDict(std::shared_ptr<TensorDictImpl>())), ValueError);
+  BOOST_CHECK_THROW(td.where(cond, TensorDict::undefined()), ValueError);
   // lock: upstream propagates it for a scalar other, returns a fresh TD for a TensorDict other
   td.lock_();
   BOOST_TEST(td.where(cond, at::Scalar(1)).is_locked());

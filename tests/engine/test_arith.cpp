@@ -142,7 +142,7 @@ BOOST_AUTO_TEST_CASE(key_mismatch_is_key_error) {  // upstream test_add_default 
   TensorDict r = s0 + s1;
   BOOST_TEST(r.get_non_tensor("s") == JsonValue("a string"));
   BOOST_TEST(r.get("a").item<int64_t>() == 3);
-  BOOST_CHECK_THROW(s0.add(TensorDict(std::shared_ptr<TensorDictImpl>())), ValueError);
+  BOOST_CHECK_THROW(s0.add(TensorDict::undefined()), ValueError);
 }
 
 BOOST_AUTO_TEST_CASE(broadcast_tensor) {  // upstream test_broadcast_tensor
@@ -301,7 +301,7 @@ BOOST_AUTO_TEST_CASE(comparison_errors_and_non_tensors) {  // upstream test_equa
   BOOST_CHECK_EXCEPTION(n0 != n1, KeyError, [](const KeyError& e) { return has(msg(e), "at 'a'"); });
   TensorDict k1(Dict{{"a", at::zeros({2})}}, {});
   BOOST_CHECK_EXCEPTION(n0.eq(k1), TypeError, [](const TypeError& e) { return has(msg(e), "'a'"); });
-  BOOST_CHECK_THROW(td0.ge(TensorDict(std::shared_ptr<TensorDictImpl>())), ValueError);
+  BOOST_CHECK_THROW(td0.ge(TensorDict::undefined()), ValueError);
   // tensor shapes that do not broadcast
   TensorDict s1(Dict{{"a", at::zeros({2})}}, {});
   TensorDict s2(Dict{{"a", at::zeros({3})}}, {});
@@ -460,7 +460,7 @@ BOOST_AUTO_TEST_CASE(equal) {
   BOOST_TEST(!c.equal(d));
   d.set("s", NonTensorStack::filled(JsonValue("p"), {2}));
   BOOST_TEST(c.equal(d));  // same value at every position
-  BOOST_TEST(!a.equal(TensorDict(std::shared_ptr<TensorDictImpl>())));
+  BOOST_TEST(!a.equal(TensorDict::undefined()));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -186,7 +186,7 @@ BOOST_AUTO_TEST_CASE(empty) {
              "TensorDict(\n    fields={\n        e: TensorDict(\n            fields={\n            },\n"
              "            batch_size=torch.Size([2]),\n            device=None,\n            is_shared=False)},\n"
              "    batch_size=torch.Size([2]),\n    device=None,\n    is_shared=False)");
-  BOOST_TEST(tensordict::repr(TensorDict(std::shared_ptr<TensorDictImpl>())) == "TensorDict(undefined)");
+  BOOST_TEST(tensordict::repr(TensorDict::undefined()) == "TensorDict(undefined)");
 }
 
 BOOST_AUTO_TEST_CASE(fields_sorted_as_strings) {

@@ -149,7 +149,7 @@ BOOST_AUTO_TEST_CASE(stack_errors) {
   k.set("nested", at::zeros({3, 2}));
   BOOST_TEST(throws_with<TypeError>([&] { tensordict::stack({a, k}, 0); }, {"nested", "Tensor", "TensorDict"}));
   // undefined handle
-  BOOST_CHECK_THROW(tensordict::stack({a, TensorDict(std::shared_ptr<TensorDictImpl>())}, 0), ValueError);
+  BOOST_CHECK_THROW(tensordict::stack({a, TensorDict::undefined()}, 0), ValueError);
 }
 
 BOOST_AUTO_TEST_CASE(stack_non_tensor_values) {

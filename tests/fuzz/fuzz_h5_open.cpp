@@ -22,6 +22,8 @@
 #include <fstream>
 #include <string>
 
+#include <ATen/ATen.h>
+
 #include "tensordict/backends/h5_store.hpp"
 #include "tensordict/errors.hpp"
 

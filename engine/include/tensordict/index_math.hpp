@@ -5,14 +5,9 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
-
-#include "tensordict/non_tensor.hpp"
+#include "tensordict/fwd.hpp"
 
 namespace tensordict {
-
-//! one index element per batch dim: int, Slice, None, Ellipsis, bool, long/bool tensor (libtorch's kinds)
-using Index = std::vector<at::indexing::TensorIndex>;
 
 //! a Slice resolved against a dim of `size`, clamped as torch's slice: start <= stop, length elements
 struct SliceRange {

@@ -6,13 +6,10 @@
 #include <memory>
 #include <vector>
 
-#include <ATen/ATen.h>
-
 #include "tensordict/backends/json_value.hpp"
+#include "tensordict/fwd.hpp"
 
 namespace tensordict {
-
-using BatchSize = std::vector<int64_t>;
 
 class NonTensorData {
  public:

@@ -15,26 +15,16 @@
 
 #include "tensordict/backends/json_value.hpp"
 #include "tensordict/errors.hpp"
+#include "tensordict/fwd.hpp"
 #include "tensordict/nested_key.hpp"
 #include "tensordict/non_tensor.hpp"
 #include "tensordict/options.hpp"
 
 namespace tensordict {
 
-class Entry;
-class TensorDict;
-class Node;
-struct TensorDictImpl;
-struct MapOptions;
-class MapIter;
-class LazyStackedTensorDict;
-struct StorageOptions;
-struct TypedSchema;
 //! fn for map/map_iter: gets one chunk, returns its result (undefined TensorDict = upstream's None)
 using MapFn = std::function<TensorDict(const TensorDict&)>;
 
-//! one index element per batch dim: int, Slice, None, Ellipsis, bool, long/bool tensor (libtorch's kinds)
-using Index = std::vector<at::indexing::TensorIndex>;
 //! a source for construction: (key, value) pairs in order; values may themselves be Dicts (nested)
 using Dict = std::vector<std::pair<NestedKey, Entry>>;
 //! fn over leaves for apply: gets the leaf (and the matching leaves of `others`), returns the new leaf;
@@ -352,7 +342,8 @@ class TensorDict {
   //! re-reads meta.json of this memmap TensorDict (keys added by other processes appear), with the default
   //! LoadOptions (symlinks and missing leaf files refused)
   TensorDict& memmap_refresh_();
-  //! adds a zero-filled memory-mapped leaf to a memmap TensorDict with a prefix (rewrites meta.json)
+  //! adds a zero-filled memory-mapped leaf to a memmap TensorDict with a prefix (rewrites meta.json); missing
+  //! levels of a nested key are created (their directory and meta.json, then the parent's meta.json)
   TensorDict& make_memmap(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype = at::kFloat);
   //! the directory this memmap TensorDict lives in ("" when not memmap or anonymous)
   std::string memmap_prefix() const;

@@ -22,7 +22,7 @@ namespace actors {
 struct MapEvent {
   enum class Kind { Result, Error, End } kind = Kind::End;
   int64_t chunk = -1;
-  TensorDict result{std::shared_ptr<TensorDictImpl>()};
+  TensorDict result = TensorDict::undefined();
   map_detail::CarriedError error;
 };
 

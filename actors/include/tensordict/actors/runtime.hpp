@@ -7,7 +7,8 @@
 #include <chrono>
 #include <memory>
 
-#include <caf/all.hpp>
+#include <caf/actor.hpp>  // the echo actor handle; the system and its config are held by pointer
+#include <caf/fwd.hpp>
 
 #include "tensordict/config.hpp"
 #include "tensordict/map.hpp"

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "tensordict/backends/json_value.hpp"
 

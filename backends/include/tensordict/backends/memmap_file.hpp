@@ -9,7 +9,7 @@
 //! Thread-safety: every function here may be called concurrently from any thread (the registry has its
 //! own mutex). Concurrent writes to the same bytes of a mapping are the caller's business, as for any
 //! tensor. Ownership: the returned tensor owns the mapping; the file itself is never deleted here.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <optional>

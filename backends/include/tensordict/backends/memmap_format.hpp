@@ -12,7 +12,7 @@
 //! threads/processes at once is not coordinated here (meta.json replacement itself is atomic).
 //! Errors: FormatError (malformed/truncated files, always naming the file), ValueError (bad arguments,
 //! symlinks, reserved keys), BackendError (I/O failures).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>

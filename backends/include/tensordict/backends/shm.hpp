@@ -42,7 +42,7 @@
 //! (a child forked while another thread holds the registry mutex would block on it).
 //! Capacity: tmpfs over-commits; create() checks that /dev/shm has `nbytes` free (statvfs) and throws
 //! BackendError otherwise, but memory filled later by others can still make a page fault raise SIGBUS.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>
