@@ -778,10 +778,6 @@ static Entry& make_memmap_level(TensorDictImpl& parent, const std::string& key) 
   if (!parent.type_repr.empty()) {
     throw NotImplementedError("make_memmap: a new level '" + key + "' inside the tensorclass record " + parent.type_repr);
   }
-  if (key == "shape" || key == "device" || key == "_type") {
-    throw ValueError("make_memmap: a level named '" + key + "' cannot be saved: Python's meta.json uses it for the "
-                     "TensorDict itself");
-  }
   DirNode level;
   level.kind = NodeKind::TensorDict;
   level.type_repr = backends::type_repr::kTensorDict;
@@ -805,6 +801,12 @@ TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape
     throw ValueError("make_memmap needs a memmap TensorDict saved to a directory (call memmap_(prefix) first)");
   }
   if (contains(key)) throw KeyError("make_memmap: key " + key.repr() + " already exists");
+  for (const auto& part : key.parts()) {  // as memmap_ refuses them: Python would misread the meta.json
+    if (part == "shape" || part == "device" || part == "_type") {
+      throw ValueError("make_memmap: key " + key.repr() + " cannot be saved: '" + part +
+                       "' is what Python's meta.json uses for the TensorDict itself");
+    }
+  }
   if (shape.size() < d()->batch_size.size() ||
       !std::equal(d()->batch_size.begin(), d()->batch_size.end(), shape.begin())) {
     throw BatchSizeError("make_memmap: shape " + detail::shape_str(shape) + " does not start with the batch size " +

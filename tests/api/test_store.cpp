@@ -268,6 +268,12 @@ BOOST_AUTO_TEST_CASE(bad_requests_raise_their_type_and_lose_nothing) {
   store.add_key("r", at::ones({kRows}));
   BOOST_TEST(throws_with<KeyError>([&] { store.add_key("r", at::ones({kRows})); }, {"'r'", "already exists"}));
   BOOST_TEST(throws_with<KeyError>([&] { store.add_key({"x", "b"}, at::ones({kRows})); }, {"not a TensorDict"}));
+  // names Python's meta.json uses for the TensorDict itself (memmap_ refuses them too)
+  for (const NestedKey& k : {NestedKey("shape"), NestedKey({"lvl", "device"}), NestedKey({"_type", "v"})}) {
+    BOOST_TEST(throws_with<ValueError>([&] { store.add_key(k, at::ones({kRows})); }, {"cannot be saved"}));
+  }
+  BOOST_TEST(!fs::exists(dir.path + "/buf/shape.memmap"));
+  BOOST_TEST(!fs::exists(dir.path + "/buf/lvl"));
   BOOST_TEST(throws_with<BatchSizeError>([&] { store.add_key("s", at::ones({kRows + 1, 2})); },
                                          {"[65, 2]", "batch size [64]"}));
   actors::store_request bad;
