@@ -253,6 +253,8 @@ class StoreActor final : public HotActor {
           batch.push_back(call);
           bool more = true;
           while (more && running && batch.size() < kMaxBatch) {
+            // an empty mailbox ends the batch at once: a timed receive would first spin on it (HotActor)
+            if (mailbox().empty()) break;
             receive([&](store_atom, const store_call_ptr& c) { batch.push_back(c); }, on_remote, on_exit,
                     caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
           }
