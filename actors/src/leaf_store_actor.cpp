@@ -119,6 +119,8 @@ class LeafStoreActor final : public HotActor {
           batch.push_back(call);
           bool more = true;
           while (more && running && batch.size() < kMaxBatch) {
+            // an empty mailbox ends the batch at once: a timed receive on it costs ~110 us (store_actor.cpp)
+            if (mailbox().empty()) break;
             receive([&](leaf_atom, const leaf_call_ptr& c) { batch.push_back(c); }, on_exit,
                     caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
           }
