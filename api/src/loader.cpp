@@ -218,7 +218,9 @@ struct alignas(64) RingHeader {
 
 struct alignas(64) SlotCtl {
   std::atomic<uint32_t> state;
-  int64_t task;   // dispatch order: workers claim the smallest pending task first
+  // dispatch order: workers claim the smallest pending task first. Atomic: a worker scanning for the smallest
+  // reads it while the trainer may be re-posting that slot (its CAS on state then decides; TSan found the race)
+  std::atomic<int64_t> task;
   int64_t batch;
   int64_t epoch;
   int64_t nrows;
@@ -231,6 +233,7 @@ struct alignas(64) SlotCtl {
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free atomics");
+static_assert(std::atomic<int64_t>::is_always_lock_free, "slot fields shared between processes must be lock-free");
 
 constexpr uint64_t round64(uint64_t x) { return (x + 63) & ~uint64_t{63}; }
 
@@ -646,8 +649,10 @@ struct WorkerCore {
       int64_t best_task = INT64_MAX;
       for (uint32_t s = 0; s < ring->num_slots; ++s) {
         SlotCtl& c = *ring->ctl(s);
-        if (c.state.load(std::memory_order_acquire) == kPending && c.task < best_task) {
-          best_task = c.task;
+        if (c.state.load(std::memory_order_acquire) != kPending) continue;
+        const int64_t task = c.task.load(std::memory_order_relaxed);
+        if (task < best_task) {
+          best_task = task;
           best = s;
         }
       }
@@ -880,7 +885,7 @@ struct DataLoader::Impl {
     const int64_t start = b * opts.batch_size();
     const int64_t rows = std::min(opts.batch_size(), epoch_len - start);
     SlotCtl& c = *ring->ctl(slot);
-    c.task = task_counter++;
+    c.task.store(task_counter++, std::memory_order_relaxed);
     c.batch = b;
     c.epoch = cur_epoch;
     c.nrows = rows;
