@@ -775,20 +775,24 @@ TensorDict& TensorDict::memmap_refresh_() {
 //! parent's meta.json rewritten (atomically) to list it, then loaded into `parent` as a memmap TensorDict
 static Entry& make_memmap_level(TensorDictImpl& parent, const std::string& key) {
   if (parent.memmap_prefix.empty()) throw ValueError("make_memmap: the parent of the new level '" + key + "' has no directory");
-  if (!parent.type_repr.empty()) {
-    throw NotImplementedError("make_memmap: a new level '" + key + "' inside the tensorclass record " + parent.type_repr);
-  }
+  // a tensorclass record keeps its TensorDict in <prefix>/_tensordict (as make_memmap's leaves)
+  const std::string dir = parent.type_repr.empty() ? parent.memmap_prefix : join_path(parent.memmap_prefix, "_tensordict");
   DirNode level;
   level.kind = NodeKind::TensorDict;
   level.type_repr = backends::type_repr::kTensorDict;
   level.batch_size = parent.batch_size;
   level.device = std::string("cpu");
-  backends::write_tree(join_path(parent.memmap_prefix, backends::encode_key(key)), level,
+  backends::write_tree(join_path(dir, backends::encode_key(key)), level,
                        [](const DirNode&, const backends::LeafMeta&) { return at::Tensor(); });
   DirNode node = backends::read_dir(parent.memmap_prefix);
-  if (!node.find(key)) {  // read_dir may already list the new directory
-    node.add_child(key, level);
-    backends::write_meta(parent.memmap_prefix, node);
+  DirNode* td_node = &node;
+  if (node.kind == NodeKind::TensorClass) {
+    for (auto& de : node.entries)
+      if (de.key == "_tensordict" && de.child) td_node = de.child.get();
+  }
+  if (!td_node->find(key)) {  // read_dir may already list the new directory
+    td_node->add_child(key, level);
+    backends::write_meta(dir, *td_node);
   }
   refresh_impl(parent, backends::read_dir(parent.memmap_prefix), LoadOptions());
   Entry* e = parent.find(key);

@@ -188,6 +188,12 @@ BOOST_AUTO_TEST_CASE(row_requests_carry_keys_and_a_resolved_index) {
   BOOST_TEST(throws_with<ValueError>([&] { store.write({Slice(0, 2)}, bad); }, {"broadcast"}));
   BOOST_TEST(all.get("x").index({Slice(0, 2)}).ge(0).all().item<bool>());
   BOOST_TEST(throws_with<IndexError>([&] { store.write({kRows}, value); }, {}));
+  // a non-tensor leaf in the value: a store holds tensor leaves only (as its TensorDict's set)
+  TensorDict tagged(BatchSize{2});
+  tagged.set("x", at::full({2, 4}, -1.0));
+  tagged.set_non_tensor("tag", JsonValue("t"));
+  BOOST_TEST(throws_with<NotImplementedError>([&] { store.write({Slice(0, 2)}, tagged); }, {"tensor leaves only", "'tag'"}));
+  BOOST_TEST(all.get("x").index({Slice(0, 2)}).ge(0).all().item<bool>());
 }
 
 BOOST_AUTO_TEST_CASE(concurrent_row_requests_are_drained_in_batches_and_all_answered) {

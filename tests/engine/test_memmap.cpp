@@ -204,6 +204,32 @@ BOOST_AUTO_TEST_CASE(load_memmap_into_self_and_refresh) {
   BOOST_CHECK_THROW(TensorDict().make_memmap("x", {}, at::kFloat), ValueError);
 }
 
+BOOST_AUTO_TEST_CASE(make_memmap_creates_missing_levels_in_plain_and_tensorclass_directories) {
+  fixtures::TempDir tmp("levels");
+  // a plain directory: the level's directory and meta.json, then the parent's meta.json
+  TensorDict td = zoo::plain({5});
+  td.memmap_(tmp.path + "/plain");
+  td.make_memmap({"lvl", "deeper", "v"}, {5, 2}, at::kLong);
+  BOOST_TEST(td.get_td("lvl").is_memmap());
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/plain").get({"lvl", "deeper", "v"}).sizes() ==
+             at::IntArrayRef({5, 2}));
+  // a Python tensorclass record: the level goes into its _tensordict, and the record loads back with it
+  fs::copy(fixtures::python_written("g_tensorclass"), tmp.path + "/tc", fs::copy_options::recursive);
+  TensorDict tc = TensorDict::load_memmap(tmp.path + "/tc");
+  const BatchSize bs = tc.batch_size();
+  BatchSize shape = bs;
+  shape.push_back(3);
+  tc.make_memmap({"added", "x"}, shape, at::kFloat);
+  BOOST_TEST(fs::exists(tmp.path + "/tc/_tensordict/added/meta.json"));
+  TensorDict back = TensorDict::load_memmap(tmp.path + "/tc");
+  BOOST_TEST(back.type_name() == tc.type_name());
+  BOOST_TEST(back.get({"added", "x"}).sizes() == at::IntArrayRef(shape));
+  // names Python's meta.json uses for the TensorDict itself, and a level under a leaf: refused, nothing created
+  BOOST_CHECK_THROW(td.make_memmap({"shape", "x"}, {5}, at::kFloat), ValueError);
+  BOOST_TEST(!fs::exists(tmp.path + "/plain/shape"));
+  BOOST_CHECK_THROW(td.make_memmap({"lvl", "deeper", "v", "w"}, {5}, at::kFloat), KeyError);
+}
+
 BOOST_AUTO_TEST_CASE(read_only_files_map_private) {
   fixtures::TempDir tmp("ro");
   TensorDict td = zoo::plain({3});
