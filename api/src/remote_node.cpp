@@ -66,20 +66,23 @@ struct LeafSel {
   BatchSize level_batch;
 };
 
-backends::LeafRead to_read(const LeafSel& s) {
+//! `final_shape`: the store returns the rows already in the selection's shape when they are the result
+//! as read (in order), so select_rows has nothing left to do
+backends::LeafRead to_read(const LeafSel& s, bool final_shape = true) {
   backends::LeafRead r;
   r.path = s.info.path;
   r.whole = !s.plan || (s.plan->all && s.plan->in_order) || s.level_batch.empty();
   if (!r.whole) r.rows = s.plan->rows;
+  if (final_shape && s.index && s.plan && s.plan->in_order)
+    r.shape = concat(s.index->result_batch(), tail(s.info.shape, s.level_batch.size()));
   return r;
 }
 
-//! the rows a store returned for s, as the selected values (result batch + feature shape)
+//! the rows a store returned for s (read by to_read(s)), as the selected values (result batch + feature shape)
 at::Tensor select_rows(const LeafSel& s, const at::Tensor& rows) {
-  if (!s.index || !s.plan) return rows;
+  if (!s.index || !s.plan || s.plan->in_order) return rows;
   const BatchSize feat = tail(s.info.shape, s.level_batch.size());
   const BatchSize out_shape = concat(s.index->result_batch(), feat);
-  if (s.plan->in_order) return rows.reshape(out_shape);
   at::Tensor flat = rows.reshape(concat({static_cast<int64_t>(s.plan->rows.size()) * s.plan->per_row}, feat));
   return flat.index_select(0, s.plan->local.reshape({-1})).reshape(out_shape);
 }
@@ -570,8 +573,8 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
     const BatchSize lb = tree_->batch_of(lv);
     const BatchSize feat = tail(info->shape, lb.size());
     const BatchSize target = concat(ls.result_batch(), feat);
-    at::Tensor v = it.data.detach();
-    if (sizes_of(v) != target) {
+    at::Tensor v = it.data.requires_grad() ? it.data.detach() : it.data;
+    if (v.sizes() != at::IntArrayRef(target)) {
       try {
         v = v.expand(target);
       } catch (const c10::Error&) {
@@ -579,18 +582,20 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
                            ", which cannot be broadcast to the indexed region " + shape_str(target));
       }
     }
-    v = v.to(at::kCPU, info->dtype).contiguous();
+    // each skipped no-op saves a dispatched call per leaf (a row write is a few microseconds of such calls)
+    if (!v.is_cpu() || v.scalar_type() != info->dtype) v = v.to(at::kCPU, info->dtype);
+    v = v.contiguous();
     const ResolvedIndex::RowPlan* plan = plans.get(lv, ls);
     LeafSel s{*info, ls, plan, lb};
     backends::LeafWrite w;
     w.path = it.path;
-    if (lb.empty() || (plan->all && plan->in_order)) {
+    if (lb.empty() || (plan->all && plan->in_order)) {  // LeafWrite checks the element count, not the shape
       w.whole = true;
-      w.data = v.reshape(info->shape);
+      w.data = v;
     } else if (plan->in_order) {
       w.whole = false;
       w.rows = plan->rows;
-      w.data = v.reshape(concat({static_cast<int64_t>(plan->rows.size())}, tail(info->shape, 1)));
+      w.data = v;
     } else if (static_cast<int64_t>(plan->rows.size()) * plan->per_row == ls.numel()) {
       // whole rows in another order, no repeats: a permutation of the rows, no read needed
       w.whole = false;
@@ -607,7 +612,7 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
   }
   if (!patches.empty()) {
     std::vector<backends::LeafRead> reads;
-    for (const auto& p : patches) reads.push_back(to_read(p.first));
+    for (const auto& p : patches) reads.push_back(to_read(p.first, false));
     std::vector<at::Tensor> rows = tree_->client()->read(std::move(reads));
     for (size_t i = 0; i < patches.size(); ++i) {
       const LeafSel& s = patches[i].first;

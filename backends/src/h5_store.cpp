@@ -1300,6 +1300,11 @@ class H5Store final : public LeafStore {
       check_rows(r.path, p.dims, r.rows);
       shape[0] = static_cast<int64_t>(r.rows.size());
     }
+    if (r.shape) {
+      if (checked_numel(std::vector<int64_t>(shape.begin(), shape.end())) != checked_numel(*r.shape))
+        throw ValueError(where(r.path) + ": cannot return the rows read as shape " + shape_str(*r.shape));
+      shape.assign(r.shape->begin(), r.shape->end());
+    }
     at::Tensor out = allocate(r.path, shape, p.dtype);
     if (out.numel() == 0) return out;
     // memory type: the dtype's own type (HDF5 converts byte order / float layouts); bool reads the file's
@@ -1332,7 +1337,9 @@ class H5Store final : public LeafStore {
       check_rows(w.path, p.dims, w.rows);
       expect[0] = static_cast<int64_t>(w.rows.size());
     }
-    if (w.data.sizes() != at::IntArrayRef(expect))
+    int64_t want = 1;
+    for (int64_t d : expect) want *= d;
+    if (w.data.numel() != want)  // the elements count, not the shape (LeafWrite)
       throw ValueError(where(w.path) + ": data of shape " + shape_str(w.data.sizes().vec()) + ", expected " +
                        shape_str(expect));
   }

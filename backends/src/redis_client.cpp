@@ -9,6 +9,7 @@ extern "C" {
 #include <sys/time.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -19,19 +20,10 @@ extern "C" {
 namespace tensordict {
 namespace backends {
 
-RedisCommand& RedisCommand::operator=(const RedisCommand& o) {
-  if (this == &o) return *this;
-  owned_.clear();
-  ptrs_.clear();
-  lens_.clear();
-  owned_index_.clear();
-  for (size_t i = 0; i < o.ptrs_.size(); ++i) {
-    if (o.owned_index_[i] >= 0)
-      arg(o.owned_[static_cast<size_t>(o.owned_index_[i])]);
-    else
-      arg_view(o.ptrs_[i], o.lens_[i]);
-  }
-  return *this;
+RedisCommand& RedisCommand::arg(int64_t v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return arg_copy(buf, static_cast<size_t>(r.ptr - buf));
 }
 
 namespace {

@@ -444,6 +444,18 @@ std::vector<at::Tensor> RedisStore::read(const std::vector<LeafRead>& reads) {
   return read_once(reads, nullptr);
 }
 
+namespace {
+//! the shape a read asked for (LeafRead::shape) in place of `shape`, when it holds the same elements
+void reshape_to(const LeafRead& r, const std::string& dkey, std::vector<int64_t>* shape) {
+  if (!r.shape) return;
+  int64_t a = 1, b = 1;
+  for (int64_t d : *shape) a *= d;
+  for (int64_t d : *r.shape) b *= d;
+  if (a != b) throw ValueError(dkey + ": cannot return the rows read as shape " + shape_str(*r.shape));
+  *shape = *r.shape;
+}
+}  // namespace
+
 std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads, std::vector<size_t>* bad) {
   // metadata of every leaf (cached; the missing ones in one pipeline)
   if (auto missing = uncached(reads, meta_cache_); !missing.empty()) fetch_meta(missing);
@@ -455,19 +467,24 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
     bool check_len = false;
     std::vector<int64_t> shape;
     int64_t expect = 0;
+    std::string joined, dkey;
   };
   std::vector<Plan> plans(reads.size());
   std::vector<RedisCommand> cmds;
+  cmds.reserve(2 * reads.size());
   bool uses_script = false;
   for (size_t i = 0; i < reads.size(); ++i) {
     const LeafRead& r = reads[i];
-    std::string joined = redis_join_path(r.path);
-    const RedisLeafMeta& m = meta_cache_.at(joined);
-    std::string dkey = key("d:" + joined);
-    if (m.info.kind != LeafKind::Tensor) throw TypeError("key '" + joined + "' in " + describe() + " is a non-tensor");
     Plan& p = plans[i];
+    p.joined = redis_join_path(r.path);
+    p.dkey = key("d:" + p.joined);
+    const std::string& joined = p.joined;
+    const std::string& dkey = p.dkey;
+    const RedisLeafMeta& m = meta_cache_.at(joined);
+    if (m.info.kind != LeafKind::Tensor) throw TypeError("key '" + joined + "' in " + describe() + " is a non-tensor");
     if (r.whole) {
       p.shape = m.info.shape;
+      reshape_to(r, dkey, &p.shape);
       p.expect = m.nbytes;
       p.op = Op::Get;
       p.data = cmds.size();
@@ -478,6 +495,7 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
     check_rows(r.rows, m.info.shape[0], dkey);
     p.shape = m.info.shape;
     p.shape[0] = static_cast<int64_t>(r.rows.size());
+    reshape_to(r, dkey, &p.shape);
     p.expect = static_cast<int64_t>(r.rows.size()) * m.row_bytes;
     if (p.expect == 0) {
       p.op = Op::None;
@@ -537,8 +555,8 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
   std::vector<at::Tensor> out(reads.size());
   for (size_t i = 0; i < reads.size(); ++i) {
     const Plan& p = plans[i];
-    std::string joined = redis_join_path(reads[i].path);
-    std::string dkey = key("d:" + joined);
+    const std::string& joined = p.joined;
+    const std::string& dkey = p.dkey;
     at::ScalarType dtype = meta_cache_.at(joined).info.dtype;
     if (p.op == Op::None) {
       out[i] = at::empty(p.shape, at::TensorOptions().dtype(dtype));
@@ -596,6 +614,9 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
   std::vector<at::Tensor> keep;  // payloads are borrowed by the commands
   std::vector<RedisCommand> cmds;
   std::vector<std::string> what;
+  keep.reserve(writes.size());
+  cmds.reserve(writes.size());
+  what.reserve(writes.size());
   for (const LeafWrite& w : writes) {
     std::string joined = redis_join_path(w.path);
     const RedisLeafMeta& m = meta_cache_.at(joined);
@@ -611,7 +632,9 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
       check_rows(w.rows, m.info.shape[0], dkey);
       want[0] = static_cast<int64_t>(w.rows.size());
     }
-    if (std_shape(w.data.sizes()) != want)
+    int64_t want_numel = 1;
+    for (int64_t d : want) want_numel *= d;
+    if (w.data.numel() != want_numel)  // the elements count, not the shape (LeafWrite)
       throw ValueError("data of shape " + shape_str(std_shape(w.data.sizes())) + " does not fit " + dkey +
                        " (expected " + shape_str(want) + ")");
     at::Tensor t = bytes_ready(w.data);

@@ -43,6 +43,18 @@ ResolvedIndex ResolvedIndex::identity(const BatchSize& source_batch) {
 
 namespace {
 
+//! positions of `count` rows of `inner` consecutive elements, the first at `first`, `stride` apart, in a new
+//! int64 tensor of `shape` (filled directly: an arange + view costs microseconds per call on the hot path)
+at::Tensor strided_positions(const BatchSize& shape, int64_t first, int64_t count, int64_t stride, int64_t inner) {
+  at::Tensor t = at::empty(shape, at::kLong);
+  int64_t* p = t.data_ptr<int64_t>();
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t base = first + r * stride;
+    for (int64_t i = 0; i < inner; ++i) *p++ = base + i;
+  }
+  return t;
+}
+
 //! td[i] / td[a:b:s] on dim 0 (the row stores' hot path): the positions without building the whole batch's;
 //! nullopt for every other index (and for a step <= 0, which torch refuses with its own message)
 std::optional<at::Tensor> row_positions(const BatchSize& source, const Index& index) {
@@ -55,7 +67,7 @@ std::optional<at::Tensor> row_positions(const BatchSize& source, const Index& in
     int64_t k = i.integer();
     if (k < -n || k >= n) return std::nullopt;  // torch's IndexError, through the general path
     if (k < 0) k += n;
-    return at::arange(k * inner, (k + 1) * inner, at::kLong).view(rest);
+    return strided_positions(rest, k * inner, 1, 1, inner);
   }
   if (i.is_slice()) {
     const auto& sl = i.slice();
@@ -66,9 +78,7 @@ std::optional<at::Tensor> row_positions(const BatchSize& source, const Index& in
     const int64_t count = stop > start ? (stop - start + step - 1) / step : 0;
     BatchSize shape = source;
     shape[0] = count;
-    if (step == 1) return at::arange(start * inner, (start + count) * inner, at::kLong).view(shape);
-    at::Tensor rows = at::arange(start, start + count * step, step, at::kLong);
-    return (rows.unsqueeze(1) * inner + at::arange(inner, at::kLong).unsqueeze(0)).view(shape);
+    return strided_positions(shape, start * inner, count, step * inner, inner);
   }
   return std::nullopt;
 }
@@ -103,7 +113,7 @@ BatchSize ResolvedIndex::result_batch() const { return BatchSize(positions_.size
 
 std::vector<int64_t> ResolvedIndex::rows() const {
   const int64_t per_row = source_.empty() ? 1 : detail::prod(BatchSize(source_.begin() + 1, source_.end()));
-  at::Tensor r = positions_.reshape({-1}).contiguous();
+  const at::Tensor r = positions_.contiguous();
   std::vector<int64_t> out(static_cast<size_t>(r.numel()));
   const int64_t* p = r.data_ptr<int64_t>();
   for (size_t i = 0; i < out.size(); ++i) out[i] = per_row ? p[i] / per_row : 0;
@@ -115,7 +125,7 @@ std::optional<std::pair<int64_t, int64_t>> ResolvedIndex::row_range() const {
   const int64_t per_row = detail::prod(BatchSize(source_.begin() + 1, source_.end()));
   const int64_t n = positions_.numel();
   if (n == 0 || per_row == 0 || n % per_row != 0) return std::nullopt;
-  at::Tensor flat = positions_.reshape({-1}).contiguous();
+  const at::Tensor flat = positions_.contiguous();
   const int64_t* p = flat.data_ptr<int64_t>();
   if (p[0] % per_row != 0) return std::nullopt;
   for (int64_t i = 1; i < n; ++i)
@@ -131,7 +141,7 @@ ResolvedIndex::RowPlan ResolvedIndex::row_plan() const {
   }
   plan.per_row = detail::prod(BatchSize(source_.begin() + 1, source_.end()));
   const int64_t per_row = plan.per_row;
-  at::Tensor flat = positions_.reshape({-1}).contiguous();
+  const at::Tensor flat = positions_.contiguous();
   const int64_t n = flat.numel();
   const int64_t* p = flat.data_ptr<int64_t>();
   if (n == 0 || per_row == 0) {

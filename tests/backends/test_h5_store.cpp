@@ -277,6 +277,21 @@ BOOST_AUTO_TEST_CASE(rows_read_and_write) {
   check_throws<tensordict::ValueError>([&] { s->read({rows({"scalar"}, {0})}); }, {"/scalar", "zero-dim"});
   s->write({be::LeafWrite{{"scalar"}, true, {}, at::scalar_tensor(-1.0, at::kDouble)}});
   BOOST_TEST(read1(*s, {"scalar"}).item<double>() == -1.0);
+  // a read may ask for its result shape (td[i] wants [f], not [1, f]); a write is checked by element count
+  {
+    be::LeafRead one = rows({"b"}, {2});
+    one.shape = std::vector<int64_t>{2};
+    BOOST_TEST(same(s->read({one}).at(0), at::ones({2}, at::kInt)));
+    be::LeafRead all = whole({"b"});
+    all.shape = std::vector<int64_t>{1, 8};
+    BOOST_TEST(same(s->read({all}).at(0), at::ones({1, 8}, at::kInt)));
+    one.shape = std::vector<int64_t>{3};
+    check_throws<tensordict::ValueError>([&] { s->read({one}); }, {"/b", "[3]"});
+    s->write({be::LeafWrite{{"b"}, false, {2}, at::tensor({5, 6}, at::kInt)}});  // a row [2] at rows {2}
+    BOOST_TEST(same(read1(*s, {"b"}).select(0, 2), at::tensor({5, 6}, at::kInt)));
+    s->write({be::LeafWrite{{"b"}, true, {}, at::ones({8}, at::kInt)}});
+    BOOST_TEST(same(read1(*s, {"b"}), at::ones({4, 2}, at::kInt)));
+  }
   // zero-size: rows of an empty leaf, whole writes
   s->create({"empty"}, at::kFloat, {0, 4}, {}, {});
   BOOST_TEST(same(s->read({rows({"empty"}, {})}).at(0), at::empty({0, 4})));

@@ -196,6 +196,19 @@ BOOST_AUTO_TEST_CASE(rows_runs_scattered_repeated) {
   at::Tensor w = at::rand({10, 3});
   s->write({LeafWrite{{"obs"}, true, {}, w}});
   BOOST_TEST(same(s->read({LeafRead{{"obs"}, false, {9}}})[0], w.slice(0, 9, 10)));
+  // a read may ask for its result shape (td[i] wants [f], not [1, f]); a write is checked by element count
+  {
+    LeafRead one{{"obs"}, false, {9}, std::vector<int64_t>{3}};
+    BOOST_TEST(same(s->read({one})[0], w.select(0, 9)));
+    LeafRead all{{"obs"}, true, {}, std::vector<int64_t>{30}};
+    BOOST_TEST(same(s->read({all})[0], w.reshape({30})));
+    one.shape = std::vector<int64_t>{4};
+    BOOST_TEST(contains(message_of<ValueError>([&] { s->read({one}); }), "[4]"));
+    at::Tensor row = at::tensor(std::vector<float>{1.5f, 2.5f, 3.5f});
+    s->write({LeafWrite{{"obs"}, false, {4}, row}});  // a row [3] at rows {4}
+    w.select(0, 4).copy_(row);
+    BOOST_TEST(same(s->read({LeafRead{{"obs"}, true, {}}})[0], w));
+  }
   // empty rows
   BOOST_TEST(s->read({LeafRead{{"obs"}, false, {}}})[0].sizes() == at::IntArrayRef({0, 3}));
   // bad rows and shapes

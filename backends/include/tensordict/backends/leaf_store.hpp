@@ -52,10 +52,14 @@ struct LeafRead {
   LeafPath path;
   bool whole = true;
   std::vector<int64_t> rows;  //!< ascending, unique (used when !whole)
+  //! the shape of the tensor returned, when given: the same elements as [rows.size(), shape[1:]...] (td[i]
+  //! of a row store wants [f], not [1, f]: the store builds it so, saving a reshape); ValueError otherwise
+  std::optional<std::vector<int64_t>> shape = std::nullopt;
 };
 
-//! one leaf to write: `data` is [rows.size(), shape[1:]...] (or the full shape when `whole`), already in
-//! the leaf's dtype and contiguous
+//! one leaf to write: `data` holds the elements of [rows.size(), shape[1:]...] (or of the full shape when
+//! `whole`) in row-major order, already in the leaf's dtype; only its element count is checked, so a row
+//! [f] written at rows {i} needs no reshape to [1, f] (a dispatched op per leaf on the hot path)
 struct LeafWrite {
   LeafPath path;
   bool whole = true;

@@ -12,7 +12,6 @@
 //! Not thread-safe: one client per thread / actor.
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -43,41 +42,67 @@ class RedisCommand {
  public:
   RedisCommand() = default;
   RedisCommand(std::initializer_list<std::string> args) {
+    reserve(args.size());
     for (const auto& a : args) arg(a);
   }
   RedisCommand(const std::vector<std::string>& args) {  // NOLINT: implicit on purpose
+    reserve(args.size());
     for (const auto& a : args) arg(a);
   }
-  RedisCommand(const RedisCommand& o) { *this = o; }
-  RedisCommand& operator=(const RedisCommand& o);
-  RedisCommand(RedisCommand&&) = default;
-  RedisCommand& operator=(RedisCommand&&) = default;
+  // copies and moves keep borrowed views as views; moves are noexcept (a vector of commands grows cheaply)
+  RedisCommand(const RedisCommand&) = default;
+  RedisCommand& operator=(const RedisCommand&) = default;
+  RedisCommand(RedisCommand&&) noexcept = default;
+  RedisCommand& operator=(RedisCommand&&) noexcept = default;
 
-  RedisCommand& arg(std::string s) {
-    owned_.push_back(std::move(s));
-    ptrs_.push_back(owned_.back().data());
-    lens_.push_back(owned_.back().size());
-    owned_index_.push_back(static_cast<int64_t>(owned_.size()) - 1);
+  void reserve(size_t n) { args_.reserve(n); }
+  //! an argument the command owns (a copy)
+  RedisCommand& arg(const std::string& s) { return arg_copy(s.data(), s.size()); }
+  RedisCommand& arg(const char* s) { return arg_copy(s, std::char_traits<char>::length(s)); }
+  RedisCommand& arg_copy(const char* data, size_t size) {
+    args_.push_back(Arg{nullptr, arena_.size(), size});
+    arena_.append(data, size);
     return *this;
   }
-  RedisCommand& arg(int64_t v) { return arg(std::to_string(v)); }
+  RedisCommand& arg(int64_t v);
+  //! an argument the command only points to: `data` must outlive the command's use
   RedisCommand& arg_view(const void* data, size_t size) {
-    ptrs_.push_back(static_cast<const char*>(data));
-    lens_.push_back(size);
-    owned_index_.push_back(-1);
+    args_.push_back(Arg{static_cast<const char*>(data), 0, size});
     return *this;
   }
-  size_t size() const { return ptrs_.size(); }
-  const char* const* argv() const { return ptrs_.data(); }
-  const size_t* argvlen() const { return lens_.data(); }
+  size_t size() const { return args_.size(); }
+  //! the argument vectors for hiredis (valid until the command changes)
+  const char* const* argv() const {
+    fill();
+    return ptrs_.data();
+  }
+  const size_t* argvlen() const {
+    fill();
+    return lens_.data();
+  }
   //! argument i as a string (a copy), for messages
-  std::string at(size_t i) const { return std::string(ptrs_[i], lens_[i]); }
+  std::string at(size_t i) const {
+    const Arg& a = args_[i];
+    return a.view ? std::string(a.view, a.len) : arena_.substr(a.off, a.len);
+  }
 
  private:
-  std::deque<std::string> owned_;  // stable addresses
-  std::vector<const char*> ptrs_;
-  std::vector<size_t> lens_;
-  std::vector<int64_t> owned_index_;  // index into owned_, -1 for a borrowed view
+  struct Arg {
+    const char* view;  //!< borrowed bytes, or nullptr: owned, at arena_[off]
+    size_t off, len;
+  };
+  void fill() const {
+    ptrs_.resize(args_.size());
+    lens_.resize(args_.size());
+    for (size_t i = 0; i < args_.size(); ++i) {
+      ptrs_[i] = args_[i].view ? args_[i].view : arena_.data() + args_[i].off;
+      lens_[i] = args_[i].len;
+    }
+  }
+  std::string arena_;  //!< owned arguments back to back (offsets survive reallocation and moves)
+  std::vector<Arg> args_;
+  mutable std::vector<const char*> ptrs_;
+  mutable std::vector<size_t> lens_;
 };
 
 struct RedisConnectOptions {
