@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <iterator>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include <caf/all.hpp>
 
@@ -26,26 +31,36 @@ using leaf_call_ptr = std::shared_ptr<leaf_call>;
 }  // namespace actors
 }  // namespace tensordict
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::actors::leaf_call_ptr)
-
 namespace tensordict {
 namespace actors {
 
 using leaf_atom = caf::atom_constant<caf::atom("tdleaf")>;
 
-//! what the client and its actor share: liveness, the calls in flight (failed when the actor dies, so no
-//! caller waits on a dead actor), and the batch counters
+//! what the client and its actor share: liveness, the calls waiting for the store (`pending`), the calls in
+//! flight (failed when the actor dies, so no caller waits on a dead actor), and the batch counters
 //! (the actor holds it too, never the Runtime: the last reference to a Runtime must not drop on an actor's
 //! thread, whose system would then join itself)
+//!
+//! Who runs a call: whoever holds `store_mu` (the holder). A caller that finds the store free becomes the
+//! holder and runs its own call together with every call waiting in `pending` (one merged store call: one
+//! HDF5 pass, one Redis pipeline). A caller that finds it busy appends its call to `pending` and waits; the
+//! holder runs it with the others waiting by then. So calls from many threads share round trips without a
+//! thread hand-off. No call is left behind: while `holder_takes` is set (under pending_mu) the holder
+//! promises to look at `pending` once more before it lets go of the store; a call appended when it is not
+//! set is announced to the actor by a message, and the actor, once it holds the store, runs everything
+//! waiting. A holder that stops with calls still waiting (its round bound) announces them the same way.
 struct LeafCallState {
   caf::actor actor;
   std::string describe;
   //! the store (also the actor's); used under store_mu only
   std::shared_ptr<backends::LeafStore> store;
-  //! held by whoever uses the store: the actor for a batch, or a caller on the fast path (try_direct)
   std::mutex store_mu;
-  //! calls sent to the actor and not yet run: a caller takes the fast path only when there are none
-  std::atomic<int64_t> queued{0};
+  //! calls waiting for the holder of store_mu (a call is taken out exactly once: by a runner or fail_all)
+  std::mutex pending_mu;
+  std::vector<leaf_call_ptr> pending;
+  bool holder_takes = false;                 //!< under pending_mu: the holder will take `pending` again
+  std::atomic<size_t> pending_n{0};          //!< pending.size(), for a lingering holder's polling
+  std::atomic<size_t> recent_batch[2] = {1, 1};  //!< callers merged in the last two store calls
   mutable std::mutex mu;
   bool alive = true;
   bool closed = false;
@@ -57,7 +72,7 @@ struct LeafCallState {
   bool begin(const leaf_call_ptr& c, std::string* why, caf::actor* to) {
     std::lock_guard<std::mutex> lock(mu);
     if (!alive || !actor) {
-      *why = why_dead.empty() ? describe + " is closed" : why_dead;
+      *why = dead_reason();
       return false;
     }
     calls.insert(c);
@@ -68,21 +83,165 @@ struct LeafCallState {
     std::lock_guard<std::mutex> lock(mu);
     calls.erase(c);
   }
+  std::string dead_reason() const { return why_dead.empty() ? describe + " is closed" : why_dead; }
+  //! BackendError when the store can take no more calls
+  void check_alive() const {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!alive || !actor) throw BackendError(dead_reason());
+  }
   void fail_all(const std::string& why) {
-    std::set<leaf_call_ptr> pending;
+    std::set<leaf_call_ptr> pending_calls;
     {
       std::lock_guard<std::mutex> lock(mu);
       alive = false;
       why_dead = why;
-      pending.swap(calls);
+      pending_calls.swap(calls);
     }
-    for (const auto& c : pending) c->reply.set_error({ErrorCode::Backend, why, -1});
+    {
+      std::lock_guard<std::mutex> lock(pending_mu);
+      pending.clear();  // registered in `calls` too: failed below, never run
+    }
+    for (const auto& c : pending_calls) c->reply.set_error({ErrorCode::Backend, why, -1});
   }
   void count(int64_t n) {
     std::lock_guard<std::mutex> lock(mu);
     stats.calls += n;
     stats.batches += 1;
     stats.largest = std::max(stats.largest, n);
+  }
+  //! appends a call that found the store busy; true when nobody holding the store will take it (announce
+  //! it to the actor, or take the store and run it)
+  bool push_pending(const leaf_call_ptr& c) {
+    std::lock_guard<std::mutex> lock(pending_mu);
+    pending.push_back(c);
+    pending_n.store(pending.size(), std::memory_order_release);
+    return !holder_takes;
+  }
+  //! store_mu held, before a store call: when the last store calls merged several callers' calls, wait up
+  //! to `linger_for` until as many calls are in hand (`have`) or waiting (callers in step then share one
+  //! round trip, instead of alternating a batch of 1 and one of N-1)
+  void linger(size_t have, std::chrono::microseconds linger_for) {
+    const size_t expect = std::max(recent_batch[0].load(std::memory_order_relaxed),
+                                   recent_batch[1].load(std::memory_order_relaxed));
+    if (expect <= 1 || linger_for.count() <= 0) return;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu);
+      holder_takes = true;  // callers arriving now need not message the actor
+    }
+    const auto end = std::chrono::steady_clock::now() + linger_for;
+    for (uint32_t n = 1; pending_n.load(std::memory_order_acquire) + have < expect; ++n) {
+      if ((n & 15) == 0) {
+        if (std::chrono::steady_clock::now() >= end) break;
+        std::this_thread::yield();  // the callers we wait for may need this core
+      } else {
+        cpu_relax();
+      }
+    }
+  }
+
+  //! runs `calls` on the store (store_mu held): runs of consecutive reads, or of writes, as ONE store call
+  //! each; when a merged call fails, each of its calls runs alone so that every caller gets its own result
+  //! or error (writes: the store's write is atomic or applied in order)
+  void run_batch(const std::vector<leaf_call_ptr>& batch) {
+    size_t i = 0;
+    while (i < batch.size()) {
+      const auto op = batch[i]->op;
+      size_t j = i + 1;
+      if (op != leaf_call::Op::Run) {
+        while (j < batch.size() && batch[j]->op == op) ++j;
+      }
+      if (j - i > 1) {
+        run_merged(batch, i, j, op);
+      } else {
+        run_one(*batch[i]);
+      }
+      i = j;
+    }
+  }
+  //! store_mu held: `batch` with the calls waiting now, then those that arrived meanwhile, for at most
+  //! `rounds` store calls. true when calls are still waiting at the end (the caller's round bound): the
+  //! caller must announce them to the actor after it lets go of the store (the actor drains without a bound)
+  bool drain(std::vector<leaf_call_ptr> batch, size_t rounds, std::chrono::microseconds linger_for) {
+    for (size_t r = 0;; ++r) {
+      if (r < rounds) linger(batch.size(), linger_for);
+      {
+        std::lock_guard<std::mutex> lock(pending_mu);
+        if (r >= rounds) {  // out of rounds: what is left goes back to the front of the queue
+          pending.insert(pending.begin(), batch.begin(), batch.end());
+          pending_n.store(pending.size(), std::memory_order_release);
+          holder_takes = false;
+          return !pending.empty();
+        }
+        batch.insert(batch.end(), pending.begin(), pending.end());
+        pending.clear();
+        pending_n.store(0, std::memory_order_release);
+        holder_takes = !batch.empty();  // looks again after these run
+        if (batch.empty()) return false;
+      }
+      // at most kMaxBatch calls in one store call (a bounded pipeline); the rest in the next round
+      std::vector<leaf_call_ptr> now;
+      if (batch.size() > kMaxBatch) {
+        now.assign(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(kMaxBatch));
+        batch.erase(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(kMaxBatch));
+      } else {
+        now.swap(batch);
+      }
+      recent_batch[1].store(recent_batch[0].load(std::memory_order_relaxed), std::memory_order_relaxed);
+      recent_batch[0].store(now.size(), std::memory_order_relaxed);
+      run_batch(now);
+    }
+  }
+  static constexpr size_t kMaxBatch = 256;
+
+ private:
+  void run_one(leaf_call& c) {
+    try {
+      switch (c.op) {
+        case leaf_call::Op::Read: {
+          std::vector<at::Tensor> out = store->read(c.reads);
+          count(1);
+          c.reply.set_value(std::move(out));
+          return;
+        }
+        case leaf_call::Op::Write:
+          store->write(c.writes);
+          count(1);
+          break;
+        case leaf_call::Op::Run:
+          c.fn(*store);
+          break;
+      }
+      c.reply.set_value({});
+    } catch (...) {
+      c.reply.set_error(map_detail::carry_current_exception(-1));
+    }
+  }
+
+  void run_merged(const std::vector<leaf_call_ptr>& calls, size_t i, size_t j, leaf_call::Op op) {
+    try {
+      if (op == leaf_call::Op::Read) {
+        std::vector<backends::LeafRead> all;
+        for (size_t k = i; k < j; ++k) all.insert(all.end(), calls[k]->reads.begin(), calls[k]->reads.end());
+        std::vector<at::Tensor> out = store->read(all);
+        if (out.size() != all.size()) throw RuntimeError("store: read returned a wrong number of tensors");
+        count(static_cast<int64_t>(j - i));
+        size_t pos = 0;
+        for (size_t k = i; k < j; ++k) {
+          const size_t n = calls[k]->reads.size();
+          calls[k]->reply.set_value(std::vector<at::Tensor>(std::make_move_iterator(out.begin() + static_cast<long>(pos)),
+                                                            std::make_move_iterator(out.begin() + static_cast<long>(pos + n))));
+          pos += n;
+        }
+      } else {
+        std::vector<backends::LeafWrite> all;
+        for (size_t k = i; k < j; ++k) all.insert(all.end(), calls[k]->writes.begin(), calls[k]->writes.end());
+        store->write(all);
+        count(static_cast<int64_t>(j - i));
+        for (size_t k = i; k < j; ++k) calls[k]->reply.set_value({});
+      }
+    } catch (...) {
+      for (size_t k = i; k < j; ++k) run_one(*calls[k]);
+    }
   }
 };
 
@@ -93,11 +252,13 @@ struct LeafStoreClient::Impl {
 
 namespace {
 
+//! the store's actor: it owns the store and runs the calls that callers left in `pending` when no caller
+//! holding the store is left to run them (one message per such call; it drains its mailbox first)
 class LeafStoreActor final : public HotActor {
  public:
-  LeafStoreActor(caf::actor_config& cfg, std::chrono::microseconds spin, std::shared_ptr<backends::LeafStore> store,
-                 std::shared_ptr<LeafCallState> impl)
-      : HotActor(cfg, spin), store_(std::move(store)), impl_(impl) {
+  LeafStoreActor(caf::actor_config& cfg, std::chrono::microseconds spin, std::chrono::microseconds linger,
+                 std::shared_ptr<backends::LeafStore> store, std::shared_ptr<LeafCallState> impl)
+      : HotActor(cfg, spin), linger_(linger), store_(std::move(store)), impl_(impl) {
     std::weak_ptr<LeafCallState> weak = impl;
     const std::string what = store_->describe();
     caf::abstract_actor::attach_functor([weak, what](const caf::error& reason) {
@@ -111,102 +272,23 @@ class LeafStoreActor final : public HotActor {
 
   void act() override {
     bool running = true;
-    std::vector<leaf_call_ptr> batch;
     auto on_exit = [&](caf::exit_msg&) { running = false; };
     receive_while(running)(
-        [&](leaf_atom, const leaf_call_ptr& call) {
-          batch.clear();
-          batch.push_back(call);
-          bool more = true;
-          while (more && running && batch.size() < kMaxBatch) {
-            // an empty mailbox ends the batch at once: a timed receive on it costs ~110 us (store_actor.cpp)
-            if (mailbox().empty()) break;
-            receive([&](leaf_atom, const leaf_call_ptr& c) { batch.push_back(c); }, on_exit,
-                    caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
-          }
-          {
-            std::lock_guard<std::mutex> lock(impl_->store_mu);
-            run_batch(batch);
-          }
-          impl_->queued.fetch_sub(static_cast<int64_t>(batch.size()), std::memory_order_acq_rel);
+        [&](leaf_atom) {
+          // the other messages waiting are for calls that this drain runs too
+          // (an empty mailbox ends it at once: a timed receive on it costs ~110 us, store_actor.cpp)
+          for (size_t n = 0; running && n < LeafCallState::kMaxBatch && !mailbox().empty(); ++n)
+            receive([](leaf_atom) {}, on_exit, caf::after(std::chrono::seconds(0)) >> [] {});
+          std::lock_guard<std::mutex> lock(impl_->store_mu);
+          impl_->drain({}, SIZE_MAX, linger_);  // no bound: nothing is left waiting
         },
         on_exit);
     // the actor's end fails every call still registered (attach_functor)
   }
 
  private:
-  static constexpr size_t kMaxBatch = 256;
-
-  void run_batch(const std::vector<leaf_call_ptr>& calls) {
-    size_t i = 0;
-    while (i < calls.size()) {
-      const auto op = calls[i]->op;
-      size_t j = i + 1;
-      if (op != leaf_call::Op::Run) {
-        while (j < calls.size() && calls[j]->op == op) ++j;
-      }
-      if (j - i > 1) {
-        run_merged(calls, i, j, op);
-      } else {
-        run_one(*calls[i]);
-      }
-      i = j;
-    }
-  }
-
-  void run_one(leaf_call& c) {
-    try {
-      switch (c.op) {
-        case leaf_call::Op::Read: {
-          std::vector<at::Tensor> out = store_->read(c.reads);
-          impl_->count(1);
-          c.reply.set_value(std::move(out));
-          return;
-        }
-        case leaf_call::Op::Write:
-          store_->write(c.writes);
-          impl_->count(1);
-          break;
-        case leaf_call::Op::Run:
-          c.fn(*store_);
-          break;
-      }
-      c.reply.set_value({});
-    } catch (...) {
-      c.reply.set_error(map_detail::carry_current_exception(-1));
-    }
-  }
-
-  //! calls[i, j): all reads or all writes, as ONE store call; when it fails, each call runs alone so that
-  //! every caller gets its own result or error (writes: the store's write is atomic or applied in order)
-  void run_merged(const std::vector<leaf_call_ptr>& calls, size_t i, size_t j, leaf_call::Op op) {
-    try {
-      if (op == leaf_call::Op::Read) {
-        std::vector<backends::LeafRead> all;
-        for (size_t k = i; k < j; ++k) all.insert(all.end(), calls[k]->reads.begin(), calls[k]->reads.end());
-        std::vector<at::Tensor> out = store_->read(all);
-        if (out.size() != all.size()) throw RuntimeError("store: read returned a wrong number of tensors");
-        impl_->count(static_cast<int64_t>(j - i));
-        size_t pos = 0;
-        for (size_t k = i; k < j; ++k) {
-          const size_t n = calls[k]->reads.size();
-          calls[k]->reply.set_value(std::vector<at::Tensor>(out.begin() + static_cast<long>(pos),
-                                                            out.begin() + static_cast<long>(pos + n)));
-          pos += n;
-        }
-      } else {
-        std::vector<backends::LeafWrite> all;
-        for (size_t k = i; k < j; ++k) all.insert(all.end(), calls[k]->writes.begin(), calls[k]->writes.end());
-        store_->write(all);
-        impl_->count(static_cast<int64_t>(j - i));
-        for (size_t k = i; k < j; ++k) calls[k]->reply.set_value({});
-      }
-    } catch (...) {
-      for (size_t k = i; k < j; ++k) run_one(*calls[k]);
-    }
-  }
-
-  std::shared_ptr<backends::LeafStore> store_;
+  std::chrono::microseconds linger_;
+  std::shared_ptr<backends::LeafStore> store_;  // keeps the store alive as long as its actor
   std::shared_ptr<LeafCallState> impl_;
 };
 
@@ -226,7 +308,8 @@ std::shared_ptr<LeafStoreClient> LeafStoreClient::open(std::shared_ptr<Runtime> 
   c->impl_->st->describe = c->describe_;
   c->impl_->st->store = store;
   caf::actor a = c->impl_->rt->system().spawn<LeafStoreActor>(
-      std::chrono::microseconds(c->impl_->rt->config().actor_spin_us), std::move(store), c->impl_->st);
+      std::chrono::microseconds(c->impl_->rt->config().actor_spin_us),
+      std::chrono::microseconds(c->impl_->rt->config().store_linger_us), std::move(store), c->impl_->st);
   std::lock_guard<std::mutex> lock(c->impl_->st->mu);
   c->impl_->st->actor = std::move(a);
   return c;
@@ -240,46 +323,64 @@ LeafStoreClient::~LeafStoreClient() {
   }
 }
 
+namespace {
+//! how many merged store calls a caller that found the store free runs before it returns: its own, with
+//! the calls waiting then (the calls that arrive meanwhile are the actor's, or the next caller's)
+constexpr size_t kCallerRounds = 1;
+}  // namespace
+
 void LeafStoreClient::send(const leaf_call_ptr& call) {
+  LeafCallState& st = *impl_->st;
+  const auto linger = std::chrono::microseconds(impl_->rt->config().store_linger_us);
+  // the store is free: this caller runs its call, with every call waiting, on its own thread
+  auto run_here = [&](std::unique_lock<std::mutex>& lock, std::vector<leaf_call_ptr> mine) {
+    st.check_alive();
+    const bool left = st.drain(std::move(mine), kCallerRounds, linger);
+    lock.unlock();
+    if (left) announce();
+  };
+  {
+    std::unique_lock<std::mutex> lock(st.store_mu, std::try_to_lock);
+    if (lock.owns_lock()) {
+      run_here(lock, {call});
+      return;
+    }
+  }
+  // busy: wait in `pending` for the holder (or the actor) to run it
   std::string why;
   caf::actor to;
-  if (!impl_->st->begin(call, &why, &to)) throw BackendError(why);
-  impl_->st->queued.fetch_add(1, std::memory_order_acq_rel);
-  caf::anon_send(to, leaf_atom::value, call);
+  if (!st.begin(call, &why, &to)) throw BackendError(why);
+  if (st.push_pending(call)) {
+    // nobody holding the store will take it: take the store if it is free by now, else tell the actor
+    std::unique_lock<std::mutex> lock(st.store_mu, std::try_to_lock);
+    if (lock.owns_lock()) {
+      try {
+        run_here(lock, {});
+      } catch (...) {
+        st.end(call);
+        throw;
+      }
+    } else {
+      caf::anon_send(to, leaf_atom::value);
+    }
+  }
   // no timeout: a long HDF5 write is legitimate; an actor that dies fails the call (fail_all)
   call->reply.wait(std::chrono::steady_clock::time_point::max(),
                    std::chrono::microseconds(impl_->rt->config().facade_spin_us));
-  impl_->st->end(call);
+  st.end(call);
 }
 
-namespace {
-
-//! the fast path: when the store is idle (no call queued at its actor, nobody using it), the caller runs its
-//! call itself under the store's lock. That saves the two thread hand-offs of an actor request, which on a
-//! loaded 2-core VM cost far more than the store's own I/O (a Redis row read: ~40 us direct, 180-1400 us
-//! through the actor while the actor's thread sleeps on the socket). Calls that find the store busy go to
-//! the actor, which merges them into one store call. false: not run, send it.
-template <class F>
-bool try_direct(LeafCallState& st, F&& f) {
-  if (st.queued.load(std::memory_order_acquire) != 0) return false;
-  std::unique_lock<std::mutex> lock(st.store_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
+void LeafStoreClient::announce() {
+  caf::actor to;
   {
-    std::lock_guard<std::mutex> g(st.mu);
-    if (!st.alive || !st.actor) throw BackendError(st.why_dead.empty() ? st.describe + " is closed" : st.why_dead);
+    std::lock_guard<std::mutex> lock(impl_->st->mu);
+    if (!impl_->st->alive) return;  // fail_all has failed the calls waiting
+    to = impl_->st->actor;
   }
-  f(*st.store);
-  return true;
+  if (to) caf::anon_send(to, leaf_atom::value);
 }
-
-}  // namespace
 
 std::vector<at::Tensor> LeafStoreClient::read(std::vector<backends::LeafRead> reads) {
-  std::vector<at::Tensor> out;
-  if (try_direct(*impl_->st, [&](backends::LeafStore& s) { out = s.read(reads); })) {
-    impl_->st->count(1);
-    return out;
-  }
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Read;
   c->reads = std::move(reads);
@@ -288,10 +389,6 @@ std::vector<at::Tensor> LeafStoreClient::read(std::vector<backends::LeafRead> re
 }
 
 void LeafStoreClient::write(std::vector<backends::LeafWrite> writes) {
-  if (try_direct(*impl_->st, [&](backends::LeafStore& s) { s.write(writes); })) {
-    impl_->st->count(1);
-    return;
-  }
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Write;
   c->writes = std::move(writes);
@@ -300,7 +397,6 @@ void LeafStoreClient::write(std::vector<backends::LeafWrite> writes) {
 }
 
 void LeafStoreClient::run_void(const std::function<void(backends::LeafStore&)>& fn) {
-  if (try_direct(*impl_->st, fn)) return;
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Run;
   c->fn = fn;
@@ -335,6 +431,8 @@ bool LeafStoreClient::closed() const {
   std::lock_guard<std::mutex> lock(impl_->st->mu);
   return impl_->st->closed;
 }
+
+size_t LeafStoreClient::waiting() const { return impl_->st->pending_n.load(std::memory_order_acquire); }
 
 LeafStoreClient::BatchStats LeafStoreClient::batch_stats() const {
   std::lock_guard<std::mutex> lock(impl_->st->mu);

@@ -388,7 +388,7 @@ TensorDict RemoteNode::materialize(const std::vector<std::string>* only) const {
       LeafPath cp = concat_path(p, k);
       if (auto info = tree_->leaf(cp)) {
         if (info->kind == backends::LeafKind::Tensor) {
-          td.set(NestedKey(k), values.at(cp));
+          td.set(k.c_str(), values.at(cp));  // one-part key: no NestedKey
         } else {
           RemoteNode at_level(tree_, p, idx);
           td.set(NestedKey(k), at_level.read_non_tensor(cp));

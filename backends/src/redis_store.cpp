@@ -1,5 +1,7 @@
 #include "tensordict/backends/redis_store.hpp"
 
+#include <ATen/EmptyTensor.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -67,10 +69,15 @@ int64_t checked_nbytes(const std::vector<int64_t>& shape, int64_t itemsize, size
 }
 
 at::Tensor tensor_from_bytes(std::string&& bytes, at::ScalarType dtype, at::IntArrayRef shape) {
-  auto opts = at::TensorOptions().dtype(dtype);
-  if (bytes.empty()) return at::empty(shape, opts);
+  // small values (a row) are copied into a plain CPU tensor: cheaper than a heap holder and a from_blob
+  // deleter; large ones keep the reply's buffer (no copy)
+  if (bytes.size() <= 64 * 1024) {
+    at::Tensor t = at::detail::empty_cpu(shape, dtype);
+    if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    return t;
+  }
   auto* holder = new std::string(std::move(bytes));
-  return at::from_blob(holder->data(), shape, [holder](void*) { delete holder; }, opts);
+  return at::from_blob(holder->data(), shape, [holder](void*) { delete holder; }, at::TensorOptions().dtype(dtype));
 }
 
 //! the bytes of a CPU contiguous tensor (resolved conj/neg)

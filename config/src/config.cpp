@@ -50,6 +50,7 @@ const std::map<std::string, Field>& fields() {
       {"request_timeout_ms", {Kind::Int, &Config::request_timeout_ms}},
       {"facade_spin_us", {Kind::Int, &Config::facade_spin_us}},
       {"actor_spin_us", {Kind::Int, &Config::actor_spin_us}},
+      {"store_linger_us", {Kind::Int, &Config::store_linger_us}},
   };
   return f;
 }
@@ -196,6 +197,7 @@ void Config::validate() const {
   positive("request_timeout_ms", request_timeout_ms);
   non_negative("facade_spin_us", facade_spin_us);
   non_negative("actor_spin_us", actor_spin_us);
+  non_negative("store_linger_us", store_linger_us);
   if (shm_prefix.empty() || shm_prefix.size() > 200 || shm_prefix.find('/') != std::string::npos) {
     throw ValueError("config key 'shm.prefix': expected 1 to 200 characters without '/', got \"" + shm_prefix + "\"");
   }

@@ -499,7 +499,7 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
 //! a key of the value that dst lacks: zeros of the full size (upstream _SubTensorDict._set_str), then written
 void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, const Prepared& p, const BatchSize& ibs,
                  const Index& orig) {
-  detail::check_unlocked(dst, "td[idx] = value would add the key '" + key + "'");
+  if (dst.locked) detail::check_unlocked(dst, "td[idx] = value would add the key '" + key + "'");
   const size_t ni = ibs.size();
   switch (ve.kind()) {
     case Entry::Kind::Tensor: {

@@ -127,7 +127,7 @@ TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
     Entry* e = cur->find(key[i]);
     if (!e) {
       if (!create) return nullptr;
-      check_unlocked(*cur, "creating sub-TensorDict '" + key[i] + "'");
+      if (cur->locked) check_unlocked(*cur, "creating sub-TensorDict '" + key[i] + "'");
       TensorDict sub = make_empty(*cur, cur->batch_size);
       cur->put(key[i], Entry(sub));
       e = cur->find(key[i]);
@@ -867,7 +867,7 @@ TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inpla
     copy_into(*existing, prepare_value(*p, key.back(), value), key);
     return *this;
   }
-  check_unlocked(*p, "set " + key.repr());
+  if (p->locked) check_unlocked(*p, "set " + key.repr());
   Entry v = prepare_value(*p, key.back(), value);
   p->put(key.back(), std::move(v));
   return *this;
@@ -1057,7 +1057,7 @@ TensorDict& TensorDict::del(const NestedKey& key) {
     return *this;
   }
   if (!p || !p->find(key.back())) throw_missing_key(key, p ? *p : *d());
-  check_unlocked(*p, "del " + key.repr());
+  if (p->locked) check_unlocked(*p, "del " + key.repr());
   p->erase(key.back());
   return *this;
 }

@@ -98,6 +98,7 @@ int64_t normalize_dim(int64_t dim, int64_t ndim, bool allow_end = false);
 //! a new TensorDict with the same device (and no keys) and the given batch size
 TensorDict make_empty(const TensorDictImpl& like, BatchSize batch_size);
 //! LockedError with upstream's text when locked
+//! LockedError when impl is locked; hot callers test `impl.locked` first so that `what` is built only then
 void check_unlocked(const TensorDictImpl& impl, const std::string& what);
 //! converts a value for insertion into `impl` at `key`: Dicts become TensorDicts, non-tensors get the
 //! batch size, tensors are moved to the device; checks the batch prefix (BatchSizeError otherwise)

@@ -45,6 +45,10 @@ struct Config {
   //! how long an actor serving the facade (store actors, the echo actor: actors/hot_actor.hpp) spins on
   //! its empty mailbox before its thread blocks; a request arriving meanwhile needs no thread wake-up
   int64_t actor_spin_us = 20;
+  //! how long a caller that finds a leaf store (HDF5, Redis) free waits for the other callers' calls
+  //! before it runs its own, when the store's last merged calls came from several callers at once
+  //! (producers in step: their rows then share one round trip instead of alternating 1 and N-1); 0: never
+  int64_t store_linger_us = 20;
 
   //! the embedded default only
   static Config defaults();

@@ -1,10 +1,13 @@
 #pragma once
 //! The store actor of a storage whose leaves live outside this process's memory (backends::LeafStore: an
-//! HDF5 file, a Redis store). Every access goes through it: it owns the file / connection, so the storage
-//! sees one call at a time. It drains its mailbox before it works: consecutive reads waiting there become
-//! ONE LeafStore::read (one HDF5 pass, one Redis pipeline) and consecutive writes ONE LeafStore::write (one
-//! MULTI/EXEC), so many producers calling `buf[i] = row` at once share round trips. When a merged batch
-//! fails, each call runs alone so that every caller gets its own result or error.
+//! HDF5 file, a Redis store). It owns the file / connection, and the storage sees one call at a time: a
+//! caller that finds the store free runs its call on its own thread, together with every call waiting;
+//! a caller that finds it busy leaves its call waiting and messages the actor, and whoever holds the store
+//! next (that caller, or the actor) runs it. Calls waiting are merged: consecutive reads become ONE
+//! LeafStore::read (one HDF5 pass, one Redis pipeline) and consecutive writes ONE LeafStore::write (one
+//! MULTI/EXEC), so many producers calling `buf[i] = row` at once share round trips without a thread
+//! hand-off when the store is idle. When a merged batch fails, each call runs alone so that every caller
+//! gets its own result or error.
 //!
 //!   auto client = LeafStoreClient::open(runtime, backends::open_h5_store(...));
 //!   std::vector<at::Tensor> rows = client->read({{{"obs"}, false, {3, 7}}});   // one request
@@ -40,9 +43,9 @@ class LeafStoreClient {
 
   //! one request: the leaves' rows (LeafStore::read), merged with the reads other callers sent meanwhile
   std::vector<at::Tensor> read(std::vector<backends::LeafRead> reads);
-  //! one request: LeafStore::write, merged with other callers' writes waiting in the mailbox
+  //! one request: LeafStore::write, merged with other callers' writes waiting for the store
   void write(std::vector<backends::LeafWrite> writes);
-  //! runs fn(store) inside the actor (structure queries, create, erase, non-tensors, flush) and returns
+  //! runs fn(store) with the store held (structure queries, create, erase, non-tensors, flush) and returns
   //! what fn returns; fn's exception reaches the caller with its type
   template <class F>
   auto run(F fn) -> decltype(fn(std::declval<backends::LeafStore&>())) {
@@ -72,11 +75,15 @@ class LeafStoreClient {
     int64_t largest = 0;
   };
   BatchStats batch_stats() const;
+  //! calls waiting for the store right now (for tests and diagnostics)
+  size_t waiting() const;
 
  private:
   LeafStoreClient() = default;
   void run_void(const std::function<void(backends::LeafStore&)>& fn);
   void send(const std::shared_ptr<leaf_call>& call);
+  //! tells the actor that calls are waiting for the store
+  void announce();
   struct Impl;
   std::shared_ptr<Impl> impl_;
   std::string describe_, driver_;

@@ -1,0 +1,180 @@
+// The leaf-store client (actors/leaf_store_actor.hpp) over a real HDF5 file: calls that find the store busy
+// wait and are merged into one store call; each caller still gets its own result or error; calls from many
+// threads at once all complete with the right values. Assertions run on the test's thread only.
+#include <boost/test/unit_test.hpp>
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/backends_test_util.hpp"
+#include "tensordict/actors/leaf_store_actor.hpp"
+#include "tensordict/actors/runtime.hpp"
+#include "tensordict/backends/h5_store.hpp"
+#include "tensordict/config.hpp"
+#include "tensordict/errors.hpp"
+
+using namespace tensordict;
+namespace be = tensordict::backends;
+using td_test::TempDir;
+
+namespace {
+
+//! a bounded wait on the test's thread: true once pred() holds
+template <class F>
+bool eventually(F pred, std::chrono::seconds limit = std::chrono::seconds(20)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+//! holds the store (a `run` call that blocks until released) so that other calls must wait for it
+struct StoreHolder {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, released = false;
+  std::thread t;
+  explicit StoreHolder(actors::LeafStoreClient& c) {
+    t = std::thread([this, &c] {
+      c.run([this](be::LeafStore&) {
+        std::unique_lock<std::mutex> lock(mu);
+        entered = true;
+        cv.notify_all();
+        cv.wait_for(lock, std::chrono::seconds(30), [this] { return released; });
+      });
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(30), [this] { return entered; });
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      released = true;
+    }
+    cv.notify_all();
+    t.join();
+  }
+  ~StoreHolder() {
+    if (t.joinable()) release();
+  }
+};
+
+be::LeafWrite row_write(int64_t r, at::Tensor v) {
+  be::LeafWrite w;
+  w.path = {"x"};
+  w.whole = false;
+  w.rows = {r};
+  w.data = std::move(v);
+  return w;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(leaf_store_client)
+
+BOOST_AUTO_TEST_CASE(calls_that_wait_for_a_busy_store_become_one_store_call) {
+  TempDir dir;
+  auto rt = actors::Runtime::start(Config::load());
+  auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
+  store->create({"x"}, at::kFloat, {8, 3}, at::Tensor(), {});
+  auto client = actors::LeafStoreClient::open(rt, store);
+  const auto before = client->batch_stats();
+  std::vector<std::thread> writers;
+  {
+    StoreHolder hold(*client);
+    BOOST_TEST(client->waiting() == 0u);
+    for (int64_t r = 0; r < 3; ++r)
+      writers.emplace_back([&client, r] { client->write({row_write(r, at::full({3}, static_cast<float>(r + 1)))}); });
+    BOOST_TEST_REQUIRE(eventually([&] { return client->waiting() == 3u; }), "3 writes waiting for the busy store");
+  }  // released: the three writes run as ONE store call
+  for (auto& t : writers) t.join();
+  const auto after = client->batch_stats();
+  BOOST_TEST(after.calls - before.calls == 3);
+  BOOST_TEST(after.batches - before.batches == 1);
+  BOOST_TEST(after.largest >= 3);
+  at::Tensor got = client->read({be::LeafRead{{"x"}, true, {}}}).at(0);
+  at::Tensor want = at::zeros({8, 3});
+  for (int64_t r = 0; r < 3; ++r) want[r].fill_(static_cast<float>(r + 1));
+  BOOST_TEST(got.equal(want));
+  BOOST_TEST(client->waiting() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_call_in_a_merged_batch_fails_alone) {
+  TempDir dir;
+  auto rt = actors::Runtime::start(Config::load());
+  auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
+  store->create({"x"}, at::kFloat, {8, 3}, at::Tensor(), {});
+  auto client = actors::LeafStoreClient::open(rt, store);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> writers;
+  {
+    StoreHolder hold(*client);
+    for (int64_t r = 0; r < 3; ++r) {
+      writers.emplace_back([&client, &errors, r] {
+        // the second write has the wrong dtype: the merged write fails, then each runs alone
+        at::Tensor v = r == 1 ? at::full({3}, 9.0, at::kDouble) : at::full({3}, static_cast<float>(r + 1));
+        try {
+          client->write({row_write(r, v)});
+        } catch (const TypeError& e) {
+          errors[static_cast<size_t>(r)] = std::string("TypeError: ") + e.what();
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = std::string("other: ") + e.what();
+        }
+      });
+    }
+    BOOST_TEST_REQUIRE(eventually([&] { return client->waiting() == 3u; }));
+  }
+  for (auto& t : writers) t.join();
+  BOOST_TEST(errors[0].empty());
+  BOOST_TEST(errors[1].rfind("TypeError: ", 0) == 0, errors[1]);
+  BOOST_TEST(errors[2].empty());
+  at::Tensor got = client->read({be::LeafRead{{"x"}, false, {0, 1, 2}}}).at(0);
+  BOOST_TEST(got.equal(at::stack({at::full({3}, 1.0f), at::zeros({3}), at::full({3}, 3.0f)})));
+}
+
+BOOST_AUTO_TEST_CASE(many_threads_reading_and_writing_each_get_their_own_rows) {
+  TempDir dir;
+  auto rt = actors::Runtime::start(Config::load());
+  auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
+  const int threads = 4, per = 150;
+  store->create({"x"}, at::kFloat, {threads * per, 3}, at::Tensor(), {});
+  auto client = actors::LeafStoreClient::open(rt, store);
+  std::atomic<int> wrong{0}, failed{0};
+  std::vector<std::thread> ts;
+  for (int k = 0; k < threads; ++k) {
+    ts.emplace_back([&, k] {
+      try {
+        for (int i = 0; i < per; ++i) {
+          const int64_t r = k * per + i;
+          client->write({row_write(r, at::full({3}, static_cast<float>(r)))});
+          at::Tensor back = client->read({be::LeafRead{{"x"}, false, {r}}}).at(0);
+          if (!back.equal(at::full({1, 3}, static_cast<float>(r)))) wrong.fetch_add(1);
+          if (i % 25 == 0) client->run([](be::LeafStore& s) { return s.list().size(); });
+        }
+      } catch (...) {
+        failed.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  BOOST_TEST(failed.load() == 0);
+  BOOST_TEST(wrong.load() == 0);
+  at::Tensor all = client->read({be::LeafRead{{"x"}, true, {}}}).at(0);
+  BOOST_TEST(all.equal(at::arange(threads * per).to(at::kFloat).unsqueeze(1).expand({threads * per, 3})));
+  const auto st = client->batch_stats();
+  BOOST_TEST(st.calls == 2 * threads * per + 1);
+  BOOST_TEST(st.batches <= st.calls);
+  BOOST_TEST(client->waiting() == 0u);
+  BOOST_TEST_MESSAGE("row calls " << st.calls << " in " << st.batches << " store calls, largest " << st.largest);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
