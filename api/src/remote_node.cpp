@@ -386,9 +386,13 @@ TensorDict RemoteNode::materialize(const std::vector<std::string>* only) const {
     for (const auto& k : lv->keys) {
       if (p == path_ && only && std::find(only->begin(), only->end(), k) == only->end()) continue;
       LeafPath cp = concat_path(p, k);
+      if (auto v = values.find(cp); v != values.end()) {  // a tensor leaf read above
+        td.set(k.c_str(), v->second);                      // one-part key: no NestedKey
+        continue;
+      }
       if (auto info = tree_->leaf(cp)) {
         if (info->kind == backends::LeafKind::Tensor) {
-          td.set(k.c_str(), values.at(cp));  // one-part key: no NestedKey
+          td.set(k.c_str(), values.at(cp));
         } else {
           RemoteNode at_level(tree_, p, idx);
           td.set(NestedKey(k), at_level.read_non_tensor(cp));
@@ -508,24 +512,16 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
   };
   std::vector<Item> tensors;
   std::vector<std::pair<LeafPath, Entry>> non_tensors;
-  for (const auto& kv : value.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+  // one walk: the leaves, and the sub-TensorDicts (the levels the store lacks take the value's batch sizes)
+  for (const auto& kv : value.items(KeysOptions().include_nested(true).non_tensor_leaves(true))) {
     LeafPath p = path_;
     for (const auto& part : kv.first.parts()) p.push_back(part);
     if (kv.second.is_tensor()) {
       tensors.push_back(Item{p, kv.second.tensor()});
+    } else if (kv.second.is_tensordict()) {
+      if (!tree_->level(p)) tree_->set_batch(p, concat(level_batch, tail(kv.second.tensordict().batch_size(), rb.size())));
     } else {
       non_tensors.emplace_back(p, kv.second);
-    }
-  }
-  // sub-TensorDicts of the value that the store lacks: their levels take the value's batch sizes
-  for (const auto& k : value.keys(KeysOptions().include_nested(true))) {
-    Entry e = value.get_entry(k);
-    if (!e.is_tensordict()) continue;
-    LeafPath p = path_;
-    for (const auto& part : k.parts()) p.push_back(part);
-    if (!tree_->level(p)) {
-      BatchSize b = concat(level_batch, tail(e.tensordict().batch_size(), rb.size()));
-      tree_->set_batch(p, b);
     }
   }
   auto level_sel = [&](const LeafPath& level) {

@@ -500,6 +500,7 @@ TensorDict::TensorDict(BatchSize batch_size, std::optional<at::Device> device)
 
 TensorDict::TensorDict(const Dict& source, BatchSize batch_size, std::optional<at::Device> device)
     : TensorDict(std::move(batch_size), device) {
+  d()->entries.reserve(source.size());
   for (const auto& kv : source) set(kv.first, kv.second);
 }
 
