@@ -68,6 +68,18 @@ struct StoreHolder {
   }
 };
 
+//! a client over a new HDF5 file holding one float leaf "x" of [rows, 3] (zeros)
+struct H5Client {
+  TempDir dir;
+  std::shared_ptr<actors::Runtime> rt = actors::Runtime::start(Config::load());
+  std::shared_ptr<actors::LeafStoreClient> client;
+  explicit H5Client(int64_t rows) {
+    auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
+    store->create({"x"}, at::kFloat, {rows, 3}, at::Tensor(), {});
+    client = actors::LeafStoreClient::open(rt, store);
+  }
+};
+
 be::LeafWrite row_write(int64_t r, at::Tensor v) {
   be::LeafWrite w;
   w.path = {"x"};
@@ -82,11 +94,8 @@ be::LeafWrite row_write(int64_t r, at::Tensor v) {
 BOOST_AUTO_TEST_SUITE(leaf_store_client)
 
 BOOST_AUTO_TEST_CASE(calls_that_wait_for_a_busy_store_become_one_store_call) {
-  TempDir dir;
-  auto rt = actors::Runtime::start(Config::load());
-  auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
-  store->create({"x"}, at::kFloat, {8, 3}, at::Tensor(), {});
-  auto client = actors::LeafStoreClient::open(rt, store);
+  H5Client f(8);
+  auto& client = f.client;
   const auto before = client->batch_stats();
   std::vector<std::thread> writers;
   {
@@ -109,11 +118,8 @@ BOOST_AUTO_TEST_CASE(calls_that_wait_for_a_busy_store_become_one_store_call) {
 }
 
 BOOST_AUTO_TEST_CASE(a_bad_call_in_a_merged_batch_fails_alone) {
-  TempDir dir;
-  auto rt = actors::Runtime::start(Config::load());
-  auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
-  store->create({"x"}, at::kFloat, {8, 3}, at::Tensor(), {});
-  auto client = actors::LeafStoreClient::open(rt, store);
+  H5Client f(8);
+  auto& client = f.client;
   std::vector<std::string> errors(3);
   std::vector<std::thread> writers;
   {
@@ -142,12 +148,9 @@ BOOST_AUTO_TEST_CASE(a_bad_call_in_a_merged_batch_fails_alone) {
 }
 
 BOOST_AUTO_TEST_CASE(many_threads_reading_and_writing_each_get_their_own_rows) {
-  TempDir dir;
-  auto rt = actors::Runtime::start(Config::load());
-  auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
   const int threads = 4, per = 150;
-  store->create({"x"}, at::kFloat, {threads * per, 3}, at::Tensor(), {});
-  auto client = actors::LeafStoreClient::open(rt, store);
+  H5Client f(threads * per);
+  auto& client = f.client;
   std::atomic<int> wrong{0}, failed{0};
   std::vector<std::thread> ts;
   for (int k = 0; k < threads; ++k) {
