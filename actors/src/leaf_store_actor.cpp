@@ -227,10 +227,11 @@ struct LeafCallState {
         count(static_cast<int64_t>(j - i));
         size_t pos = 0;
         for (size_t k = i; k < j; ++k) {
-          const size_t n = calls[k]->reads.size();
-          calls[k]->reply.set_value(std::vector<at::Tensor>(std::make_move_iterator(out.begin() + static_cast<long>(pos)),
-                                                            std::make_move_iterator(out.begin() + static_cast<long>(pos + n))));
-          pos += n;
+          const auto first = out.begin() + static_cast<long>(pos);
+          const auto last = first + static_cast<long>(calls[k]->reads.size());
+          calls[k]->reply.set_value(
+              std::vector<at::Tensor>(std::make_move_iterator(first), std::make_move_iterator(last)));
+          pos += calls[k]->reads.size();
         }
       } else {
         std::vector<backends::LeafWrite> all;
@@ -252,8 +253,8 @@ struct LeafStoreClient::Impl {
 
 namespace {
 
-//! the store's actor: it owns the store and runs the calls that callers left in `pending` when no caller
-//! holding the store is left to run them (one message per such call; it drains its mailbox first)
+//! the store's actor: it owns the store and runs the calls left in `pending` when no caller holding the
+//! store will run them (it is told by a message, and drains its mailbox of the others first)
 class LeafStoreActor final : public HotActor {
  public:
   LeafStoreActor(caf::actor_config& cfg, std::chrono::microseconds spin, std::chrono::microseconds linger,
