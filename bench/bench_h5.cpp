@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -252,10 +253,13 @@ size_t pick_batch(RawH5& h, const Selection& sel, bool write, std::vector<at::Te
   return best_b;
 }
 
+//! `durable`: the store's default (a write returns once in the file): writes are also timed against raw
+//! writes followed by H5Dflush of each dataset (the same guarantee). Not durable (h5py's behaviour): writes
+//! only, against plain raw writes.
 Json bench_layout(const std::string& dir, const std::string& layout, const TensorDict& src,
-                  const std::vector<Case>& cases) {
-  const std::string file = dir + "/" + layout + ".h5";
-  H5Options opts = H5Options().mode("w");
+                  const std::vector<Case>& cases, bool durable) {
+  const std::string file = dir + "/" + layout + (durable ? "" : "_nd") + ".h5";
+  H5Options opts = H5Options().mode("w").durable(durable);
   if (layout != "contiguous") opts = opts.chunks({512, kFeatures}).compression_level(4).shuffle(true);
   PersistentTensorDict h5td = PersistentTensorDict::from_dict(src, file, opts);
   h5td.flush();
@@ -266,14 +270,19 @@ Json bench_layout(const std::string& dir, const std::string& layout, const Tenso
   // the lazy view alone (td[42] without reading): what a call costs before its request
   const double view_us = measure_one([&] { g_sink = g_sink + h5td.index({42}).batch_size().size(); }, 2e5, 1000);
   std::vector<Json> results;
-  auto record = [&](const std::string& name, const Pair& p, const std::string& variant) {
+  auto record = [&](const std::string& name, const Pair& p, const std::string& variant, const Pair* flushed) {
     Json j;
     j.str("name", name).num("td_us", p.ours_us).num("raw_us", p.raw_us).num("ratio", p.ratio(), 2)
-        .num("ratio_without_hop", (p.ours_us - hop_us) / p.raw_us, 2).str("raw_variant",
-                                                                                                        variant);
+        .num("ratio_without_hop", (p.ours_us - hop_us) / p.raw_us, 2).str("raw_variant", variant);
+    if (flushed) {
+      j.num("td_us_vs_flush", flushed->ours_us).num("raw_flush_us", flushed->raw_us)
+          .num("ratio_same_durability", flushed->ratio(), 2)
+          .num("ratio_same_durability_without_hop", (flushed->ours_us - hop_us) / flushed->raw_us, 2);
+    }
     results.push_back(j);
   };
   for (const Case& c : cases) {
+    if (!durable) break;  // reads do not depend on it
     std::vector<at::Tensor> bufs = leaf_buffers(c.sel.rows);
     std::string variant;
     const size_t batch = pick_batch(raw, c.sel, false, bufs, &variant);
@@ -287,7 +296,7 @@ Json bench_layout(const std::string& dir, const std::string& layout, const Tenso
           raw_transfer(raw, c.sel, batch, out, false);
           g_sink = g_sink + out[0].numel();
         });
-    record("read " + c.name, p, variant);
+    record("read " + c.name, p, variant, nullptr);
   }
   for (const Case& c : cases) {
     // the rows to write: ours in the user's order, raw the same values in sorted order
@@ -301,11 +310,21 @@ Json bench_layout(const std::string& dir, const std::string& layout, const Tenso
     (void)scratch;
     Pair p = measure_pair([&] { h5td.index_put_(c.idx, sub); },
                           [&] { raw_transfer(raw, c.sel, batch, sorted_bufs, true); });
-    record("write " + c.name, p, variant);
+    std::optional<Pair> flushed;
+    if (durable) {
+      flushed = measure_pair([&] { h5td.index_put_(c.idx, sub); },
+                             [&] {
+                               raw_transfer(raw, c.sel, batch, sorted_bufs, true);
+                               for (hid_t d : raw.ds) check(H5Dflush(d), "flush");
+                             });
+    }
+    record("write " + c.name, p, variant, flushed ? &*flushed : nullptr);
   }
   auto st = h5td.store_stats();
   Json j;
-  j.str("layout", layout == "contiguous" ? "contiguous" : "chunks [512, 64], shuffle, gzip 4")
+  j.str("layout", std::string(layout == "contiguous" ? "contiguous" : "chunks [512, 64], shuffle, gzip 4") +
+                      (durable ? "" : ", durable(false)"))
+      .num("durable", durable ? 1 : 0, 0)
       .str("raw_file", raw_file)
       .num("actor_hop_us", hop_us)
       .num("index_view_only_us", view_us)
@@ -555,8 +574,10 @@ int main(int argc, char** argv) {
     }
     if (want("rows")) {
       std::vector<Json> layouts;
-      layouts.push_back(bench_layout(dir, "contiguous", src, cases));
-      layouts.push_back(bench_layout(dir, "chunked", src, cases));
+      layouts.push_back(bench_layout(dir, "contiguous", src, cases, true));
+      layouts.push_back(bench_layout(dir, "chunked", src, cases, true));
+      layouts.push_back(bench_layout(dir, "contiguous", src, cases, false));
+      layouts.push_back(bench_layout(dir, "chunked", src, cases, false));
       out.arr("layouts", layouts);
     }
     if (want("two"))

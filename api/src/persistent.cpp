@@ -50,7 +50,8 @@ backends::LeafPath group_path(const std::string& group) {
 
 std::shared_ptr<remote::RemoteTree> open_tree(const std::string& filename, const H5Options& o,
                                              const backends::LeafPath& group = {}) {
-  auto store = backends::open_h5_store(absolute(filename), backends::parse_h5_mode(o.mode()), group, create_options(o));
+  auto store = backends::open_h5_store(absolute(filename), backends::parse_h5_mode(o.mode()), group, create_options(o),
+                                       o.durable());
   auto client = actors::LeafStoreClient::open(runtime_of(o.engine()), std::move(store));
   auto tree = std::make_shared<remote::RemoteTree>(std::move(client), o.batch_size(), o.device(), kType);
   tree->create_options = create_options(o);
@@ -82,6 +83,7 @@ JsonValue H5Options::fields() const {
   o.emplace_back("chunks", JsonValue(std::move(ch)));
   o.emplace_back("compression_level", JsonValue(static_cast<int64_t>(compression_level())));
   o.emplace_back("shuffle", JsonValue(shuffle()));
+  o.emplace_back("durable", JsonValue(durable()));
   if (device()) o.emplace_back("device", JsonValue(device()->str()));
   return JsonValue::object(std::move(o));
 }
@@ -96,6 +98,7 @@ H5Options H5Options::from_fields(const JsonValue& f) {
   }
   if (const JsonValue* l = f.find("compression_level"); l && l->is_int()) o.compression_level(static_cast<int>(l->as_int()));
   if (const JsonValue* s = f.find("shuffle"); s && s->is_bool()) o.shuffle(s->as_bool());
+  if (const JsonValue* d = f.find("durable"); d && d->is_bool()) o.durable(d->as_bool());
   if (const JsonValue* d = f.find("device"); d && d->is_string()) o.device(parse_device(d->as_string(), "H5Options"));
   return o;
 }

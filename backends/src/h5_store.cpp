@@ -474,8 +474,8 @@ namespace {
 
 class H5Store final : public LeafStore {
  public:
-  H5Store(std::string file, H5Mode mode, LeafPath group, CreateOptions defaults)
-      : file_(std::move(file)), mode_(mode), group_(std::move(group)), defaults_(std::move(defaults)) {
+  H5Store(std::string file, H5Mode mode, LeafPath group, CreateOptions defaults, bool durable)
+      : file_(std::move(file)), mode_(mode), group_(std::move(group)), defaults_(std::move(defaults)), durable_(durable) {
     open();
   }
   ~H5Store() override {
@@ -488,7 +488,9 @@ class H5Store final : public LeafStore {
 
   std::string driver() const override { return "h5"; }
   JsonValue spec_fields() const override {
-    return JsonValue::object({{"path", file_}, {"group", join_path(group_)}, {"mode", to_string(mode_)}});
+    JsonValue::Object o{{"path", JsonValue(file_)}, {"group", JsonValue(join_path(group_))}, {"mode", JsonValue(to_string(mode_))}};
+    if (!durable_) o.emplace_back("durable", JsonValue(false));
+    return JsonValue::object(std::move(o));
   }
   std::string describe() const override {
     std::string d = "HDF5 file " + file_;
@@ -523,10 +525,12 @@ class H5Store final : public LeafStore {
     // validate everything first: a bad request leaves the file untouched
     for (const auto& w : writes) check_write(w);
     for (const auto& w : writes) do_write(w);
-    // HDF5 keeps small raw-data writes (a row of a narrow leaf) in a dataset's sieve buffer until the buffer
-    // is evicted or the file closed: a row reported written could then be lost to a full disk at close
-    // (tests/api/test_faults.cpp, h5_writes_on_a_full_disk_keep_every_acknowledged_row). A write batch is
-    // reported done only once its bytes are in the file (the page cache); reads keep the sieve buffer.
+    // HDF5 keeps small raw-data writes (a row of a narrow leaf) in a dataset's sieve buffer (contiguous) or
+    // chunk cache (chunked) until evicted or the file closed: a row reported written could then be lost to a
+    // full disk at close (tests/api/test_faults.cpp, h5_writes_on_a_full_disk_keep_every_acknowledged_row).
+    // A durable store reports a write batch done only once its bytes are in the file (the page cache); reads
+    // keep the caches. Not durable (h5py's behaviour): the bytes reach the file at flush() / close().
+    if (!durable_) return;
     for (const auto& w : writes) {
       if (w.path.empty()) continue;
       auto it = datasets_.find(rel_path(w.path));
@@ -777,6 +781,9 @@ class H5Store final : public LeafStore {
 
     Id fapl = plist_id(H5Pcreate(H5P_FILE_ACCESS));
     H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);  // close() really releases the file
+    // a durable writable file flushes the sieve buffer of every dataset it writes (write()): 4 KiB instead of
+    // HDF5's 64 KiB makes that flush a 4 KiB pwrite while reads of nearby rows still hit the buffer
+    if (durable_ && how != H5Mode::Read) H5Pset_sieve_buf_size(fapl.get(), kDurableSieveBytes);
 
     if (how == H5Mode::Write) {
       if (exists) refuse_if_locked();  // HDF5 truncates BEFORE it takes its lock: never wipe another writer's file
@@ -1614,13 +1621,15 @@ class H5Store final : public LeafStore {
   std::shared_ptr<Generation> generation_ = std::make_shared<Generation>(0);  //!< see file_generation()
   uint64_t seen_generation_ = 0;  //!< the generation datasets_ is valid for
   bool may_reuse_space_ = false;  //!< freed file space may be reused: write fill values for new datasets
+  bool durable_ = true;           //!< every write batch flushed before it is reported done (write())
+  static constexpr size_t kDurableSieveBytes = 4096;
 };
 
 }  // namespace
 
 std::shared_ptr<LeafStore> open_h5_store(const std::string& file, H5Mode mode, const LeafPath& group,
-                                         const CreateOptions& defaults) {
-  return std::make_shared<H5Store>(file, mode, group, defaults);
+                                         const CreateOptions& defaults, bool durable) {
+  return std::make_shared<H5Store>(file, mode, group, defaults, durable);
 }
 
 std::shared_ptr<LeafStore> open_h5_store(const JsonValue& spec, std::optional<H5Mode> mode_override) {
@@ -1648,7 +1657,12 @@ std::shared_ptr<LeafStore> open_h5_store(const JsonValue& spec, std::optional<H5
   // a store created with "w" reopens its file as "r+": a spec never truncates
   if (mode == H5Mode::Write) mode = H5Mode::ReadWrite;
   if (mode_override) mode = *mode_override;
-  return open_h5_store(path->as_string(), mode, group);
+  bool durable = true;
+  if (const JsonValue* d = spec.find("durable")) {
+    if (!d->is_bool()) throw bad("\"durable\" must be a boolean");
+    durable = d->as_bool();
+  }
+  return open_h5_store(path->as_string(), mode, group, {}, durable);
 }
 
 }  // namespace backends

@@ -662,6 +662,48 @@ BOOST_AUTO_TEST_CASE(reopen_modes_and_specs) {
       [&] { be::open_h5_store(JsonValue::object({{"path", f}, {"mode", "rw"}})); }, {"rw"});
 }
 
+BOOST_AUTO_TEST_CASE(not_durable_stores) {
+  // durable = false (h5py's behaviour): writes stay in HDF5's caches until flush() / close(); the spec
+  // carries the choice to other processes, and what was written reads back in the store and after close
+  TempDir dir;
+  const std::string f = dir / "nd.h5";
+  be::CreateOptions gz;
+  gz.chunks = {4, 3};
+  gz.compression_level = 4;
+  gz.shuffle = true;
+  {
+    auto durable = be::open_h5_store(dir / "d.h5", be::H5Mode::Write);
+    BOOST_TEST(durable->spec_fields().find("durable") == nullptr);  // the default stays out of specs
+    auto s = be::open_h5_store(f, be::H5Mode::Write, {}, {}, /*durable=*/false);
+    BOOST_TEST(s->spec_fields().find("durable")->as_bool() == false);
+    s->create({"c"}, at::kFloat, {10, 3}, at::Tensor(), {});
+    s->create({"z"}, at::kFloat, {10, 3}, at::Tensor(), gz);
+    at::Tensor rows = at::arange(6, at::kFloat).reshape({2, 3});
+    s->write({be::LeafWrite{{"c"}, false, {2, 7}, rows}, be::LeafWrite{{"z"}, false, {2, 7}, rows + 1}});
+    at::Tensor want = at::zeros({10, 3});
+    want.index_put_({at::tensor({2, 7}, at::kLong)}, rows);
+    BOOST_TEST(same(read1(*s, {"c"}), want));
+    at::Tensor want_z = at::zeros({10, 3});
+    want_z.index_put_({at::tensor({2, 7}, at::kLong)}, rows + 1);
+    BOOST_TEST(same(read1(*s, {"z"}), want_z));
+    s->flush();
+    auto again = be::open_h5_store(s->spec_fields());  // another handle from the spec: still not durable
+    BOOST_TEST(again->spec_fields().find("durable")->as_bool() == false);
+    s->write({be::LeafWrite{{"c"}, false, {0}, at::full({3}, 5.0)}});
+    s->close();
+    again->close();
+  }
+  {
+    auto r = be::open_h5_store(f, be::H5Mode::Read);
+    at::Tensor c = read1(*r, {"c"});
+    BOOST_TEST(same(c.index({0}), at::full({3}, 5.0)));  // written after the flush: reached the file at close
+    BOOST_TEST(same(c.index({2}), at::arange(3, at::kFloat)));
+    BOOST_TEST(same(read1(*r, {"z"}).index({7}), at::arange(3, 6, at::kFloat) + 1));
+  }
+  check_throws<tensordict::FormatError>(
+      [&] { be::open_h5_store(JsonValue::object({{"path", f}, {"durable", "no"}})); }, {"durable", "boolean"});
+}
+
 BOOST_AUTO_TEST_CASE(closed_store) {
   TempDir dir;
   auto s = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);

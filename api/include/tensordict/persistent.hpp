@@ -33,6 +33,11 @@ struct H5Options : StorageOptions {
   //! gzip level 0-9 of new datasets; -1: none (h5py's default)
   TD_ARG(int, compression_level) = -1;
   TD_ARG(bool, shuffle) = false;
+  //! true: a write returns once its rows are in the file (the page cache), so a full disk fails that write
+  //! and no acknowledged row is lost (HDF5 flushes per write; costly for compressed chunks, which are
+  //! re-compressed per write). false: h5py's behaviour, rows stay in HDF5's caches until flush() / close(),
+  //! and a full disk is reported there: rows written since the last flush can be lost.
+  TD_ARG(bool, durable) = true;
   //! the batch size (nullopt: inferred per group from the datasets' shapes, as upstream's from_h5)
   TD_ARG(std::optional<BatchSize>, batch_size) = std::nullopt;
   TD_ARG(std::optional<at::Device>, device) = std::nullopt;

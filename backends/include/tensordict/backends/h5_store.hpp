@@ -37,13 +37,15 @@ std::string to_string(H5Mode mode);
 
 //! Opens (or creates) `file`; the store's root is the group `group` ({} = the file's root group; created
 //! with its parents in modes "w"/"a", KeyError when missing in "r"/"r+"). `defaults` apply to create()
-//! calls whose options are all defaults.
+//! calls whose options are all defaults. `durable`: every write is in the file (the page cache) before it
+//! returns, so a full disk fails the write itself (HDF5 flushes per write batch); false: h5py's behaviour,
+//! writes stay in HDF5's caches until flush() / close(), where a full disk is reported instead.
 //! Errors: BackendError (no such file, a directory, permissions, the file locked by another process),
 //! FormatError (not an HDF5 file: truncated or corrupted), ValueError (bad mode / group path).
 std::shared_ptr<LeafStore> open_h5_store(const std::string& file, H5Mode mode, const LeafPath& group = {},
-                                         const CreateOptions& defaults = {});
+                                         const CreateOptions& defaults = {}, bool durable = true);
 
-//! Reopens a store from its spec_fields() ({"path", "group", "mode"}); `mode_override` replaces the
+//! Reopens a store from its spec_fields() ({"path", "group", "mode"[, "durable": false]}); `mode_override` replaces the
 //! recorded mode (another process opens with H5Mode::Read). FormatError for malformed fields.
 std::shared_ptr<LeafStore> open_h5_store(const JsonValue& spec_fields, std::optional<H5Mode> mode_override = std::nullopt);
 
