@@ -128,30 +128,65 @@ struct Cmd {
   }
 };
 
-//! a pipeline of one command per leaf; each reply's bytes are copied into a fresh tensor
+const Cmd& multi_cmd() {
+  static const Cmd c = [] {
+    Cmd m;
+    m.s("MULTI");
+    m.seal();
+    return m;
+  }();
+  return c;
+}
+const Cmd& exec_cmd() {
+  static const Cmd c = [] {
+    Cmd m;
+    m.s("EXEC");
+    m.seal();
+    return m;
+  }();
+  return c;
+}
+
+//! a pipeline of one command per leaf; each reply's bytes are copied into a fresh tensor. `tx`: the commands
+//! wrapped in MULTI / EXEC, as the store sends a request of several leaves (the same commands)
 std::vector<at::Tensor> raw_read(Raw& raw, std::vector<Cmd>& cmds, int64_t rows, const std::vector<int64_t>& row_shape,
-                                 const std::vector<at::ScalarType>& dtypes) {
+                                 const std::vector<at::ScalarType>& dtypes, bool tx = false) {
+  if (tx) raw.append(multi_cmd().argv, multi_cmd().lens);
   for (auto& c : cmds) raw.append(c.argv, c.lens);
+  if (tx) raw.append(exec_cmd().argv, exec_cmd().lens);
+  redisReply* exec = nullptr;
+  if (tx) {
+    for (size_t k = 0; k < cmds.size() + 1; ++k) freeReplyObject(raw.reply());  // +OK, +QUEUED...
+    exec = raw.reply();
+    if (exec->type != REDIS_REPLY_ARRAY || exec->elements != cmds.size()) {
+      freeReplyObject(exec);
+      throw std::runtime_error("raw read: unexpected EXEC reply");
+    }
+  }
   std::vector<at::Tensor> out;
   for (size_t k = 0; k < cmds.size(); ++k) {
-    redisReply* r = raw.reply();
+    redisReply* r = tx ? exec->element[k] : raw.reply();
     std::vector<int64_t> shape = {rows};
     if (row_shape[k] > 0) shape.push_back(row_shape[k]);
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtypes[k]));
-    if (static_cast<size_t>(t.nbytes()) != r->len) {
-      freeReplyObject(r);
+    const bool ok = static_cast<size_t>(t.nbytes()) == r->len;
+    if (ok) std::memcpy(t.data_ptr(), r->str, r->len);
+    if (!tx) freeReplyObject(r);
+    if (!ok) {
+      if (exec) freeReplyObject(exec);
       throw std::runtime_error("raw read: unexpected length");
     }
-    std::memcpy(t.data_ptr(), r->str, r->len);
-    freeReplyObject(r);
     out.push_back(t);
   }
+  if (exec) freeReplyObject(exec);
   return out;
 }
 
-void raw_write(Raw& raw, const std::vector<Cmd>& cmds) {
+void raw_write(Raw& raw, const std::vector<Cmd>& cmds, bool tx = false) {
+  if (tx) raw.append(multi_cmd().argv, multi_cmd().lens);
   for (const auto& c : cmds) raw.append(c.argv, c.lens);
-  for (size_t k = 0; k < cmds.size(); ++k) freeReplyObject(raw.reply());
+  if (tx) raw.append(exec_cmd().argv, exec_cmd().lens);
+  for (size_t k = 0; k < cmds.size() + (tx ? 2 : 0); ++k) freeReplyObject(raw.reply());
 }
 
 std::vector<int64_t> to_vec(const at::Tensor& t) {
@@ -224,31 +259,44 @@ Json bench_rows(int port) {
   // the lazy view alone (td[42] without reading): what a call costs before its request
   const double view_us = measure_one([&] { g_sink = g_sink + store.index({42}).batch_size().size(); }, 2e5, 1000);
   std::vector<Json> results;
-  auto record = [&](const std::string& name, const Pair& p, const std::string& raw_cmds, double python_us) {
+  // `same`: ours against raw hiredis sending the same commands as the store (MULTI / EXEC around a request of
+  // several leaves: the atomicity of a row); `p`: against the bare pipeline (no transaction)
+  auto record = [&](const std::string& name, const Pair& p, const Pair& same, const std::string& raw_cmds,
+                    double python_us) {
     Json j;
     j.str("name", name).num("td_us", p.ours_us).num("raw_us", p.raw_us).num("ratio", p.ratio(), 2)
         .num("ratio_without_hop", (p.ours_us - hop_us) / p.raw_us, 2)
+        .num("td_us_vs_tx", same.ours_us).num("raw_tx_us", same.raw_us)
+        .num("ratio_same_commands", same.ratio(), 2)
         .str("raw", raw_cmds).num("python_us", python_us, 0);
     results.push_back(j);
+  };
+  auto read_case = [&](const std::string& name, const Index& idx, std::vector<Cmd>& c, int64_t rows,
+                       const std::string& raw_cmds, double python_us) {
+    auto ours = [&] { g_sink = g_sink + store.index(idx).to_tensordict().numel(); };
+    Pair p = measure_pair(ours, [&] { g_sink = g_sink + raw_read(raw, c, rows, row_shape, dtypes).size(); });
+    Pair same = measure_pair(ours, [&] { g_sink = g_sink + raw_read(raw, c, rows, row_shape, dtypes, true).size(); });
+    record(name, p, same, raw_cmds, python_us);
+  };
+  auto write_case = [&](const std::string& name, const Index& idx, const TensorDict& sub, std::vector<Cmd>& c,
+                        const std::string& raw_cmds, double python_us) {
+    auto ours = [&] { store.index_put_(idx, sub); };
+    Pair p = measure_pair(ours, [&] { raw_write(raw, c); });
+    Pair same = measure_pair(ours, [&] { raw_write(raw, c, true); });
+    record(name, p, same, raw_cmds, python_us);
   };
   // reads
   {
     std::vector<Cmd> c = getrange_cmds(id, leaves, row_bytes, 42, 1);
-    Pair p = measure_pair([&] { g_sink = g_sink + store.index({42}).to_tensordict().numel(); },
-                          [&] { g_sink = g_sink + raw_read(raw, c, 1, row_shape, dtypes).size(); });
-    record("read int[42]", p, "pipeline: GETRANGE per leaf", 326);
+    read_case("read int[42]", {42}, c, 1, "pipeline: GETRANGE per leaf", 326);
   }
   {
     std::vector<Cmd> c = getrange_cmds(id, leaves, row_bytes, 100, 256);
-    Pair p = measure_pair([&] { g_sink = g_sink + store.index({Slice(100, 356)}).to_tensordict().numel(); },
-                          [&] { g_sink = g_sink + raw_read(raw, c, 256, row_shape, dtypes).size(); });
-    record("read slice[100:356]", p, "pipeline: GETRANGE per leaf", 622);
+    read_case("read slice[100:356]", {Slice(100, 356)}, c, 256, "pipeline: GETRANGE per leaf", 622);
   }
   {
     std::vector<Cmd> c = gather_cmds(id, sha, leaves, row_bytes, to_vec(random_rows));
-    Pair p = measure_pair([&] { g_sink = g_sink + store.index({random_rows}).to_tensordict().numel(); },
-                          [&] { g_sink = g_sink + raw_read(raw, c, 256, row_shape, dtypes).size(); });
-    record("read long[256 random rows]", p, "pipeline: EVALSHA GETRANGES per leaf", 5242);
+    read_case("read long[256 random rows]", {random_rows}, c, 256, "pipeline: EVALSHA GETRANGES per leaf", 5242);
   }
   // writes
   {
@@ -256,16 +304,14 @@ Json bench_rows(int port) {
     std::vector<at::Tensor> vals;
     for (const auto& l : leaves) vals.push_back(sub.get(l).contiguous());
     std::vector<Cmd> c = setrange_cmds(id, leaves, row_bytes, 42, 1, vals);
-    Pair p = measure_pair([&] { store.index_put_({42}, sub); }, [&] { raw_write(raw, c); });
-    record("write int[42]", p, "pipeline: SETRANGE per leaf", 652);
+    write_case("write int[42]", {42}, sub, c, "pipeline: SETRANGE per leaf", 652);
   }
   {
     TensorDict sub = src.index({Slice(100, 356)}).clone();
     std::vector<at::Tensor> vals;
     for (const auto& l : leaves) vals.push_back(sub.get(l).contiguous());
     std::vector<Cmd> c = setrange_cmds(id, leaves, row_bytes, 100, 256, vals);
-    Pair p = measure_pair([&] { store.index_put_({Slice(100, 356)}, sub); }, [&] { raw_write(raw, c); });
-    record("write slice[100:356]", p, "pipeline: SETRANGE per leaf", 653);
+    write_case("write slice[100:356]", {Slice(100, 356)}, sub, c, "pipeline: SETRANGE per leaf", 653);
   }
   bool same = store.to_tensordict().get("leaf3").equal(src.get("leaf3"));
   auto st = store.store_stats();

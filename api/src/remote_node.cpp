@@ -60,7 +60,7 @@ BatchSize sizes_of(const at::Tensor& t) { return BatchSize(t.sizes().begin(), t.
 
 //! a tensor leaf to read (or to patch) at a selection
 struct LeafSel {
-  backends::LeafInfo info;
+  const backends::LeafInfo* info;  //!< in the snapshot the caller holds
   std::optional<ResolvedIndex> index;  //!< over the leaf's level batch; nullopt: the whole leaf
   const ResolvedIndex::RowPlan* plan = nullptr;
   BatchSize level_batch;
@@ -70,18 +70,18 @@ struct LeafSel {
 //! as read (in order), so select_rows has nothing left to do
 backends::LeafRead to_read(const LeafSel& s, bool final_shape = true) {
   backends::LeafRead r;
-  r.path = s.info.path;
+  r.path = s.info->path;
   r.whole = !s.plan || (s.plan->all && s.plan->in_order) || s.level_batch.empty();
   if (!r.whole) r.rows = s.plan->rows;
   if (final_shape && s.index && s.plan && s.plan->in_order)
-    r.shape = concat(s.index->result_batch(), tail(s.info.shape, s.level_batch.size()));
+    r.shape = concat(s.index->result_batch(), tail(s.info->shape, s.level_batch.size()));
   return r;
 }
 
 //! the rows a store returned for s (read by to_read(s)), as the selected values (result batch + feature shape)
 at::Tensor select_rows(const LeafSel& s, const at::Tensor& rows) {
   if (!s.index || !s.plan || s.plan->in_order) return rows;
-  const BatchSize feat = tail(s.info.shape, s.level_batch.size());
+  const BatchSize feat = tail(s.info->shape, s.level_batch.size());
   const BatchSize out_shape = concat(s.index->result_batch(), feat);
   at::Tensor flat = rows.reshape(concat({static_cast<int64_t>(s.plan->rows.size()) * s.plan->per_row}, feat));
   return flat.index_select(0, s.plan->local.reshape({-1})).reshape(out_shape);
@@ -197,55 +197,87 @@ void RemoteTree::build(const std::vector<backends::LeafInfo>& infos) {
     return lv.batch;
   };
   decide({}, {});
-  levels_ = std::move(levels);
-  leaves_ = std::move(leaves);
+  auto snap = std::make_shared<Snapshot>();
+  snap->levels = std::move(levels);
+  snap->leaves = std::move(leaves);
+  snap->fixed = fixed_;
+  snap->root_batch = root_batch_;
+  snap->link();
+  snap_ = std::move(snap);
 }
 
-std::optional<RemoteTree::Level> RemoteTree::level(const LeafPath& path) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = levels_.find(path);
-  if (it == levels_.end()) return std::nullopt;
-  return it->second;
+void RemoteTree::Snapshot::link() {
+  for (auto& lv : levels) {
+    lv.second.infos.clear();
+    lv.second.infos.reserve(lv.second.keys.size());
+    for (const auto& k : lv.second.keys) lv.second.infos.push_back(leaf(concat_path(lv.first, k)));
+  }
 }
 
-std::optional<backends::LeafInfo> RemoteTree::leaf(const LeafPath& path) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = leaves_.find(path);
-  if (it == leaves_.end()) return std::nullopt;
-  return it->second;
+const RemoteTree::Level* RemoteTree::Snapshot::level(const LeafPath& path) const {
+  auto it = levels.find(path);
+  return it == levels.end() ? nullptr : &it->second;
 }
 
-BatchSize RemoteTree::batch_of(const LeafPath& path) const {
-  std::lock_guard<std::mutex> lock(mu_);
+const backends::LeafInfo* RemoteTree::Snapshot::leaf(const LeafPath& path) const {
+  auto it = leaves.find(path);
+  return it == leaves.end() ? nullptr : &it->second;
+}
+
+BatchSize RemoteTree::Snapshot::batch_of(const LeafPath& path) const {
   LeafPath p = path;
   while (true) {
-    auto fx = fixed_.find(p);
-    if (fx != fixed_.end()) return fx->second;
-    auto it = levels_.find(p);
-    if (it != levels_.end()) return it->second.batch;
-    if (p.empty()) return root_batch_;
+    auto fx = fixed.find(p);
+    if (fx != fixed.end()) return fx->second;
+    auto it = levels.find(p);
+    if (it != levels.end()) return it->second.batch;
+    if (p.empty()) return root_batch;
     p.pop_back();
   }
 }
 
+std::shared_ptr<const RemoteTree::Snapshot> RemoteTree::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snap_;
+}
+
+std::optional<RemoteTree::Level> RemoteTree::level(const LeafPath& path) const {
+  auto snap = snapshot();
+  const Level* lv = snap->level(path);
+  if (!lv) return std::nullopt;
+  Level out{lv->batch, lv->keys, {}};  // infos point into the snapshot: not handed out
+  return out;
+}
+
+std::optional<backends::LeafInfo> RemoteTree::leaf(const LeafPath& path) const {
+  auto snap = snapshot();
+  const backends::LeafInfo* info = snap->leaf(path);
+  if (!info) return std::nullopt;
+  return *info;
+}
+
+BatchSize RemoteTree::batch_of(const LeafPath& path) const { return snapshot()->batch_of(path); }
+
 void RemoteTree::set_batch(const LeafPath& path, const BatchSize& batch) {
   std::lock_guard<std::mutex> lock(mu_);
   fixed_[path] = batch;
+  auto snap = std::make_shared<Snapshot>(*snap_);  // a structural change: rare, a copy is fine
+  snap->fixed[path] = batch;
+  snap->link();
+  snap_ = std::move(snap);
 }
 
 std::vector<backends::LeafInfo> RemoteTree::tensor_leaves_under(const LeafPath& path) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  auto snap = snapshot();
   std::vector<backends::LeafInfo> out;
   std::function<void(const LeafPath&)> walk = [&](const LeafPath& p) {
-    auto it = levels_.find(p);
-    if (it == levels_.end()) return;
-    for (const auto& k : it->second.keys) {
-      LeafPath cp = concat_path(p, k);
-      auto lf = leaves_.find(cp);
-      if (lf != leaves_.end()) {
-        if (lf->second.kind == backends::LeafKind::Tensor) out.push_back(lf->second);
+    const Level* lv = snap->level(p);
+    if (!lv) return;
+    for (size_t i = 0; i < lv->keys.size(); ++i) {
+      if (const backends::LeafInfo* lf = lv->infos[i]) {
+        if (lf->kind == backends::LeafKind::Tensor) out.push_back(*lf);
       } else {
-        walk(cp);
+        walk(concat_path(p, lv->keys[i]));
       }
     }
   };
@@ -268,10 +300,11 @@ NodeCaps RemoteNode::caps() const {
 
 LeafPath RemoteNode::child_path(const std::string& key) const { return concat_path(path_, key); }
 
-std::optional<ResolvedIndex> RemoteNode::index_for(const LeafPath& path) const {
+std::optional<ResolvedIndex> RemoteNode::index_for(const RemoteTree::Snapshot& snap, const LeafPath& path) const {
   if (!index_) return std::nullopt;
-  const BatchSize mine = tree_->batch_of(path_);
-  const BatchSize theirs = tree_->batch_of(path);
+  if (path == path_) return index_;
+  const BatchSize mine = snap.batch_of(path_);
+  const BatchSize theirs = snap.batch_of(path);
   if (!starts_with(theirs, mine)) {
     throw BatchSizeError(type_name() + ": the level " + path_str(path) + " has batch size " + shape_str(theirs) +
                          ", which does not start with " + shape_str(mine));
@@ -317,9 +350,10 @@ Entry RemoteNode::read_non_tensor(const LeafPath& path) const {
 
 std::optional<Entry> RemoteNode::read(const std::string& key) const {
   const LeafPath cp = child_path(key);
-  if (auto info = tree_->leaf(cp)) {
+  auto snap = tree_->snapshot();
+  if (const backends::LeafInfo* info = snap->leaf(cp)) {
     if (info->kind == backends::LeafKind::NonTensor) return read_non_tensor(cp);
-    LeafSel s{*info, index_for(path_), nullptr, tree_->batch_of(path_)};
+    LeafSel s{info, index_, nullptr, snap->batch_of(path_)};
     std::optional<ResolvedIndex::RowPlan> plan;
     if (s.index) {
       plan = s.index->row_plan();
@@ -330,7 +364,7 @@ std::optional<Entry> RemoteNode::read(const std::string& key) const {
     if (tree_->device() && t.device() != *tree_->device()) t = t.to(*tree_->device());
     return Entry(t);
   }
-  if (tree_->level(cp)) return Entry(TensorDict(std::shared_ptr<Node>(child(key))));
+  if (snap->level(cp)) return Entry(TensorDict(std::shared_ptr<Node>(child(key))));
   return std::nullopt;
 }
 
@@ -343,27 +377,54 @@ std::vector<Entry> RemoteNode::read(const std::vector<std::string>& keys, const 
 }
 
 TensorDict RemoteNode::materialize(const std::vector<std::string>* only) const {
+  auto snap = tree_->snapshot();  // one structure for the whole call
+  const RemoteTree::Level* top = snap->level(path_);
+  const auto& device = tree_->device();
+  auto to_device = [&](at::Tensor t) { return device && t.device() != *device ? t.to(*device) : t; };
+  auto wanted = [&](const LeafPath& p, const std::string& k) {
+    return p != path_ || !only || std::find(only->begin(), only->end(), k) != only->end();
+  };
+  // a level of tensor leaves only (a row read of a flat TensorDict): one plan, no per-level maps
+  if (top && !only &&
+      std::all_of(top->infos.begin(), top->infos.end(),
+                  [](const backends::LeafInfo* i) { return i && i->kind == backends::LeafKind::Tensor; })) {
+    const BatchSize lb = snap->batch_of(path_);
+    std::optional<ResolvedIndex::RowPlan> plan;
+    if (index_) plan = index_->row_plan();
+    std::vector<LeafSel> sels;
+    std::vector<backends::LeafRead> reads;
+    sels.reserve(top->infos.size());
+    reads.reserve(top->infos.size());
+    for (const backends::LeafInfo* info : top->infos) {
+      sels.push_back(LeafSel{info, index_, plan ? &*plan : nullptr, lb});
+      reads.push_back(to_read(sels.back()));
+    }
+    std::vector<at::Tensor> got = reads.empty() ? std::vector<at::Tensor>{} : tree_->client()->read(std::move(reads));
+    TensorDict td(index_ ? index_->result_batch() : lb, device);
+    for (size_t i = 0; i < sels.size(); ++i) td.set(top->keys[i].c_str(), to_device(select_rows(sels[i], got.at(i))));
+    return td;
+  }
   // pass 1: every tensor leaf under this level (one request), pass 2: the TensorDict in key order
   std::vector<LeafSel> sels;
   PlanCache plans;
   std::map<LeafPath, std::optional<ResolvedIndex>> level_index;
   auto index_of_level = [&](const LeafPath& lp) -> const std::optional<ResolvedIndex>& {
     auto it = level_index.find(lp);
-    if (it == level_index.end()) it = level_index.emplace(lp, index_for(lp)).first;
+    if (it == level_index.end()) it = level_index.emplace(lp, index_for(*snap, lp)).first;
     return it->second;
   };
   std::function<void(const LeafPath&)> collect = [&](const LeafPath& p) {
-    auto lv = tree_->level(p);
+    const RemoteTree::Level* lv = snap->level(p);
     if (!lv) return;
-    for (const auto& k : lv->keys) {
-      if (p == path_ && only && std::find(only->begin(), only->end(), k) == only->end()) continue;
-      LeafPath cp = concat_path(p, k);
-      if (auto info = tree_->leaf(cp)) {
+    for (size_t i = 0; i < lv->keys.size(); ++i) {
+      const std::string& k = lv->keys[i];
+      if (!wanted(p, k)) continue;
+      if (const backends::LeafInfo* info = lv->infos[i]) {
         if (info->kind != backends::LeafKind::Tensor) continue;
         const auto& idx = index_of_level(p);
-        sels.push_back(LeafSel{*info, idx, plans.get(p, idx), tree_->batch_of(p)});
+        sels.push_back(LeafSel{info, idx, plans.get(p, idx), snap->batch_of(p)});
       } else {
-        collect(cp);
+        collect(concat_path(p, k));
       }
     }
   };
@@ -372,33 +433,25 @@ TensorDict RemoteNode::materialize(const std::vector<std::string>* only) const {
   reads.reserve(sels.size());
   for (const auto& s : sels) reads.push_back(to_read(s));
   std::vector<at::Tensor> got = reads.empty() ? std::vector<at::Tensor>{} : tree_->client()->read(std::move(reads));
-  std::map<LeafPath, at::Tensor> values;
-  for (size_t i = 0; i < sels.size(); ++i) {
-    at::Tensor t = select_rows(sels[i], got.at(i));
-    if (tree_->device() && t.device() != *tree_->device()) t = t.to(*tree_->device());
-    values[sels[i].info.path] = t;
-  }
+  std::map<const backends::LeafInfo*, at::Tensor> values;
+  for (size_t i = 0; i < sels.size(); ++i) values[sels[i].info] = to_device(select_rows(sels[i], got.at(i)));
   std::function<TensorDict(const LeafPath&)> build = [&](const LeafPath& p) {
     const auto& idx = index_of_level(p);
-    TensorDict td(idx ? idx->result_batch() : tree_->batch_of(p), tree_->device());
-    auto lv = tree_->level(p);
+    TensorDict td(idx ? idx->result_batch() : snap->batch_of(p), device);
+    const RemoteTree::Level* lv = snap->level(p);
     if (!lv) return td;
-    for (const auto& k : lv->keys) {
-      if (p == path_ && only && std::find(only->begin(), only->end(), k) == only->end()) continue;
-      LeafPath cp = concat_path(p, k);
-      if (auto v = values.find(cp); v != values.end()) {  // a tensor leaf read above
-        td.set(k.c_str(), v->second);                      // one-part key: no NestedKey
-        continue;
-      }
-      if (auto info = tree_->leaf(cp)) {
+    for (size_t i = 0; i < lv->keys.size(); ++i) {
+      const std::string& k = lv->keys[i];
+      if (!wanted(p, k)) continue;
+      if (const backends::LeafInfo* info = lv->infos[i]) {
         if (info->kind == backends::LeafKind::Tensor) {
-          td.set(k.c_str(), values.at(cp));
+          td.set(k.c_str(), values.at(info));  // one-part key: no NestedKey
         } else {
           RemoteNode at_level(tree_, p, idx);
-          td.set(NestedKey(k), at_level.read_non_tensor(cp));
+          td.set(NestedKey(k), at_level.read_non_tensor(info->path));
         }
       } else {
-        td.set(NestedKey(k), build(cp));
+        td.set(NestedKey(k), build(concat_path(p, k)));
       }
     }
     return td;
@@ -500,7 +553,8 @@ void RemoteNode::put(const std::string& key, const Entry& value_in) {
 }
 
 void RemoteNode::write(const Index& index, const TensorDict& value_in) {
-  const BatchSize level_batch = tree_->batch_of(path_);
+  auto snap = tree_->snapshot();  // taken again after new keys are created below
+  const BatchSize level_batch = snap->batch_of(path_);
   ResolvedIndex sel = index_ ? index_->compose(index) : ResolvedIndex::resolve(level_batch, index);
   const BatchSize rb = sel.result_batch();
   TensorDict value = value_in.is_dense() ? value_in : value_in.contiguous();
@@ -519,18 +573,19 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
     if (kv.second.is_tensor()) {
       tensors.push_back(Item{p, kv.second.tensor()});
     } else if (kv.second.is_tensordict()) {
-      if (!tree_->level(p)) tree_->set_batch(p, concat(level_batch, tail(kv.second.tensordict().batch_size(), rb.size())));
+      if (!snap->level(p)) tree_->set_batch(p, concat(level_batch, tail(kv.second.tensordict().batch_size(), rb.size())));
     } else {
       non_tensors.emplace_back(p, kv.second);
     }
   }
+  snap = tree_->snapshot();  // set_batch above published new levels' batch sizes
   auto level_sel = [&](const LeafPath& level) {
-    return sel.extend(tail(tree_->batch_of(level), level_batch.size()));
+    return level == path_ ? sel : sel.extend(tail(snap->batch_of(level), level_batch.size()));
   };
   // keys the store lacks: preallocated zero-filled at the full batch size, as upstream's first indexed write
   std::vector<std::pair<LeafPath, std::pair<at::ScalarType, BatchSize>>> missing;
   for (const auto& it : tensors) {
-    if (auto info = tree_->leaf(it.path)) {
+    if (const backends::LeafInfo* info = snap->leaf(it.path)) {
       if (info->kind != backends::LeafKind::Tensor) {
         throw TypeError("td[idx] = value: key " + path_str(it.path) + " holds a non-tensor in " +
                         tree_->client()->describe() + " but the value holds a Tensor");
@@ -540,7 +595,7 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
     if (!tree_->client()->writable()) continue;  // the write below reports the read-only store
     const LeafPath lv = parent_of(it.path);
     const BatchSize lrb = level_sel(lv).result_batch();
-    BatchSize shape = concat(tree_->batch_of(lv), tail(sizes_of(it.data), lrb.size()));
+    BatchSize shape = concat(snap->batch_of(lv), tail(sizes_of(it.data), lrb.size()));
     missing.emplace_back(it.path, std::make_pair(it.data.scalar_type(), shape));
   }
   if (!missing.empty()) {
@@ -548,6 +603,7 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
       for (const auto& m : missing) s.create(m.first, m.second.first, m.second.second, at::Tensor(), tree_->create_options);
     });
     tree_->reload();
+    snap = tree_->snapshot();
   }
 
   PlanCache plans;
@@ -560,13 +616,13 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
   std::vector<backends::LeafWrite> writes;
   std::vector<std::pair<LeafSel, at::Tensor>> patches;  // partial rows: read, patch, write back
   for (auto& it : tensors) {
-    auto info = tree_->leaf(it.path);
+    const backends::LeafInfo* info = snap->leaf(it.path);
     if (!info) {
       throw ValueError(tree_->client()->describe() + " is read-only: cannot create " + path_str(it.path));
     }
     const LeafPath lv = parent_of(it.path);
     const ResolvedIndex& ls = sel_of(lv);
-    const BatchSize lb = tree_->batch_of(lv);
+    const BatchSize lb = snap->batch_of(lv);
     const BatchSize feat = tail(info->shape, lb.size());
     const BatchSize target = concat(ls.result_batch(), feat);
     at::Tensor v = it.data.requires_grad() ? it.data.detach() : it.data;
@@ -582,7 +638,7 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
     if (!v.is_cpu() || v.scalar_type() != info->dtype) v = v.to(at::kCPU, info->dtype);
     v = v.contiguous();
     const ResolvedIndex::RowPlan* plan = plans.get(lv, ls);
-    LeafSel s{*info, ls, plan, lb};
+    LeafSel s{info, ls, plan, lb};
     backends::LeafWrite w;
     w.path = it.path;
     if (lb.empty() || (plan->all && plan->in_order)) {  // LeafWrite checks the element count, not the shape
@@ -612,12 +668,12 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
     std::vector<at::Tensor> rows = tree_->client()->read(std::move(reads));
     for (size_t i = 0; i < patches.size(); ++i) {
       const LeafSel& s = patches[i].first;
-      const BatchSize feat = tail(s.info.shape, s.level_batch.size());
+      const BatchSize feat = tail(s.info->shape, s.level_batch.size());
       at::Tensor r = rows.at(i).contiguous();
       at::Tensor flat = r.view(concat({static_cast<int64_t>(s.plan->rows.size()) * s.plan->per_row}, feat));
       flat.index_put_({s.plan->local.reshape({-1})}, patches[i].second.reshape(concat({-1}, feat)));
       backends::LeafWrite w;
-      w.path = s.info.path;
+      w.path = s.info->path;
       w.whole = false;
       w.rows = s.plan->rows;
       w.data = r;

@@ -33,7 +33,24 @@ class RemoteTree {
   struct Level {
     BatchSize batch;
     std::vector<std::string> keys;
+    //! per key: its leaf, or nullptr for a nested level (valid while the Snapshot it came from lives)
+    std::vector<const backends::LeafInfo*> infos;
   };
+  //! the structure as one immutable value: readers take it once per call (one lock, no copies) and look
+  //! levels and leaves up in it; every change publishes a new one
+  struct Snapshot {
+    std::map<LeafPath, Level> levels;
+    std::map<LeafPath, backends::LeafInfo> leaves;
+    std::map<LeafPath, BatchSize> fixed;  //!< batch sizes decided once (at open, or by set_batch)
+    BatchSize root_batch;
+    const Level* level(const LeafPath& path) const;
+    const backends::LeafInfo* leaf(const LeafPath& path) const;
+    //! the batch size of the level at path: its own, or its nearest existing ancestor's
+    BatchSize batch_of(const LeafPath& path) const;
+    //! sets every level's `infos` (after a copy)
+    void link();
+  };
+  std::shared_ptr<const Snapshot> snapshot() const;
   const std::shared_ptr<actors::LeafStoreClient>& client() const { return client_; }
   const std::optional<at::Device>& device() const { return device_; }
   const std::string& type_name() const { return type_name_; }
@@ -60,9 +77,8 @@ class RemoteTree {
   bool infer_ = false;
   BatchSize root_batch_;
   mutable std::mutex mu_;
-  std::map<LeafPath, Level> levels_;
-  std::map<LeafPath, backends::LeafInfo> leaves_;
   std::map<LeafPath, BatchSize> fixed_;  //!< batch sizes decided once (at open, or by set_batch)
+  std::shared_ptr<const Snapshot> snap_;
 };
 
 class RemoteNode : public Node {
@@ -92,7 +108,8 @@ class RemoteNode : public Node {
  private:
   LeafPath child_path(const std::string& key) const;
   //! the index over the level at `path` (a descendant of this level, whose batch may be longer)
-  std::optional<ResolvedIndex> index_for(const LeafPath& path) const;
+  std::optional<ResolvedIndex> index_for(const RemoteTree::Snapshot& snap, const LeafPath& path) const;
+  std::optional<ResolvedIndex> index_for(const LeafPath& path) const { return index_for(*tree_->snapshot(), path); }
   std::shared_ptr<RemoteNode> child(const std::string& key) const;
   //! dense TensorDict of this node's values: every tensor leaf in ONE request
   TensorDict materialize(const std::vector<std::string>* only) const;

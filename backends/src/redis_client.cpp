@@ -168,11 +168,11 @@ void RedisClient::lost(const std::string& what, const std::string& reason) {
 }
 
 std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisCommand*>& cmds) {
-  const std::string first = cmds.empty() || !cmds.front()->size() ? "a request" : cmds.front()->at(0);
+  auto first = [&] { return cmds.empty() || !cmds.front()->size() ? std::string("a request") : cmds.front()->at(0); };
   for (const RedisCommand* c : cmds) {
-    if (redisAppendCommandArgv(ctx_, static_cast<int>(c->size()), const_cast<const char**>(c->argv()),
-                               c->argvlen()) != REDIS_OK)
-      lost(first);
+    c->fill_argv(argv_, argvlen_);
+    if (redisAppendCommandArgv(ctx_, static_cast<int>(c->size()), argv_.data(), argvlen_.data()) != REDIS_OK)
+      lost(first());
   }
   // The output buffer is sent here with send(MSG_NOSIGNAL) rather than by hiredis's write(2): a connection the
   // server closed must fail this call, not raise SIGPIPE (which kills the process). hiredis then only reads.
@@ -187,7 +187,7 @@ std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisComm
       }
       if (n < 0 && errno == EINTR) continue;
       int err = n < 0 ? errno : EPIPE;
-      lost(first, err == EAGAIN || err == EWOULDBLOCK ? std::string("send timed out") : std::strerror(err));
+      lost(first(), err == EAGAIN || err == EWOULDBLOCK ? std::string("send timed out") : std::strerror(err));
     }
     sdsfree(ctx_->obuf);
     ctx_->obuf = sdsempty();
@@ -225,7 +225,7 @@ RedisReply RedisClient::command(const RedisCommand& cmd) {
 std::vector<RedisReply> RedisClient::transaction(const std::vector<RedisCommand>& cmds) {
   if (cmds.empty()) return {};
   ensure_connected();
-  RedisCommand multi{"MULTI"}, exec{"EXEC"};
+  static const RedisCommand multi{"MULTI"}, exec{"EXEC"};  // read only: shared by every client
   std::vector<const RedisCommand*> ptrs;
   ptrs.reserve(cmds.size() + 2);
   ptrs.push_back(&multi);

@@ -474,20 +474,26 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
     bool check_len = false;
     std::vector<int64_t> shape;
     int64_t expect = 0;
-    std::string joined, dkey;
+    RedisLeafMeta* meta = nullptr;  //!< in meta_cache_ (a std::map: stable while this call runs)
   };
   std::vector<Plan> plans(reads.size());
   std::vector<RedisCommand> cmds;
   cmds.reserve(2 * reads.size());
   bool uses_script = false;
+  auto command = [](const char* name, const std::string& dkey) {
+    RedisCommand c;
+    c.reserve(4);
+    c.arg_view(name, std::char_traits<char>::length(name)).arg_view(dkey.data(), dkey.size());
+    return c;
+  };
   for (size_t i = 0; i < reads.size(); ++i) {
     const LeafRead& r = reads[i];
     Plan& p = plans[i];
-    p.joined = redis_join_path(r.path);
-    p.dkey = key("d:" + p.joined);
-    const std::string& joined = p.joined;
-    const std::string& dkey = p.dkey;
-    const RedisLeafMeta& m = meta_cache_.at(joined);
+    const std::string joined = redis_join_path(r.path);
+    RedisLeafMeta& m = meta_cache_.at(joined);
+    p.meta = &m;
+    if (m.data_key.empty()) m.data_key = key("d:" + joined);
+    const std::string& dkey = m.data_key;  // borrowed by the commands below
     if (m.info.kind != LeafKind::Tensor) throw TypeError("key '" + joined + "' in " + describe() + " is a non-tensor");
     if (r.whole) {
       p.shape = m.info.shape;
@@ -495,7 +501,7 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
       p.expect = m.nbytes;
       p.op = Op::Get;
       p.data = cmds.size();
-      cmds.push_back(RedisCommand{"GET", dkey});
+      cmds.push_back(command("GET", dkey));
       continue;
     }
     if (m.info.shape.empty()) throw ValueError("cannot read rows of the 0-dim leaf " + dkey);
@@ -512,15 +518,17 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
     if (!length_checked_.count(joined)) {
       p.strlen = cmds.size();
       p.check_len = true;
-      cmds.push_back(RedisCommand{"STRLEN", dkey});
+      cmds.push_back(command("STRLEN", dkey));
     }
     p.data = cmds.size();
+    if (r.rows.size() == 1 || r.rows.back() - r.rows.front() + 1 == static_cast<int64_t>(r.rows.size())) {
+      p.op = Op::GetRange;  // one run (rows are ascending and unique)
+      int64_t off = r.rows.front() * m.row_bytes;
+      cmds.push_back(command("GETRANGE", dkey).arg(off).arg(off + static_cast<int64_t>(r.rows.size()) * m.row_bytes - 1));
+      continue;
+    }
     std::vector<Run> runs = runs_of(r.rows);
-    if (runs.size() == 1) {
-      p.op = Op::GetRange;
-      int64_t off = runs[0].first * m.row_bytes;
-      cmds.push_back(RedisCommand{"GETRANGE", dkey}.arg(off).arg(off + runs[0].count * m.row_bytes - 1));
-    } else {
+    {
       p.op = Op::Ranges;
       uses_script = true;
       RedisCommand c{"EVALSHA", "", "1", dkey};  // sha filled in below
@@ -562,9 +570,9 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
   std::vector<at::Tensor> out(reads.size());
   for (size_t i = 0; i < reads.size(); ++i) {
     const Plan& p = plans[i];
-    const std::string& joined = p.joined;
-    const std::string& dkey = p.dkey;
-    at::ScalarType dtype = meta_cache_.at(joined).info.dtype;
+    const RedisLeafMeta& meta = *p.meta;
+    const std::string& dkey = meta.data_key;
+    at::ScalarType dtype = meta.info.dtype;
     if (p.op == Op::None) {
       out[i] = at::empty(p.shape, at::TensorOptions().dtype(dtype));
       continue;
@@ -577,8 +585,8 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
         return;
       }
       throw FormatError(dkey + ": value holds " + std::to_string(got) + " bytes, metadata " +
-                        key("m:" + joined) + " says " + std::to_string(want) + " (shape " +
-                        shape_str(meta_cache_.at(joined).info.shape) + ", " + dtype_to_string(dtype) + ")");
+                        key("m:" + redis_join_path(meta.info.path)) + " says " + std::to_string(want) + " (shape " +
+                        shape_str(meta.info.shape) + ", " + dtype_to_string(dtype) + ")");
     };
     if (p.op == Op::Get) {
       if (d.is_nil() && p.expect != 0) {
@@ -592,17 +600,17 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
         mismatch(static_cast<int64_t>(d.str.size()), p.expect);
         continue;
       }
-      length_checked_.insert(joined);
+      length_checked_.insert(redis_join_path(meta.info.path));
     } else {
       if (p.check_len) {
         const RedisReply& sl = replies[p.strlen];
         if (sl.is_error()) redis_reply_error(sl, dkey);
-        int64_t want = meta_cache_.at(joined).nbytes;
+        int64_t want = meta.nbytes;
         if (sl.integer != want) {
           mismatch(sl.integer, want);
           continue;
         }
-        length_checked_.insert(joined);
+        length_checked_.insert(redis_join_path(meta.info.path));
       }
       if (static_cast<int64_t>(d.str.size()) != p.expect) {
         mismatch(static_cast<int64_t>(d.str.size()), p.expect);
@@ -620,14 +628,15 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
 
   std::vector<at::Tensor> keep;  // payloads are borrowed by the commands
   std::vector<RedisCommand> cmds;
-  std::vector<std::string> what;
+  std::vector<const std::string*> what;  // the data key of each command, for its error
   keep.reserve(writes.size());
   cmds.reserve(writes.size());
   what.reserve(writes.size());
   for (const LeafWrite& w : writes) {
-    std::string joined = redis_join_path(w.path);
-    const RedisLeafMeta& m = meta_cache_.at(joined);
-    std::string dkey = key("d:" + joined);
+    const std::string joined = redis_join_path(w.path);
+    RedisLeafMeta& m = meta_cache_.at(joined);
+    if (m.data_key.empty()) m.data_key = key("d:" + joined);
+    const std::string& dkey = m.data_key;  // borrowed by the commands (meta_cache_ is a std::map)
     if (m.info.kind != LeafKind::Tensor) throw TypeError("key '" + joined + "' in " + describe() + " is a non-tensor");
     if (!w.data.defined()) throw ValueError("no data to write to " + dkey);
     if (w.data.scalar_type() != m.info.dtype)
@@ -651,13 +660,15 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
       RedisCommand c{"SET", dkey};
       c.arg_view(t.numel() ? base : "", static_cast<size_t>(m.nbytes));
       cmds.push_back(std::move(c));
-      what.push_back(dkey);
+      what.push_back(&dkey);
       continue;
     }
     if (m.row_bytes == 0 || w.rows.empty()) continue;
     std::vector<Run> runs = runs_of(w.rows);
     if (runs.size() == 1) {
-      RedisCommand c{"SETRANGE", dkey};
+      RedisCommand c;
+      c.reserve(4);
+      c.arg_view("SETRANGE", 8).arg_view(dkey.data(), dkey.size());
       c.arg(runs[0].first * m.row_bytes).arg_view(base, static_cast<size_t>(runs[0].count * m.row_bytes));
       cmds.push_back(std::move(c));
     } else {
@@ -670,12 +681,12 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
       }
       cmds.push_back(std::move(c));
     }
-    what.push_back(dkey);
+    what.push_back(&dkey);
   }
   if (cmds.empty()) return;
   std::vector<RedisReply> replies = cmds.size() == 1 ? client().pipeline(cmds) : client().transaction(cmds);
   for (size_t i = 0; i < replies.size(); ++i)
-    if (replies[i].is_error()) redis_reply_error(replies[i], what[i]);
+    if (replies[i].is_error()) redis_reply_error(replies[i], *what[i]);
 }
 
 void RedisStore::create(const LeafPath& path, at::ScalarType dtype, const std::vector<int64_t>& shape,

@@ -71,14 +71,14 @@ class RedisCommand {
     return *this;
   }
   size_t size() const { return args_.size(); }
-  //! the argument vectors for hiredis (valid until the command changes)
-  const char* const* argv() const {
-    fill();
-    return ptrs_.data();
-  }
-  const size_t* argvlen() const {
-    fill();
-    return lens_.data();
+  //! the argument vectors for hiredis into the caller's (reused) vectors, valid until the command changes
+  void fill_argv(std::vector<const char*>& ptrs, std::vector<size_t>& lens) const {
+    ptrs.resize(args_.size());
+    lens.resize(args_.size());
+    for (size_t i = 0; i < args_.size(); ++i) {
+      ptrs[i] = args_[i].view ? args_[i].view : arena_.data() + args_[i].off;
+      lens[i] = args_[i].len;
+    }
   }
   //! argument i as a string (a copy), for messages
   std::string at(size_t i) const {
@@ -91,18 +91,8 @@ class RedisCommand {
     const char* view;  //!< borrowed bytes, or nullptr: owned, at arena_[off]
     size_t off, len;
   };
-  void fill() const {
-    ptrs_.resize(args_.size());
-    lens_.resize(args_.size());
-    for (size_t i = 0; i < args_.size(); ++i) {
-      ptrs_[i] = args_[i].view ? args_[i].view : arena_.data() + args_[i].off;
-      lens_[i] = args_[i].len;
-    }
-  }
   std::string arena_;  //!< owned arguments back to back (offsets survive reallocation and moves)
   std::vector<Arg> args_;
-  mutable std::vector<const char*> ptrs_;
-  mutable std::vector<size_t> lens_;
 };
 
 struct RedisConnectOptions {
@@ -151,6 +141,8 @@ class RedisClient {
 
   RedisConnectOptions options_;
   redisContext* ctx_ = nullptr;
+  std::vector<const char*> argv_;  //!< hiredis argument vectors, reused by every command
+  std::vector<size_t> argvlen_;
   int64_t connections_ = 0;
 };
 

@@ -77,6 +77,7 @@ struct RedisLeafMeta {
   std::string encoding;        //!< non-tensor: "json" | "json_array" | "pickle"
   int64_t nbytes = 0;          //!< tensor: numel * itemsize (<= kRedisMaxValueBytes)
   int64_t row_bytes = 0;       //!< tensor: itemsize * prod(shape[1:]) (0 for a 0-dim tensor)
+  std::string data_key;        //!< the full "d:" key, kept by the store that caches this (empty until used)
 };
 //! decodes the fields of `key` (the full m: key, for messages). FormatError naming the key: empty hash, unknown
 //! dtype, a shape that is not a JSON list of non-negative ints, a byte size that overflows or exceeds 512 MiB,
