@@ -128,32 +128,25 @@ struct Cmd {
   }
 };
 
-const Cmd& multi_cmd() {
-  static const Cmd c = [] {
+//! MULTI or EXEC, built once
+const Cmd& tx_cmd(bool begin) {
+  auto word = [](const char* w) {
     Cmd m;
-    m.s("MULTI");
+    m.s(w);
     m.seal();
     return m;
-  }();
-  return c;
-}
-const Cmd& exec_cmd() {
-  static const Cmd c = [] {
-    Cmd m;
-    m.s("EXEC");
-    m.seal();
-    return m;
-  }();
-  return c;
+  };
+  static const Cmd multi = word("MULTI"), exec = word("EXEC");
+  return begin ? multi : exec;
 }
 
 //! a pipeline of one command per leaf; each reply's bytes are copied into a fresh tensor. `tx`: the commands
 //! wrapped in MULTI / EXEC, as the store sends a request of several leaves (the same commands)
 std::vector<at::Tensor> raw_read(Raw& raw, std::vector<Cmd>& cmds, int64_t rows, const std::vector<int64_t>& row_shape,
                                  const std::vector<at::ScalarType>& dtypes, bool tx = false) {
-  if (tx) raw.append(multi_cmd().argv, multi_cmd().lens);
+  if (tx) raw.append(tx_cmd(true).argv, tx_cmd(true).lens);
   for (auto& c : cmds) raw.append(c.argv, c.lens);
-  if (tx) raw.append(exec_cmd().argv, exec_cmd().lens);
+  if (tx) raw.append(tx_cmd(false).argv, tx_cmd(false).lens);
   redisReply* exec = nullptr;
   if (tx) {
     for (size_t k = 0; k < cmds.size() + 1; ++k) freeReplyObject(raw.reply());  // +OK, +QUEUED...
@@ -183,9 +176,9 @@ std::vector<at::Tensor> raw_read(Raw& raw, std::vector<Cmd>& cmds, int64_t rows,
 }
 
 void raw_write(Raw& raw, const std::vector<Cmd>& cmds, bool tx = false) {
-  if (tx) raw.append(multi_cmd().argv, multi_cmd().lens);
+  if (tx) raw.append(tx_cmd(true).argv, tx_cmd(true).lens);
   for (const auto& c : cmds) raw.append(c.argv, c.lens);
-  if (tx) raw.append(exec_cmd().argv, exec_cmd().lens);
+  if (tx) raw.append(tx_cmd(false).argv, tx_cmd(false).lens);
   for (size_t k = 0; k < cmds.size() + (tx ? 2 : 0); ++k) freeReplyObject(raw.reply());
 }
 

@@ -373,74 +373,13 @@ BOOST_AUTO_TEST_CASE(save_on_a_full_disk_fails_typed_and_keeps_the_old_save) {
   BOOST_TEST(staging == 0);
 }
 
-BOOST_AUTO_TEST_CASE(h5_writes_on_a_full_disk_keep_every_acknowledged_row) {
-  TempDir dir("fault-full-h5");
-  const std::string mnt = dir / "fs";
-  fs::create_directories(mnt);
-  const std::string report = dir / "report";
-  // a 1 MiB filesystem and a 4 MiB dataset (a sparse file): rows are written until the disk is full
-  pid_t pid = spawn_on_small_fs(mnt, 1024, [&]() -> int {
-    std::ofstream out(report);
-    const std::string file = mnt + "/buf.h5";
-    const int64_t rows = 4096;
-    int64_t done = 0;
-    std::string what = "no error";
-    {
-      Schema schema = {{NestedKey("obs"), {{256}, at::kFloat}}, {NestedKey("id"), {{}, at::kLong}}};
-      TensorDict buf;
-      try {
-        buf = TensorDict::from_schema(schema, {rows}, "h5", H5Options().filename(file));
-        for (; done < rows; ++done) {
-          TensorDict row({{"obs", at::full({256}, static_cast<float>(done))}, {"id", at::full({}, done, at::kLong)}}, {});
-          buf.index_put_({done}, row);
-        }
-      } catch (const BackendError& e) {
-        what = e.what();
-      } catch (const std::exception& e) {
-        what = std::string("other: ") + e.what();
-      }
-      try {
-        if (buf.defined()) PersistentTensorDict(buf).close();
-      } catch (const std::exception& e) {
-        what += std::string(" | close: ") + e.what();
-      }
-    }
-    out << done << "\n";
-    // a fresh open reads every acknowledged row back
-    try {
-      PersistentTensorDict back = PersistentTensorDict::from_h5(file, "r");
-      TensorDict got = back.index({at::indexing::Slice(0, done)}).to_tensordict();
-      const bool ok = got.get("id").equal(at::arange(done)) &&
-                      got.get("obs").equal(at::arange(done).to(at::kFloat).unsqueeze(1).expand({done, 256}));
-      out << (ok ? "intact" : "rows differ") << "\n";
-      back.close();
-    } catch (const std::exception& e) {
-      out << "reopen failed: " << e.what() << "\n";
-    }
-    out << what;  // last: HDF5's messages span lines
-    return 0;
-  });
-  const int rc = testutil::wait_child(pid);
-  std::ifstream in(report);
-  int64_t done = -1;
-  std::string what, verdict;
-  in >> done;
-  std::getline(in, verdict);
-  std::getline(in, verdict);
-  what.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  BOOST_TEST(rc == 0, "child " << rc << " (90-93: no private tmpfs could be mounted)");
-  BOOST_TEST(done > 0);
-  BOOST_TEST(done < 4096);
-  BOOST_TEST(what.find("No space left on device") != std::string::npos, what);
-  BOOST_TEST(verdict == "intact", verdict);
-  BOOST_TEST_MESSAGE(done << " rows acknowledged before the disk was full: " << what.substr(0, 200));
-}
-
-BOOST_AUTO_TEST_CASE(h5_not_durable_on_a_full_disk_keeps_every_flushed_row) {
-  // H5Options().durable(false): rows stay in HDF5's caches until flush() / close(), so a full disk is
-  // reported by a later write, a flush or the close (a typed error, never a crash), and every row written
-  // before the last successful flush() reads back
-  TempDir dir("fault-full-h5-nd");
+//! rows of a from_schema HDF5 buffer written one by one on a 1 MiB filesystem (a 4 MiB dataset: a sparse file)
+//! until the disk is full. Durable (the default): every acknowledged row reads back. durable(false): rows stay
+//! in HDF5's caches until flush() / close(), so a full disk is reported by a later write, a flush or the close
+//! (a typed error, never a crash), and every row written before the last successful flush() (one per 16 rows)
+//! reads back.
+static void h5_full_disk(bool durable) {
+  TempDir dir(durable ? "fault-full-h5" : "fault-full-h5-nd");
   const std::string mnt = dir / "fs";
   fs::create_directories(mnt);
   const std::string report = dir / "report";
@@ -448,19 +387,21 @@ BOOST_AUTO_TEST_CASE(h5_not_durable_on_a_full_disk_keeps_every_flushed_row) {
     std::ofstream out(report);
     const std::string file = mnt + "/buf.h5";
     const int64_t rows = 4096;
-    int64_t flushed = 0;
+    int64_t kept = 0;  // durable: rows acknowledged; not durable: rows flushed
     std::string what = "no error";
     {
       Schema schema = {{NestedKey("obs"), {{256}, at::kFloat}}, {NestedKey("id"), {{}, at::kLong}}};
       TensorDict buf;
       try {
-        buf = TensorDict::from_schema(schema, {rows}, "h5", H5Options().filename(file).durable(false));
+        buf = TensorDict::from_schema(schema, {rows}, "h5", H5Options().filename(file).durable(durable));
         for (int64_t done = 0; done < rows; ++done) {
           TensorDict row({{"obs", at::full({256}, static_cast<float>(done))}, {"id", at::full({}, done, at::kLong)}}, {});
           buf.index_put_({done}, row);
-          if ((done + 1) % 16 == 0) {
+          if (durable) {
+            kept = done + 1;
+          } else if ((done + 1) % 16 == 0) {
             PersistentTensorDict(buf).flush();
-            flushed = done + 1;
+            kept = done + 1;
           }
         }
       } catch (const BackendError& e) {
@@ -476,35 +417,41 @@ BOOST_AUTO_TEST_CASE(h5_not_durable_on_a_full_disk_keeps_every_flushed_row) {
         what += std::string(" | close, other: ") + e.what();
       }
     }
-    out << flushed << "\n";
+    out << kept << "\n";
+    // a fresh open reads every kept row back
     try {
       PersistentTensorDict back = PersistentTensorDict::from_h5(file, "r");
-      TensorDict got = back.index({at::indexing::Slice(0, flushed)}).to_tensordict();
-      const bool ok = got.get("id").equal(at::arange(flushed)) &&
-                      got.get("obs").equal(at::arange(flushed).to(at::kFloat).unsqueeze(1).expand({flushed, 256}));
+      TensorDict got = back.index({at::indexing::Slice(0, kept)}).to_tensordict();
+      const bool ok = got.get("id").equal(at::arange(kept)) &&
+                      got.get("obs").equal(at::arange(kept).to(at::kFloat).unsqueeze(1).expand({kept, 256}));
       out << (ok ? "intact" : "rows differ") << "\n";
       back.close();
     } catch (const std::exception& e) {
       out << "reopen failed: " << e.what() << "\n";
     }
-    out << what;
+    out << what;  // last: HDF5's messages span lines
     return 0;
   });
   const int rc = testutil::wait_child(pid);
   std::ifstream in(report);
-  int64_t flushed = -1;
+  int64_t kept = -1;
   std::string what, verdict;
-  in >> flushed;
+  in >> kept;
   std::getline(in, verdict);
   std::getline(in, verdict);
   what.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   BOOST_TEST(rc == 0, "child " << rc << " (90-93: no private tmpfs could be mounted)");
-  BOOST_TEST(flushed > 0);
-  BOOST_TEST(flushed < 4096);
+  BOOST_TEST(kept > 0);
+  BOOST_TEST(kept < 4096);
   BOOST_TEST(what.find("No space left on device") != std::string::npos, what);
   BOOST_TEST(what.find("other") == std::string::npos, what);
   BOOST_TEST(verdict == "intact", verdict);
-  BOOST_TEST_MESSAGE(flushed << " rows flushed before the disk was full: " << what.substr(0, 200));
+  BOOST_TEST_MESSAGE(kept << (durable ? " rows acknowledged" : " rows flushed") << " before the disk was full: "
+                          << what.substr(0, 200));
 }
+
+BOOST_AUTO_TEST_CASE(h5_writes_on_a_full_disk_keep_every_acknowledged_row) { h5_full_disk(true); }
+
+BOOST_AUTO_TEST_CASE(h5_not_durable_on_a_full_disk_keeps_every_flushed_row) { h5_full_disk(false); }
 
 BOOST_AUTO_TEST_SUITE_END()
