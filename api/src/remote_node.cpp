@@ -73,8 +73,16 @@ backends::LeafRead to_read(const LeafSel& s, bool final_shape = true) {
   r.path = s.info->path;
   r.whole = !s.plan || (s.plan->all && s.plan->in_order) || s.level_batch.empty();
   if (!r.whole) r.rows = s.plan->rows;
-  if (final_shape && s.index && s.plan && s.plan->in_order)
-    r.shape = concat(s.index->result_batch(), tail(s.info->shape, s.level_batch.size()));
+  if (final_shape && s.index && s.plan && s.plan->in_order) {  // result batch + feature dims, one allocation
+    const at::IntArrayRef rb = s.index->result_sizes();
+    const auto& full = s.info->shape;
+    const size_t lb = std::min(s.level_batch.size(), full.size());
+    std::vector<int64_t> shape;
+    shape.reserve(rb.size() + full.size() - lb);
+    shape.assign(rb.begin(), rb.end());
+    shape.insert(shape.end(), full.begin() + static_cast<long>(lb), full.end());
+    r.shape = std::move(shape);
+  }
   return r;
 }
 

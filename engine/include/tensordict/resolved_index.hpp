@@ -29,6 +29,8 @@ class ResolvedIndex {
   ResolvedIndex extend(const BatchSize& extra) const;
   const BatchSize& source_batch() const { return source_; }
   BatchSize result_batch() const;
+  //! result_batch() as a view of the positions' sizes (no allocation; valid while this index lives)
+  at::IntArrayRef result_sizes() const { return positions_.sizes(); }
   int64_t numel() const { return positions_.numel(); }
   //! linear positions into the source batch (int64, shape = result batch)
   const at::Tensor& positions() const { return positions_; }
