@@ -165,8 +165,13 @@ StagedSave::StagedSave(const std::string& prefix) : prefix_(strip_slashes(prefix
   const std::string base = p.filename().string();
   if (base.empty() || base == "." || base == "..") return;  // no sibling to stage in: in place
   const std::string tag = "." + base + ".td-stage.";
-  // staging directories left by writers that died (their pid is gone)
   std::error_code ec;
+  // a prefix under directories that do not exist yet: they are created, as upstream's memmap_ (os.makedirs)
+  if (!fs::exists(parent, ec)) {
+    fs::create_directories(parent, ec);
+    if (ec) throw BackendError("cannot create the directory '" + parent.string() + "': " + ec.message());
+  }
+  // staging directories left by writers that died (their pid is gone)
   for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.compare(0, tag.size(), tag) != 0) continue;

@@ -123,6 +123,19 @@ BOOST_AUTO_TEST_CASE(fixture_round_trips_are_bit_exact) {
   for (size_t i = 0; i < 2; ++i) check_same_data(lazy.tensordicts()[i], back.tensordicts()[i]);
 }
 
+BOOST_AUTO_TEST_CASE(saves_under_missing_directories_create_them) {
+  // upstream's memmap_ / from_schema create the prefix with its parents (os.makedirs); the staged save
+  // stages beside the prefix, so its parent is created first (the main job writes into a fresh directory)
+  fixtures::TempDir tmp("parents");
+  TensorDict td = zoo::plain({4, 3});
+  TensorDict ref = td.clone();
+  td.memmap_(tmp.path + "/a/b/c");
+  check_same_data(TensorDict::load_memmap(tmp.path + "/a/b/c"), ref);
+  Schema schema = {{NestedKey("x"), {{2}, at::kFloat}}};
+  TensorDict buf = TensorDict::from_schema(schema, {5}, "memmap", MemmapOptions().prefix(tmp.path + "/d/e"));
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/d/e").get("x").equal(at::zeros({5, 2})));
+}
+
 BOOST_AUTO_TEST_CASE(memmap_in_place_locks_and_writes_through) {
   fixtures::TempDir tmp("inplace");
   TensorDict td = zoo::plain({4, 3});
