@@ -134,6 +134,11 @@ BOOST_AUTO_TEST_CASE(saves_under_missing_directories_create_them) {
   Schema schema = {{NestedKey("x"), {{2}, at::kFloat}}};
   TensorDict buf = TensorDict::from_schema(schema, {5}, "memmap", MemmapOptions().prefix(tmp.path + "/d/e"));
   BOOST_TEST(TensorDict::load_memmap(tmp.path + "/d/e").get("x").equal(at::zeros({5, 2})));
+  // a parent that cannot be created (a regular file on the way): BackendError naming it, nothing written
+  { std::ofstream(tmp.path + "/file") << "x"; }
+  BOOST_CHECK_EXCEPTION(zoo::plain({4, 3}).memmap_(tmp.path + "/file/sub/td"), BackendError,
+                        [&](const BackendError& e) { return std::string(e.what()).find(tmp.path + "/file") != std::string::npos; });
+  BOOST_TEST(!std::filesystem::exists(tmp.path + "/file/sub"));
 }
 
 BOOST_AUTO_TEST_CASE(memmap_in_place_locks_and_writes_through) {
