@@ -71,9 +71,9 @@ struct StoreHolder {
 //! a client over a new HDF5 file holding one float leaf "x" of [rows, 3] (zeros)
 struct H5Client {
   TempDir dir;
-  std::shared_ptr<actors::Runtime> rt = actors::Runtime::start(Config::load());
+  std::shared_ptr<actors::Runtime> rt;
   std::shared_ptr<actors::LeafStoreClient> client;
-  explicit H5Client(int64_t rows) {
+  explicit H5Client(int64_t rows, const Config& config = Config::load()) : rt(actors::Runtime::start(config)) {
     auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
     store->create({"x"}, at::kFloat, {rows, 3}, at::Tensor(), {});
     client = actors::LeafStoreClient::open(rt, store);
@@ -117,6 +117,30 @@ BOOST_AUTO_TEST_CASE(calls_that_wait_for_a_busy_store_become_one_store_call) {
   BOOST_TEST(client->waiting() == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(a_holder_hands_the_store_to_a_waiting_caller) {
+  H5Client f(8);
+  auto& client = f.client;
+  std::vector<std::thread::id> ran(2), callers(2);
+  std::vector<std::thread> ts;
+  {
+    StoreHolder hold(*client);
+    for (size_t k = 0; k < 2; ++k) {
+      ts.emplace_back([&client, &ran, &callers, k] {
+        callers[k] = std::this_thread::get_id();
+        client->run([&ran, k](be::LeafStore&) {
+          ran[k] = std::this_thread::get_id();
+          return 0;
+        });
+      });
+    }
+    BOOST_TEST_REQUIRE(eventually([&] { return client->waiting() == 2u; }));
+  }  // released: the holder hands the store to the first caller waiting, which runs both calls
+  for (auto& t : ts) t.join();
+  BOOST_TEST((ran[0] == ran[1]));
+  BOOST_TEST((ran[0] == callers[0] || ran[0] == callers[1]), "a waiting caller ran them, not another thread");
+  BOOST_TEST(client->waiting() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(a_bad_call_in_a_merged_batch_fails_alone) {
   H5Client f(8);
   auto& client = f.client;
@@ -147,9 +171,11 @@ BOOST_AUTO_TEST_CASE(a_bad_call_in_a_merged_batch_fails_alone) {
   BOOST_TEST(got.equal(at::stack({at::full({3}, 1.0f), at::zeros({3}), at::full({3}, 3.0f)})));
 }
 
-BOOST_AUTO_TEST_CASE(many_threads_reading_and_writing_each_get_their_own_rows) {
+namespace {
+//! 4 threads x 150 write + read-back (+ a run call now and then) on one store; each must get its own rows
+void many_threads_on_one_store(const Config& config) {
   const int threads = 4, per = 150;
-  H5Client f(threads * per);
+  H5Client f(threads * per, config);
   auto& client = f.client;
   std::atomic<int> wrong{0}, failed{0};
   std::vector<std::thread> ts;
@@ -178,6 +204,19 @@ BOOST_AUTO_TEST_CASE(many_threads_reading_and_writing_each_get_their_own_rows) {
   BOOST_TEST(st.batches <= st.calls);
   BOOST_TEST(client->waiting() == 0u);
   BOOST_TEST_MESSAGE("row calls " << st.calls << " in " << st.batches << " store calls, largest " << st.largest);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(many_threads_reading_and_writing_each_get_their_own_rows) {
+  many_threads_on_one_store(Config::load());
+}
+
+BOOST_AUTO_TEST_CASE(many_threads_with_sleeping_waiters_each_get_their_own_rows) {
+  // no spinning and no linger: waiters sleep at once, and every hand-over wakes a sleeping caller
+  Config config = Config::load();
+  config.facade_spin_us = 0;
+  config.store_linger_us = 0;
+  many_threads_on_one_store(config);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
