@@ -86,6 +86,48 @@ backends::LeafRead to_read(const LeafSel& s, bool final_shape = true) {
   return r;
 }
 
+//! td[idx] = value in the common case: a flat value of tensors at keys this level already holds as tensor
+//! leaves, written at whole rows in order (td[i] = row, td[a:b] = rows, td[...] = all) with values already
+//! of the indexed region's shape. One row plan (one row list) for every leaf, no per-level maps, nothing
+//! created. False, with nothing written, for anything else: the general path handles it, errors included.
+bool flat_writes(const RemoteTree::Level& top, const ResolvedIndex& sel, size_t level_rank, const TensorDict& value,
+                 std::vector<backends::LeafWrite>* writes) {
+  std::optional<ResolvedIndex::RowPlan> plan;
+  if (level_rank > 0) {
+    plan = sel.row_plan();
+    if (!plan->in_order) return false;
+  }
+  const bool whole = level_rank == 0 || plan->all;
+  const at::IntArrayRef rb = sel.result_sizes();
+  const auto items = value.items();
+  writes->reserve(items.size());
+  for (const auto& kv : items) {
+    if (!kv.second.is_tensor() || kv.first.parts().size() != 1) return false;
+    const std::string& key = kv.first.parts()[0];
+    const auto at = std::find(top.keys.begin(), top.keys.end(), key);
+    if (at == top.keys.end()) return false;
+    const backends::LeafInfo* info = top.infos[static_cast<size_t>(at - top.keys.begin())];
+    if (!info || info->kind != backends::LeafKind::Tensor || info->shape.size() < level_rank) return false;
+    at::Tensor v = kv.second.tensor();
+    // the indexed region: result batch + the leaf's feature dims (anything to broadcast: the general path)
+    const size_t feat = info->shape.size() - level_rank;
+    if (static_cast<size_t>(v.dim()) != rb.size() + feat) return false;
+    const at::IntArrayRef vs = v.sizes();
+    if (!std::equal(rb.begin(), rb.end(), vs.begin()) ||
+        !std::equal(info->shape.begin() + static_cast<long>(level_rank), info->shape.end(), vs.begin() + static_cast<long>(rb.size())))
+      return false;
+    if (v.requires_grad()) v = v.detach();
+    if (!v.is_cpu() || v.scalar_type() != info->dtype) v = v.to(at::kCPU, info->dtype);
+    backends::LeafWrite w;
+    w.path = info->path;
+    w.whole = whole;
+    if (!whole) w.rows = plan->rows;
+    w.data = v.contiguous();
+    writes->push_back(std::move(w));
+  }
+  return true;
+}
+
 //! the rows a store returned for s (read by to_read(s)), as the selected values (result batch + feature shape)
 at::Tensor select_rows(const LeafSel& s, const at::Tensor& rows) {
   if (!s.index || !s.plan || s.plan->in_order) return rows;
@@ -567,6 +609,13 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
   const BatchSize rb = sel.result_batch();
   TensorDict value = value_in.is_dense() ? value_in : value_in.contiguous();
   if (value.batch_size() != rb) value = value.expand(rb);  // torch's broadcasting rules and errors
+  if (const RemoteTree::Level* top = snap->level(path_)) {
+    std::vector<backends::LeafWrite> writes;
+    if (flat_writes(*top, sel, level_batch.size(), value, &writes)) {
+      if (!writes.empty()) tree_->client()->write(std::move(writes));
+      return;
+    }
+  }
 
   struct Item {
     LeafPath path;

@@ -1123,8 +1123,16 @@ class H5Store final : public LeafStore {
   }
 
   // ----------------------------------------------------------------------------- tensor I/O
-  void check_rows(const LeafPath& path, const std::vector<hsize_t>& dims, const std::vector<int64_t>& rows) const {
+  //! rows within dim 0, ascending and unique; a list is checked once for the leaves of a call that share it
+  //! (and the same dim 0)
+  void check_rows(const LeafPath& path, const std::vector<hsize_t>& dims, const RowList& list) {
     if (dims.empty()) throw ValueError(where(path) + ": a zero-dim dataset can only be read or written whole");
+    checked_rows_.get(list, static_cast<int64_t>(dims[0]), [&] {
+      check_rows_once(path, dims, list.vec());
+      return true;
+    });
+  }
+  void check_rows_once(const LeafPath& path, const std::vector<hsize_t>& dims, const std::vector<int64_t>& rows) const {
     for (size_t i = 0; i < rows.size(); ++i) {
       if (rows[i] < 0 || static_cast<hsize_t>(rows[i]) >= dims[0])
         throw IndexError(where(path) + ": row " + std::to_string(rows[i]) + " out of range for dim 0 of size " +
@@ -1138,14 +1146,49 @@ class H5Store final : public LeafStore {
   //! ~37 s). Batches of kRunsPerTransfer runs (one H5Dread/H5Dwrite each) keep it linear.
   static constexpr size_t kRunsPerTransfer = 32;
 
+  //! how a list of rows (ascending, unique) is selected: runs of consecutive rows of one length `len` whose
+  //! starts are evenly spaced `step` apart (one run, td[a:b:s], blocks of a regular pattern) are ONE strided
+  //! hyperslab and one transfer; other rows go as `runs` (first row, count)
+  struct RowLayout {
+    bool regular = false;
+    hsize_t first = 0, len = 1, step = 1, count = 0;
+    std::vector<std::pair<hsize_t, hsize_t>> runs;
+  };
+  static RowLayout layout_of(const std::vector<int64_t>& rows) {
+    RowLayout l;
+    const size_t n_rows = rows.size();
+    if (n_rows == 0) return l;
+    size_t len = 1;
+    while (len < n_rows && rows[len] == rows[len - 1] + 1) ++len;
+    bool regular = n_rows % len == 0;
+    const int64_t step = len < n_rows ? rows[len] - rows[0] : static_cast<int64_t>(len);
+    for (size_t i = len; regular && i < n_rows; ++i)
+      regular = rows[i] - rows[i - len] == step;  // periodic differences: runs of len, step apart
+    if (regular) {
+      l.regular = true;
+      l.first = static_cast<hsize_t>(rows[0]);
+      l.len = static_cast<hsize_t>(len);
+      l.step = static_cast<hsize_t>(step);
+      l.count = static_cast<hsize_t>(n_rows / len);
+      return l;
+    }
+    for (size_t i = 0; i < n_rows;) {
+      size_t j = i + 1;
+      while (j < n_rows && rows[j] == rows[j - 1] + 1) ++j;
+      l.runs.emplace_back(static_cast<hsize_t>(rows[i]), static_cast<hsize_t>(j - i));
+      i = j;
+    }
+    return l;
+  }
+
   //! reads (or writes) `rows` (ascending, unique) along dim 0 of the cached dataset `e` from (to) the
-  //! contiguous buffer `buf` of [rows.size(), dims[1:]...] elements of `mtype`. Runs of consecutive rows of one
-  //! length whose starts are evenly spaced (one run, td[a:b:s], blocks of a regular pattern) are ONE strided
-  //! hyperslab and one transfer; other rows go as runs, kRunsPerTransfer per transfer.
-  void transfer_rows(const LeafPath& path, CachedDataset& e, hid_t mtype, const std::vector<int64_t>& rows, void* buf,
+  //! contiguous buffer `buf` of [rows.size(), dims[1:]...] elements of `mtype`. The list's layout is worked
+  //! out once for all the leaves of a call that share it (layouts_)
+  void transfer_rows(const LeafPath& path, CachedDataset& e, hid_t mtype, const RowList& rows, void* buf,
                      bool write) {
     if (rows.empty()) return;
     if (!e.fspace.valid()) fail<FormatError>(path, "cannot read the dataspace");
+    const RowLayout& layout = layouts_.get(rows, 0, [&] { return layout_of(rows.vec()); });
     const std::vector<hsize_t>& dims = e.p.dims;
     const size_t rank = dims.size();
     const hid_t fspace = e.fspace.get();
@@ -1171,31 +1214,17 @@ class H5Store final : public LeafStore {
           fail<FormatError>(path, "cannot read");
       }
     };
-    // regular: runs of one length `len` whose starts are `step` apart (maximal runs: step > len)
-    const size_t n_rows = rows.size();
-    size_t len = 1;
-    while (len < n_rows && rows[len] == rows[len - 1] + 1) ++len;
-    bool regular = n_rows % len == 0;
-    const int64_t step = len < n_rows ? rows[len] - rows[0] : static_cast<int64_t>(len);
-    for (size_t i = len; regular && i < n_rows; ++i)
-      regular = rows[i] - rows[i - len] == step;  // periodic differences: runs of len, step apart
-    if (regular) {
-      start[0] = static_cast<hsize_t>(rows[0]);
-      stride[0] = static_cast<hsize_t>(step);
-      count[0] = static_cast<hsize_t>(n_rows / len);
-      block[0] = static_cast<hsize_t>(len);
+    if (layout.regular) {
+      start[0] = layout.first;
+      stride[0] = layout.step;
+      count[0] = layout.count;
+      block[0] = layout.len;
       if (H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), stride.data(), count.data(), block.data()) < 0)
         fail<BackendError>(path, "cannot select rows");
-      transfer(static_cast<hsize_t>(n_rows), 0);
+      transfer(static_cast<hsize_t>(rows.size()), 0);
       return;
     }
-    std::vector<std::pair<hsize_t, hsize_t>> runs;  // (first row, count)
-    for (size_t i = 0; i < n_rows;) {
-      size_t j = i + 1;
-      while (j < n_rows && rows[j] == rows[j - 1] + 1) ++j;
-      runs.emplace_back(static_cast<hsize_t>(rows[i]), static_cast<hsize_t>(j - i));
-      i = j;
-    }
+    const auto& runs = layout.runs;
     size_t out_row = 0;
     stride[0] = 1;
     block[0] = 1;
@@ -1628,6 +1657,8 @@ class H5Store final : public LeafStore {
   CreateOptions defaults_;
   Id file_id_, root_;
   std::unordered_map<std::string, std::unique_ptr<CachedDataset>> datasets_;  //!< by rel_path; cleared before close
+  RowMemo<bool> checked_rows_;   //!< the last row list checked (and the dim 0 it was checked against)
+  RowMemo<RowLayout> layouts_;   //!< the last row list's selection layout
   std::shared_ptr<Generation> generation_ = std::make_shared<Generation>(0);  //!< see file_generation()
   uint64_t seen_generation_ = 0;  //!< the generation datasets_ is valid for
   bool may_reuse_space_ = false;  //!< freed file space may be reused: write fill values for new datasets

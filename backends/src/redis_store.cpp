@@ -486,6 +486,8 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
     c.arg_view(name, std::char_traits<char>::length(name)).arg_view(dkey.data(), dkey.size());
     return c;
   };
+  RowMemo<bool> checked_rows;  // the leaves of a call share their row lists: check and split each once
+  RowMemo<std::vector<Run>> runs_memo;
   for (size_t i = 0; i < reads.size(); ++i) {
     const LeafRead& r = reads[i];
     Plan& p = plans[i];
@@ -505,7 +507,10 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
       continue;
     }
     if (m.info.shape.empty()) throw ValueError("cannot read rows of the 0-dim leaf " + dkey);
-    check_rows(r.rows, m.info.shape[0], dkey);
+    checked_rows.get(r.rows, m.info.shape[0], [&] {
+      check_rows(r.rows.vec(), m.info.shape[0], dkey);
+      return true;
+    });
     p.shape = m.info.shape;
     p.shape[0] = static_cast<int64_t>(r.rows.size());
     reshape_to(r, dkey, &p.shape);
@@ -527,7 +532,7 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
       cmds.push_back(command("GETRANGE", dkey).arg(off).arg(off + static_cast<int64_t>(r.rows.size()) * m.row_bytes - 1));
       continue;
     }
-    std::vector<Run> runs = runs_of(r.rows);
+    const std::vector<Run>& runs = runs_memo.get(r.rows, 0, [&] { return runs_of(r.rows.vec()); });
     {
       p.op = Op::Ranges;
       uses_script = true;
@@ -632,6 +637,8 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
   keep.reserve(writes.size());
   cmds.reserve(writes.size());
   what.reserve(writes.size());
+  RowMemo<bool> checked_rows;  // the leaves of a call share their row lists: check and split each once
+  RowMemo<std::vector<Run>> runs_memo;
   for (const LeafWrite& w : writes) {
     const std::string joined = redis_join_path(w.path);
     RedisLeafMeta& m = meta_cache_.at(joined);
@@ -645,7 +652,10 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
     std::vector<int64_t> want = m.info.shape;
     if (!w.whole) {
       if (want.empty()) throw ValueError("cannot write rows of the 0-dim leaf " + dkey);
-      check_rows(w.rows, m.info.shape[0], dkey);
+      checked_rows.get(w.rows, m.info.shape[0], [&] {
+        check_rows(w.rows.vec(), m.info.shape[0], dkey);
+        return true;
+      });
       want[0] = static_cast<int64_t>(w.rows.size());
     }
     int64_t want_numel = 1;
@@ -664,7 +674,7 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
       continue;
     }
     if (m.row_bytes == 0 || w.rows.empty()) continue;
-    std::vector<Run> runs = runs_of(w.rows);
+    const std::vector<Run>& runs = runs_memo.get(w.rows, 0, [&] { return runs_of(w.rows.vec()); });
     if (runs.size() == 1) {
       RedisCommand c;
       c.reserve(4);

@@ -155,8 +155,9 @@ ResolvedIndex::RowPlan ResolvedIndex::row_plan() const {
     for (int64_t i = 1; i < n && run; ++i) run = p[i] == p[0] + i;
     if (run) {
       const int64_t first = p[0] / per_row, count = n / per_row;
-      plan.rows.resize(static_cast<size_t>(count));
-      for (int64_t i = 0; i < count; ++i) plan.rows[static_cast<size_t>(i)] = first + i;
+      std::vector<int64_t> rows(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) rows[static_cast<size_t>(i)] = first + i;
+      plan.rows = std::move(rows);
       plan.in_order = true;
       plan.all = first == 0 && count == source_[0];
       return plan;

@@ -112,6 +112,45 @@ BOOST_AUTO_TEST_CASE(index_writes_land_in_the_file) {
   BOOST_TEST(same(again.to_tensordict(), ref));
 }
 
+BOOST_AUTO_TEST_CASE(flat_row_writes_land_like_dense_ones) {
+  // a flat value of existing tensor keys at rows in order goes the short way (one row list for every leaf);
+  // anything else (broadcasting, new keys, reordered rows, nested values) the general one: same results
+  TempDir dir("persistent");
+  at::manual_seed(5);
+  TensorDict ref({{"obs", at::randn({16, 4})}, {"idx", at::arange(16)}, {"flag", at::arange(16).remainder(3).eq(0)}},
+                 {16});
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, dir.path + "/flat.h5");
+  auto both = [&](const Index& idx, const TensorDict& value, const std::string& what) {
+    h5.index_put_(idx, value);
+    ref.index_put_(idx, value);
+    BOOST_TEST(same(h5.to_tensordict(), ref), what);
+  };
+  int i = 0;
+  for (const auto& idx : remote_fixtures::indices(16)) {
+    TensorDict rows = ref.index(idx).clone();
+    rows.apply_([&](const at::Tensor& t) { return t.dtype() == at::kBool ? t.logical_not() : t + (++i); });
+    both(idx, rows, "index " + index_repr(idx));
+  }
+  // values to convert (dtype, requires_grad), to broadcast (feature dims), a subset of the keys
+  both({Slice(2, 5)}, TensorDict({{"obs", at::full({3, 4}, 1.5, at::kDouble)}, {"idx", at::full({3}, 7.0)}}, {3}),
+       "dtypes converted");
+  both({7}, TensorDict({{"obs", at::randn({4}).requires_grad_()}}, {}), "a row with requires_grad");
+  both({Slice(5, 7)}, TensorDict({{"obs", at::randn({2, 1})}}, {2}), "broadcast feature dims");
+  // a new key among existing ones: created zero-filled at the full batch, then written
+  both({Slice(0, 3)}, TensorDict({{"obs", at::randn({3, 4})}, {"fresh", at::ones({3, 2})}}, {3}), "a new key");
+  // through a view: the view's index composed with the write's
+  TensorDict view = h5.index({Slice(4, 12)});
+  TensorDict value({{"idx", at::full({2}, -3, at::kLong)}, {"flag", at::ones({2}, at::kBool)}}, {2});
+  view.index_put_({Slice(1, 3)}, value);
+  ref.index({Slice(4, 12)}).index_put_({Slice(1, 3)}, value);
+  BOOST_TEST(same(h5.to_tensordict(), ref), "through a view");
+  // a value that does not fit: the same error as a dense TensorDict's, nothing written
+  const TensorDict before = h5.to_tensordict();
+  BOOST_CHECK_THROW(h5.index_put_({Slice(0, 3)}, TensorDict({{"obs", at::randn({3, 5})}}, {3})), RuntimeError);
+  BOOST_TEST(same(h5.to_tensordict(), before));
+  h5.close();
+}
+
 BOOST_AUTO_TEST_CASE(new_keys_nested_groups_and_non_tensors) {
   TempDir dir("persistent");
   const std::string file = dir.path + "/n.h5";

@@ -292,6 +292,28 @@ BOOST_AUTO_TEST_CASE(rows_read_and_write) {
     s->write({be::LeafWrite{{"b"}, true, {}, at::ones({8}, at::kInt)}});
     BOOST_TEST(same(read1(*s, {"b"}), at::ones({4, 2}, at::kInt)));
   }
+  // one row list shared by the leaves of a call (as the remote node sends it): checked and laid out once
+  // for leaves of one dim 0, checked again for a leaf of another dim 0 (the list fits "a" [4], not "short" [2])
+  {
+    s->create({"short"}, at::kLong, {2}, at::arange(2), {});
+    const be::RowList shared = std::vector<int64_t>{1, 3};
+    be::LeafRead ra{{"a"}, false, shared}, rb{{"b"}, false, shared}, rs{{"short"}, false, shared};
+    auto got2 = s->read({ra, rb});
+    BOOST_TEST(same(got2[0], at::tensor({10, 33}, at::kLong)));
+    BOOST_TEST(same(got2[1], at::ones({2, 2}, at::kInt)));
+    check_throws<tensordict::IndexError>([&] { s->read({ra, rs}); }, {"/short", "row 3"});
+    check_throws<tensordict::IndexError>(
+        [&] { s->write({be::LeafWrite{{"a"}, false, shared, at::tensor({7, 8}, at::kLong)},
+                        be::LeafWrite{{"short"}, false, shared, at::tensor({7, 8}, at::kLong)}}); },
+        {"/short", "row 3"});
+    BOOST_TEST(same(read1(*s, {"a"}), at::tensor({0, 10, 2, 33}, at::kLong)));  // nothing written
+    BOOST_TEST(same(read1(*s, {"short"}), at::arange(2)));
+    // an unsorted shared list is refused for every leaf, however often it is sent
+    const be::RowList unsorted = std::vector<int64_t>{2, 1};
+    for (int k = 0; k < 2; ++k)
+      check_throws<tensordict::ValueError>([&] { s->read({be::LeafRead{{"a"}, false, unsorted}}); }, {"/a", "ascending"});
+    s->erase({"short"});
+  }
   // zero-size: rows of an empty leaf, whole writes
   s->create({"empty"}, at::kFloat, {0, 4}, {}, {});
   BOOST_TEST(same(s->read({rows({"empty"}, {})}).at(0), at::empty({0, 4})));

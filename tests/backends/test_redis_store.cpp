@@ -217,6 +217,27 @@ BOOST_AUTO_TEST_CASE(rows_runs_scattered_repeated) {
   message_of<ValueError>([&] { s->write({LeafWrite{{"obs"}, false, {1}, at::zeros({2, 3})}}); });
   message_of<ValueError>([&] { s->write({LeafWrite{{"obs"}, false, {1}, at::zeros({1, 3}, at::kDouble)}}); });
   BOOST_TEST(contains(message_of<KeyError>([&] { s->read({LeafRead{{"nope"}, true, {}}}); }), "nope"));
+  // one row list shared by the leaves of a call (as the remote node sends it): checked and split into runs
+  // once for leaves of one dim 0, checked again for a leaf of another dim 0
+  {
+    s->create({"short"}, at::kLong, {2}, at::arange(2), {});
+    const RowList shared = std::vector<int64_t>{1, 3, 4, 8};
+    std::vector<at::Tensor> got = s->read({LeafRead{{"obs"}, false, shared}, LeafRead{{"act"}, false, shared}});
+    BOOST_TEST(same(got[0], s->read({LeafRead{{"obs"}, true, {}}})[0].index_select(0, idx({1, 3, 4, 8}))));
+    BOOST_TEST(same(got[1], s->read({LeafRead{{"act"}, true, {}}})[0].index_select(0, idx({1, 3, 4, 8}))));
+    BOOST_TEST(contains(message_of<ValueError>([&] {
+                          s->read({LeafRead{{"act"}, false, shared}, LeafRead{{"short"}, false, shared}});
+                        }),
+                        "d:short"));
+    const at::Tensor act_before = s->read({LeafRead{{"act"}, true, {}}})[0];
+    BOOST_TEST(contains(message_of<ValueError>([&] {
+                          s->write({LeafWrite{{"act"}, false, shared, at::full({4}, 5, at::kLong)},
+                                    LeafWrite{{"short"}, false, shared, at::full({4}, 5, at::kLong)}});
+                        }),
+                        "d:short"));
+    BOOST_TEST(same(s->read({LeafRead{{"act"}, true, {}}})[0], act_before));  // nothing written
+    BOOST_TEST(same(s->read({LeafRead{{"short"}, true, {}}})[0], at::arange(2)));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(create_zero_fill_and_empty) {

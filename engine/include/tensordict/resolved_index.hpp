@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "tensordict/index_math.hpp"
+#include "tensordict/backends/row_list.hpp"
 
 namespace tensordict {
 
@@ -43,7 +44,9 @@ class ResolvedIndex {
   //! what a store addressing leaves by rows along dim 0 (HDF5, Redis) reads for this selection: the
   //! ascending unique rows (h5py refuses unsorted or repeated ones), and how the rows read map to the result
   struct RowPlan {
-    std::vector<int64_t> rows;  //!< ascending, unique source rows along dim 0 (empty for a 0-dim source)
+    //! ascending, unique source rows along dim 0 (empty for a 0-dim source); shared, so that every leaf's
+    //! store request of one call carries the same list
+    backends::RowList rows;
     //! int64 of the result batch shape: positions into the rows read, flattened over the batch dims
     //! ([rows.size() * per_row]); undefined when in_order
     at::Tensor local;

@@ -20,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "tensordict/backends/json_value.hpp"
+#include "tensordict/backends/row_list.hpp"
 
 namespace tensordict {
 namespace backends {
@@ -51,7 +52,7 @@ struct NonTensorValue {
 struct LeafRead {
   LeafPath path;
   bool whole = true;
-  std::vector<int64_t> rows;  //!< ascending, unique (used when !whole)
+  RowList rows;  //!< ascending, unique (used when !whole); one list shared by the leaves of a call
   //! the shape of the tensor returned, when given: the same elements as [rows.size(), shape[1:]...] (td[i]
   //! of a row store wants [f], not [1, f]: the store builds it so, saving a reshape); ValueError otherwise
   std::optional<std::vector<int64_t>> shape = std::nullopt;
@@ -63,7 +64,7 @@ struct LeafRead {
 struct LeafWrite {
   LeafPath path;
   bool whole = true;
-  std::vector<int64_t> rows;  //!< ascending, unique (used when !whole)
+  RowList rows;  //!< ascending, unique (used when !whole); one list shared by the leaves of a call
   at::Tensor data;
 };
 
