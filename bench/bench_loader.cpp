@@ -5,8 +5,12 @@
 //!     processes (target: >= 0.9x the loop's samples/s);
 //!  2. a per-batch transform costing ~4x the gather (`bench_work`: k elementwise passes over x, k calibrated here):
 //!     the loop doing gather + transform vs 2 worker threads / processes (target: >= 1.7x).
-//! Every contender computes its epoch's order (the sampler's randperm) inside the timed epoch. Each contender: one warm-up epoch (worker processes start, fresh mappings fault their pages in), then
-//! `--epochs` measured epochs (median samples/s). The trainer only touches one value per batch. Reported per
+//! Every contender computes its epoch's order (the sampler's randperm) inside the timed epoch. The three
+//! contenders (loop, threads, processes) take turns: one epoch each per round, a warm-up round (worker
+//! processes start, fresh mappings fault their pages in), then `--epochs` measured rounds (default 5); a
+//! ratio is the median over rounds of the contender's rate over the loop's in the same round, so that a load
+//! change on the shared machine hits all three alike (measured one after the other, the same build read
+//! 0.69x and 1.18x for processes ten minutes apart). The trainer only touches one value per batch. Reported per
 //! loader: samples/s, ratio to the loop measured in the same run, the trainer's median wait per batch and the
 //! median batch latency (dispatch to ready), and `cores_used`: the CPU time of the trainer and its workers over the
 //! wall time (on a shared VM other sessions' work caps it: the kernel's autogroup shares the CPUs per session,
@@ -88,74 +92,112 @@ double secs_since(Clock::time_point t0) { return std::chrono::duration<double>(C
 
 struct Result {
   double samples_per_s = 0;
+  double ratio = 1;       // median over rounds of this contender's rate / the loop's rate in the same round
   double wait_median_us = 0;
   double latency_median_us = 0;
   double wait_share = 0;  // trainer wait / epoch time
   double cores_used = 0;  // CPU time of the trainer and its workers / wall time: what the machine gave us
 };
 
-//! single-thread loop: gather (+ transform) per batch in the trainer's thread
-Result single_thread(const TensorDict& td, const Sampler& sampler, int64_t batch, int64_t epochs, bool transform) {
+//! one epoch's figures
+struct Epoch {
+  double samples_per_s = 0, wait_median_us = 0, latency_median_us = 0, wait_share = 0, cores_used = 0;
+};
+
+//! one epoch of the single-thread loop: gather (+ transform) per batch in the trainer's thread
+Epoch single_epoch(const TensorDict& td, const Sampler& sampler, int64_t batch, int64_t epoch, bool transform) {
   const int64_t n = td.batch_size()[0];
-  std::vector<double> rates, cores;
-  for (int64_t e = -1; e < epochs; ++e) {  // epoch -1: warm-up
-    const int64_t nb = n / batch;
-    const double c0 = self_cpu_s();
-    auto t0 = Clock::now();
-    // the epoch's order is part of the epoch, as in the loader (randperm of 1M rows: 10-40 ms here)
-    at::Tensor order = sampler.indices(n, e + 1);
-    for (int64_t b = 0; b < nb; ++b) {
-      TensorDict x = td.index({order.narrow(0, b * batch, batch)});
-      if (transform) x = bench_work(x);
-      consume(x);
-    }
-    const double s = secs_since(t0);
-    if (e >= 0) rates.push_back(static_cast<double>(nb * batch) / s);
-    if (e >= 0) cores.push_back((self_cpu_s() - c0) / s);
+  const int64_t nb = n / batch;
+  const double c0 = self_cpu_s();
+  auto t0 = Clock::now();
+  // the epoch's order is part of the epoch, as in the loader (randperm of 1M rows: 10-40 ms here)
+  at::Tensor order = sampler.indices(n, epoch);
+  for (int64_t b = 0; b < nb; ++b) {
+    TensorDict x = td.index({order.narrow(0, b * batch, batch)});
+    if (transform) x = bench_work(x);
+    consume(x);
   }
-  Result r;
-  r.samples_per_s = median(rates);
-  r.cores_used = median(cores);
-  return r;
+  const double s = secs_since(t0);
+  Epoch e;
+  e.samples_per_s = static_cast<double>(nb * batch) / s;
+  e.cores_used = (self_cpu_s() - c0) / s;
+  return e;
 }
 
-Result with_loader(const TensorDict& td, int64_t batch, int64_t epochs, int64_t workers, bool processes, bool transform) {
+DataLoader make_loader(const TensorDict& td, int64_t batch, int64_t workers, bool processes, bool transform) {
   LoaderOptions o = LoaderOptions().batch_size(batch).drop_last(true).shuffle(true).seed(0).persistent_workers(true);
   if (processes) o.worker_processes(workers);
   else o.num_workers(workers);
   if (transform) o.transform_name("bench_work");
-  DataLoader loader(td, o);
-  std::vector<double> rates, waits, lats, shares, cores;
-  for (int64_t e = -1; e < epochs; ++e) {
-    const std::vector<pid_t> pids = loader.worker_pids();  // persistent: the same processes all epoch
-    double c0 = self_cpu_s();
-    for (pid_t p : pids) c0 += proc_cpu_s(p);
-    auto t0 = Clock::now();
-    for (TensorDict b : loader) consume(b);
-    const double s = secs_since(t0);
-    double c1 = self_cpu_s();
-    for (pid_t p : pids) c1 += proc_cpu_s(p);
-    if (e < 0) continue;
-    cores.push_back((c1 - c0) / s);
-    const LoaderStats st = loader.stats();
-    rates.push_back(static_cast<double>(st.samples) / s);
-    waits.push_back(median(st.wait_us));
-    lats.push_back(median(st.latency_us));
-    shares.push_back(st.wait_s / s);
+  if (const char* e = std::getenv("BENCH_LOADER_PREFETCH")) o.prefetch(std::atoll(e));  // default: the loader's
+  return DataLoader(td, o);
+}
+
+//! one epoch of a loader (persistent workers: the same processes every epoch)
+Epoch loader_epoch(DataLoader& loader) {
+  const std::vector<pid_t> pids = loader.worker_pids();
+  double c0 = self_cpu_s();
+  for (pid_t p : pids) c0 += proc_cpu_s(p);
+  auto t0 = Clock::now();
+  for (TensorDict b : loader) consume(b);
+  const double s = secs_since(t0);
+  double c1 = self_cpu_s();
+  for (pid_t p : pids) c1 += proc_cpu_s(p);
+  const LoaderStats st = loader.stats();
+  Epoch e;
+  e.samples_per_s = static_cast<double>(st.samples) / s;
+  e.wait_median_us = median(st.wait_us);
+  e.latency_median_us = median(st.latency_us);
+  e.wait_share = st.wait_s / s;
+  e.cores_used = (c1 - c0) / s;
+  return e;
+}
+
+//! medians over rounds; `ratio` against the loop's epoch of the same round
+Result summarize(const std::vector<Epoch>& es, const std::vector<Epoch>& loop) {
+  std::vector<double> rate, ratio, wait, lat, share, cores;
+  for (size_t i = 0; i < es.size(); ++i) {
+    rate.push_back(es[i].samples_per_s);
+    ratio.push_back(es[i].samples_per_s / loop[i].samples_per_s);
+    wait.push_back(es[i].wait_median_us);
+    lat.push_back(es[i].latency_median_us);
+    share.push_back(es[i].wait_share);
+    cores.push_back(es[i].cores_used);
   }
   Result r;
-  r.samples_per_s = median(rates);
-  r.wait_median_us = median(waits);
-  r.latency_median_us = median(lats);
-  r.wait_share = median(shares);
+  r.samples_per_s = median(rate);
+  r.ratio = median(ratio);
+  r.wait_median_us = median(wait);
+  r.latency_median_us = median(lat);
+  r.wait_share = median(share);
   r.cores_used = median(cores);
   return r;
 }
 
-Json to_json(const Result& r, const Result& base) {
+//! the loop, 2 worker threads and 2 worker processes, one epoch each per round, `rounds` rounds after a
+//! warm-up round: a load change on the shared machine hits the three alike (ratios are per round)
+struct Contest {
+  Result loop, threads, processes;
+};
+Contest contest(const TensorDict& td, const Sampler& sampler, int64_t batch, int64_t rounds, bool transform) {
+  DataLoader thr = make_loader(td, batch, 2, false, transform);
+  DataLoader proc = make_loader(td, batch, 2, true, transform);
+  std::vector<Epoch> l, t, p;
+  for (int64_t r = -1; r < rounds; ++r) {  // round -1: warm-up (worker processes start, mappings fault in)
+    Epoch el = single_epoch(td, sampler, batch, r + 1, transform);
+    Epoch et = loader_epoch(thr);
+    Epoch ep = loader_epoch(proc);
+    if (r < 0) continue;
+    l.push_back(el);
+    t.push_back(et);
+    p.push_back(ep);
+  }
+  return {summarize(l, l), summarize(t, l), summarize(p, l)};
+}
+
+Json to_json(const Result& r) {
   Json j;
-  j.num("samples_per_s", r.samples_per_s, 0).num("ratio", base.samples_per_s > 0 ? r.samples_per_s / base.samples_per_s : 0, 2)
-      .num("cores_used", r.cores_used, 2);
+  j.num("samples_per_s", r.samples_per_s, 0).num("ratio", r.ratio, 2).num("cores_used", r.cores_used, 2);
   if (r.wait_median_us > 0 || r.latency_median_us > 0) {
     j.num("wait_median_us", r.wait_median_us, 1).num("latency_median_us", r.latency_median_us, 1).num("wait_share", r.wait_share, 3);
   }
@@ -168,7 +210,7 @@ int main(int argc, char** argv) {
   register_map_fn("bench_work", bench_work);
   run_worker_if_requested(argc, argv);
 
-  int64_t rows = 1000000, epochs = 3, batch = 256;
+  int64_t rows = 1000000, epochs = 5, batch = 256;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rows" && i + 1 < argc) rows = std::stoll(argv[++i]);
@@ -192,8 +234,8 @@ int main(int argc, char** argv) {
     }
     const Sampler sampler = Sampler::random(0);
     // the gather: the single-thread loop's time per batch (random rows: cache misses and page walks included)
-    const Result base = single_thread(td, sampler, batch, epochs, false);
-    const double gather_us = 1e6 * static_cast<double>(batch) / base.samples_per_s;
+    single_epoch(td, sampler, batch, 0, false);  // warm-up: the fresh mapping faults its pages in
+    const double gather_us = 1e6 * static_cast<double>(batch) / single_epoch(td, sampler, batch, 1, false).samples_per_s;
     // one pass of the transform over a gathered batch, to set the transform to ~4x the gather
     TensorDict gathered = td.index({sampler.indices(rows, 0).narrow(0, 0, batch)});
     at::Tensor x = gathered.get("x");
@@ -218,17 +260,14 @@ int main(int argc, char** argv) {
       out.num("load_avg_1min", load[0], 2).num("cpus", static_cast<double>(::sysconf(_SC_NPROCESSORS_ONLN)), 0);
     }
 
-    const Result th = with_loader(td, batch, epochs, 2, false, false);
-    const Result pr = with_loader(td, batch, epochs, 2, true, false);
+    const Contest plain = contest(td, sampler, batch, epochs, false);
     Json nt;
-    nt.obj("single_thread_loop", to_json(base, base)).obj("threads_2", to_json(th, base)).obj("processes_2", to_json(pr, base));
+    nt.obj("single_thread_loop", to_json(plain.loop)).obj("threads_2", to_json(plain.threads))
+        .obj("processes_2", to_json(plain.processes));
     out.obj("no_transform", nt);
-
-    const Result tbase = single_thread(td, sampler, batch, epochs, true);
-    const Result tth = with_loader(td, batch, epochs, 2, false, true);
-    const Result tpr = with_loader(td, batch, epochs, 2, true, true);
+    const Contest tf = contest(td, sampler, batch, epochs, true);
     Json tr;
-    tr.obj("single_thread_loop", to_json(tbase, tbase)).obj("threads_2", to_json(tth, tbase)).obj("processes_2", to_json(tpr, tbase));
+    tr.obj("single_thread_loop", to_json(tf.loop)).obj("threads_2", to_json(tf.threads)).obj("processes_2", to_json(tf.processes));
     out.obj("transform_4x", tr);
     Json py;
     py.num("td_idx_loop_samples_per_s", 4.6e6, 0).num("torch_dataloader_2_processes_samples_per_s", 0.23e6, 0);

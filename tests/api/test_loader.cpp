@@ -565,6 +565,22 @@ BOOST_AUTO_TEST_CASE(no_segment_is_left_after_a_sigkilled_trainer) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(default_prefetch_is_deeper_for_small_batches) {
+  // small batches: 8 per worker; batches of ~16 MiB: torch's 2 (the 64 MiB budget); given: as given
+  TensorDict small = loader_test::dataset(200);
+  DataLoader a(small, LoaderOptions().num_workers(2).batch_size(10));
+  BOOST_TEST(a.stats().in_flight_max == 16);
+  BOOST_TEST(epoch(a).size() == 20u);
+  BOOST_TEST(a.stats().in_flight_max == 16);
+  TensorDict big({{"x", at::zeros({8, 1 << 20})}}, {8});  // 4 MiB rows
+  DataLoader b(big, LoaderOptions().num_workers(2).batch_size(4));
+  BOOST_TEST(b.stats().in_flight_max == 4);
+  BOOST_TEST(epoch(b).size() == 2u);
+  DataLoader c(small, LoaderOptions().num_workers(2).batch_size(10).prefetch(3));
+  BOOST_TEST(c.stats().in_flight_max == 6);
+  BOOST_CHECK_THROW(DataLoader(small, LoaderOptions().prefetch(0)), ValueError);
+}
+
 BOOST_AUTO_TEST_CASE(a_held_batch_is_never_overwritten) {
   TensorDict td = loader_test::dataset(500);
   for (int mode = 0; mode < 2; ++mode) {
