@@ -34,23 +34,21 @@ using leaf_call_ptr = std::shared_ptr<leaf_call>;
 namespace tensordict {
 namespace actors {
 
+using leaf_atom = caf::atom_constant<caf::atom("tdleaf")>;
+
 //! what the client and its actor share: liveness, the calls waiting for the store (`pending`), the calls in
 //! flight (failed when the actor dies, so no caller waits on a dead actor), and the batch counters
 //! (the actor holds it too, never the Runtime: the last reference to a Runtime must not drop on an actor's
 //! thread, whose system would then join itself)
 //!
-//! Who runs a call (flat combining): whoever holds `store_mu` (the holder). A caller that finds the store
-//! free becomes the holder and runs its own call together with every call waiting in `pending` (one merged
-//! store call: one HDF5 pass, one Redis pipeline). A caller that finds it busy appends its call to
-//! `pending` and waits on its Reply; the holder runs it with the others waiting by then. The holder runs one
-//! merged store call, then hands the store over: when calls arrived meanwhile, it nudges the thread of the
-//! first one, which wakes (it would wake for its reply anyway), takes the store and runs everything waiting
-//! by then, and so on. So calls from many threads share round trips, and no call needs a thread of its own
-//! (no hand-off to the actor, whose thread would be a third party to wake on every round).
-//! No call is left behind: `holder_active` (under pending_mu) is true while somebody is bound to look at
-//! `pending` again: a holder (it decides under pending_mu, as it stops, whether to hand over or to clear the
-//! flag), the thread it nudged, or a caller that appended to `pending` when the flag was clear (that caller
-//! then takes the store itself, waiting for it if need be).
+//! Who runs a call: whoever holds `store_mu` (the holder). A caller that finds the store free becomes the
+//! holder and runs its own call together with every call waiting in `pending` (one merged store call: one
+//! HDF5 pass, one Redis pipeline). A caller that finds it busy appends its call to `pending` and waits; the
+//! holder runs it with the others waiting by then. So calls from many threads share round trips without a
+//! thread hand-off. No call is left behind: while `holder_takes` is set (under pending_mu) the holder
+//! promises to look at `pending` once more before it lets go of the store; a call appended when it is not
+//! set is announced to the actor by a message, and the actor, once it holds the store, runs everything
+//! waiting. A holder that stops with calls still waiting (its round bound) announces them the same way.
 struct LeafCallState {
   caf::actor actor;
   std::string describe;
@@ -60,7 +58,7 @@ struct LeafCallState {
   //! calls waiting for the holder of store_mu (a call is taken out exactly once: by a runner or fail_all)
   std::mutex pending_mu;
   std::vector<leaf_call_ptr> pending;
-  bool holder_active = false;                //!< under pending_mu: somebody will look at `pending` again
+  bool holder_takes = false;                 //!< under pending_mu: the holder will take `pending` again
   std::atomic<size_t> pending_n{0};          //!< pending.size(), for a lingering holder's polling
   std::atomic<size_t> recent_batch[2] = {1, 1};  //!< callers merged in the last two store calls
   std::atomic<int64_t> recent_store_ns{0};       //!< how long the last store call took (a waiter's spin)
@@ -71,14 +69,15 @@ struct LeafCallState {
   std::set<leaf_call_ptr> calls;
   LeafStoreClient::BatchStats stats;
 
-  //! registers a call; false (and `why`) when the store is closed or its actor gone
-  bool begin(const leaf_call_ptr& c, std::string* why) {
+  //! registers a call and gives the actor to send it to; false (and `why`) when the actor is gone
+  bool begin(const leaf_call_ptr& c, std::string* why, caf::actor* to) {
     std::lock_guard<std::mutex> lock(mu);
     if (!alive || !actor) {
       *why = dead_reason();
       return false;
     }
     calls.insert(c);
+    *to = actor;
     return true;
   }
   void end(const leaf_call_ptr& c) {
@@ -102,7 +101,6 @@ struct LeafCallState {
     {
       std::lock_guard<std::mutex> lock(pending_mu);
       pending.clear();  // registered in `calls` too: failed below, never run
-      pending_n.store(0, std::memory_order_release);
     }
     for (const auto& c : pending_calls) c->reply.set_error({ErrorCode::Backend, why, -1});
   }
@@ -112,15 +110,13 @@ struct LeafCallState {
     stats.batches += 1;
     stats.largest = std::max(stats.largest, n);
   }
-  //! appends a call that found the store busy; true when nobody is bound to look at `pending`: the caller
-  //! is then (flag set for it) and must take the store and drain
+  //! appends a call that found the store busy; true when nobody holding the store will take it (announce
+  //! it to the actor, or take the store and run it)
   bool push_pending(const leaf_call_ptr& c) {
     std::lock_guard<std::mutex> lock(pending_mu);
     pending.push_back(c);
     pending_n.store(pending.size(), std::memory_order_release);
-    if (holder_active) return false;
-    holder_active = true;
-    return true;
+    return !holder_takes;
   }
   //! store_mu held, before a store call: when the last store calls merged several callers' calls, wait up
   //! to `linger_for` until as many calls are in hand (`have`) or waiting (callers in step then share one
@@ -129,6 +125,10 @@ struct LeafCallState {
     const size_t expect = std::max(recent_batch[0].load(std::memory_order_relaxed),
                                    recent_batch[1].load(std::memory_order_relaxed));
     if (expect <= 1 || linger_for.count() <= 0) return;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu);
+      holder_takes = true;  // callers arriving now need not message the actor
+    }
     const auto end = std::chrono::steady_clock::now() + linger_for;
     for (uint32_t n = 1; pending_n.load(std::memory_order_acquire) + have < expect; ++n) {
       if ((n & 15) == 0) {
@@ -159,14 +159,10 @@ struct LeafCallState {
       i = j;
     }
   }
-  //! store_mu held (the holder): `batch` with the calls waiting now, then those that arrived meanwhile, for
-  //! at most `rounds` store calls. Returns the call whose thread must take the store next (nudge it after
-  //! letting go of store_mu), or null when nothing is waiting (holder_active is then cleared)
-  leaf_call_ptr drain(std::vector<leaf_call_ptr> batch, size_t rounds, std::chrono::microseconds linger_for) {
-    {
-      std::lock_guard<std::mutex> lock(pending_mu);
-      holder_active = true;  // callers arriving now wait for this holder (or its successor)
-    }
+  //! store_mu held: `batch` with the calls waiting now, then those that arrived meanwhile, for at most
+  //! `rounds` store calls. true when calls are still waiting at the end (the caller's round bound): the
+  //! caller must announce them to the actor after it lets go of the store (the actor drains without a bound)
+  bool drain(std::vector<leaf_call_ptr> batch, size_t rounds, std::chrono::microseconds linger_for) {
     for (size_t r = 0;; ++r) {
       if (r < rounds) linger(batch.size(), linger_for);
       {
@@ -174,19 +170,14 @@ struct LeafCallState {
         if (r >= rounds) {  // out of rounds: what is left goes back to the front of the queue
           pending.insert(pending.begin(), batch.begin(), batch.end());
           pending_n.store(pending.size(), std::memory_order_release);
-          if (pending.empty()) {
-            holder_active = false;
-            return nullptr;
-          }
-          return pending.front();  // holder_active stays: the duty passes to that call's thread
+          holder_takes = false;
+          return !pending.empty();
         }
         batch.insert(batch.end(), pending.begin(), pending.end());
         pending.clear();
         pending_n.store(0, std::memory_order_release);
-        if (batch.empty()) {
-          holder_active = false;
-          return nullptr;
-        }
+        holder_takes = !batch.empty();  // looks again after these run
+        if (batch.empty()) return false;
       }
       // at most kMaxBatch calls in one store call (a bounded pipeline); the rest in the next round
       std::vector<leaf_call_ptr> now;
@@ -265,13 +256,13 @@ struct LeafStoreClient::Impl {
 
 namespace {
 
-//! the store's actor: it owns the store (its lifetime and its close), and its end fails every call still
-//! registered; the calls themselves are run by their callers, combined (LeafCallState)
+//! the store's actor: it owns the store and runs the calls left in `pending` when no caller holding the
+//! store will run them (it is told by a message, and drains its mailbox of the others first)
 class LeafStoreActor final : public HotActor {
  public:
-  LeafStoreActor(caf::actor_config& cfg, std::chrono::microseconds spin, std::shared_ptr<backends::LeafStore> store,
-                 std::shared_ptr<LeafCallState> impl)
-      : HotActor(cfg, spin), store_(std::move(store)) {
+  LeafStoreActor(caf::actor_config& cfg, std::chrono::microseconds spin, std::chrono::microseconds linger,
+                 std::shared_ptr<backends::LeafStore> store, std::shared_ptr<LeafCallState> impl)
+      : HotActor(cfg, spin), linger_(linger), store_(std::move(store)), impl_(impl) {
     std::weak_ptr<LeafCallState> weak = impl;
     const std::string what = store_->describe();
     caf::abstract_actor::attach_functor([weak, what](const caf::error& reason) {
@@ -285,12 +276,24 @@ class LeafStoreActor final : public HotActor {
 
   void act() override {
     bool running = true;
-    receive_while(running)([&](caf::exit_msg&) { running = false; });
+    auto on_exit = [&](caf::exit_msg&) { running = false; };
+    receive_while(running)(
+        [&](leaf_atom) {
+          // the other messages waiting are for calls that this drain runs too
+          // (an empty mailbox ends it at once: a timed receive on it costs ~110 us, store_actor.cpp)
+          for (size_t n = 0; running && n < LeafCallState::kMaxBatch && !mailbox().empty(); ++n)
+            receive([](leaf_atom) {}, on_exit, caf::after(std::chrono::seconds(0)) >> [] {});
+          std::lock_guard<std::mutex> lock(impl_->store_mu);
+          impl_->drain({}, SIZE_MAX, linger_);  // no bound: nothing is left waiting
+        },
+        on_exit);
     // the actor's end fails every call still registered (attach_functor)
   }
 
  private:
+  std::chrono::microseconds linger_;
   std::shared_ptr<backends::LeafStore> store_;  // keeps the store alive as long as its actor
+  std::shared_ptr<LeafCallState> impl_;
 };
 
 }  // namespace
@@ -309,7 +312,8 @@ std::shared_ptr<LeafStoreClient> LeafStoreClient::open(std::shared_ptr<Runtime> 
   c->impl_->st->describe = c->describe_;
   c->impl_->st->store = store;
   caf::actor a = c->impl_->rt->system().spawn<LeafStoreActor>(
-      std::chrono::microseconds(c->impl_->rt->config().actor_spin_us), std::move(store), c->impl_->st);
+      std::chrono::microseconds(c->impl_->rt->config().actor_spin_us),
+      std::chrono::microseconds(c->impl_->rt->config().store_linger_us), std::move(store), c->impl_->st);
   std::lock_guard<std::mutex> lock(c->impl_->st->mu);
   c->impl_->st->actor = std::move(a);
   return c;
@@ -324,41 +328,53 @@ LeafStoreClient::~LeafStoreClient() {
 }
 
 namespace {
-//! how many merged store calls a holder runs before it hands the store over: its own call, with the calls
-//! waiting then (the calls that arrive meanwhile are the next holder's)
-constexpr size_t kHolderRounds = 1;
+//! how many merged store calls a caller that found the store free runs before it returns: its own, with
+//! the calls waiting then (the calls that arrive meanwhile are the actor's, or the next caller's)
+constexpr size_t kCallerRounds = 1;
 //! the longest a waiting caller spins (yielding) before it sleeps
 constexpr std::chrono::microseconds kMaxWaitSpin(1000);
 }  // namespace
 
-void LeafStoreClient::hold(std::unique_lock<std::mutex>& lock, std::vector<leaf_call_ptr> mine) {
-  LeafCallState& st = *impl_->st;
-  const auto linger = std::chrono::microseconds(impl_->rt->config().store_linger_us);
-  leaf_call_ptr next = st.drain(std::move(mine), kHolderRounds, linger);
-  lock.unlock();
-  if (next) next->reply.nudge();
-}
-
 void LeafStoreClient::send(const leaf_call_ptr& call) {
   LeafCallState& st = *impl_->st;
+  const auto linger = std::chrono::microseconds(impl_->rt->config().store_linger_us);
+  // the store is free: this caller runs its call, with every call waiting, on its own thread
+  auto run_here = [&](std::unique_lock<std::mutex>& lock, std::vector<leaf_call_ptr> mine) {
+    st.check_alive();
+    const bool left = st.drain(std::move(mine), kCallerRounds, linger);
+    lock.unlock();
+    if (left) announce();
+  };
   {
-    // the store is free: this caller runs its call, with every call waiting, on its own thread
     std::unique_lock<std::mutex> lock(st.store_mu, std::try_to_lock);
     if (lock.owns_lock()) {
-      st.check_alive();
-      hold(lock, {call});
+      run_here(lock, {call});
       return;
     }
   }
-  // busy: wait in `pending` for the holder to run it, or to hand the store over to this thread
+  // busy: wait in `pending` for the holder (or the actor) to run it
   std::string why;
-  if (!st.begin(call, &why)) throw BackendError(why);
-  bool take = st.push_pending(call);  // nobody was bound to look at `pending`: this thread is
+  caf::actor to;
+  if (!st.begin(call, &why, &to)) throw BackendError(why);
+  if (st.push_pending(call)) {
+    // nobody holding the store will take it: take the store if it is free by now, else tell the actor
+    std::unique_lock<std::mutex> lock(st.store_mu, std::try_to_lock);
+    if (lock.owns_lock()) {
+      try {
+        run_here(lock, {});
+      } catch (...) {
+        st.end(call);
+        throw;
+      }
+    } else {
+      caf::anon_send(to, leaf_atom::value);
+    }
+  }
   // the wait lasts about two store calls (the one running, then this one's): spin (yielding) that long
-  // instead of sleeping, since a sleeping waiter costs a wake-up per call and the wake-ups, not the
-  // round trips, bound many producers on few cores (4 producers, one Redis handle, 2 cores: 22k rows/s
-  // sleeping after 50 us, 37k spinning); at least facade_spin_us, at most kMaxWaitSpin; facade_spin_us = 0
-  // (no spinning wanted) sleeps at once
+  // instead of sleeping, since a sleeping waiter costs a wake-up per call and the wake-ups, not the round
+  // trips, bound many producers on few cores (4 producers on one Redis handle, 2 cores: ~25k rows/s
+  // sleeping after 50 us, a median of ~40k spinning); at least facade_spin_us, at most kMaxWaitSpin;
+  // facade_spin_us = 0 (no spinning wanted) sleeps at once
   const auto facade_spin = std::chrono::microseconds(impl_->rt->config().facade_spin_us);
   const auto spin =
       facade_spin.count() == 0
@@ -367,25 +383,19 @@ void LeafStoreClient::send(const leaf_call_ptr& call) {
                            2 * st.recent_store_ns.load(std::memory_order_relaxed))) +
                            std::chrono::microseconds(impl_->rt->config().store_linger_us),
                        facade_spin, std::max(kMaxWaitSpin, facade_spin));
-  for (;;) {
-    if (take) {
-      // the store may still be held by a holder on its way out (or by a caller of the free path): wait
-      // for it; a drain finds this call done, or runs it
-      std::unique_lock<std::mutex> lock(st.store_mu);
-      hold(lock, {});
-    }
-    // no timeout: a long HDF5 write is legitimate; an actor that dies fails the call (fail_all)
-    const bool done = call->reply.wait(std::chrono::steady_clock::time_point::max(), spin);
-    // nudged: the store is this thread's to drain (even when its own call is done by now: the duty stands)
-    take = call->reply.take_nudge();
-    if (done && !take) break;
-    if (done) {
-      std::unique_lock<std::mutex> lock(st.store_mu);
-      hold(lock, {});
-      break;
-    }
-  }
+  // no timeout: a long HDF5 write is legitimate; an actor that dies fails the call (fail_all)
+  call->reply.wait(std::chrono::steady_clock::time_point::max(), spin);
   st.end(call);
+}
+
+void LeafStoreClient::announce() {
+  caf::actor to;
+  {
+    std::lock_guard<std::mutex> lock(impl_->st->mu);
+    if (!impl_->st->alive) return;  // fail_all has failed the calls waiting
+    to = impl_->st->actor;
+  }
+  if (to) caf::anon_send(to, leaf_atom::value);
 }
 
 std::vector<at::Tensor> LeafStoreClient::read(std::vector<backends::LeafRead> reads) {

@@ -117,30 +117,6 @@ BOOST_AUTO_TEST_CASE(calls_that_wait_for_a_busy_store_become_one_store_call) {
   BOOST_TEST(client->waiting() == 0u);
 }
 
-BOOST_AUTO_TEST_CASE(a_holder_hands_the_store_to_a_waiting_caller) {
-  H5Client f(8);
-  auto& client = f.client;
-  std::vector<std::thread::id> ran(2), callers(2);
-  std::vector<std::thread> ts;
-  {
-    StoreHolder hold(*client);
-    for (size_t k = 0; k < 2; ++k) {
-      ts.emplace_back([&client, &ran, &callers, k] {
-        callers[k] = std::this_thread::get_id();
-        client->run([&ran, k](be::LeafStore&) {
-          ran[k] = std::this_thread::get_id();
-          return 0;
-        });
-      });
-    }
-    BOOST_TEST_REQUIRE(eventually([&] { return client->waiting() == 2u; }));
-  }  // released: the holder hands the store to the first caller waiting, which runs both calls
-  for (auto& t : ts) t.join();
-  BOOST_TEST((ran[0] == ran[1]));
-  BOOST_TEST((ran[0] == callers[0] || ran[0] == callers[1]), "a waiting caller ran them, not another thread");
-  BOOST_TEST(client->waiting() == 0u);
-}
-
 BOOST_AUTO_TEST_CASE(a_bad_call_in_a_merged_batch_fails_alone) {
   H5Client f(8);
   auto& client = f.client;
@@ -212,7 +188,7 @@ BOOST_AUTO_TEST_CASE(many_threads_reading_and_writing_each_get_their_own_rows) {
 }
 
 BOOST_AUTO_TEST_CASE(many_threads_with_sleeping_waiters_each_get_their_own_rows) {
-  // no spinning and no linger: waiters sleep at once, and every hand-over wakes a sleeping caller
+  // no spinning and no linger: waiters sleep at once, and every call that waited wakes a sleeping caller
   Config config = Config::load();
   config.facade_spin_us = 0;
   config.store_linger_us = 0;

@@ -2,8 +2,8 @@
 //! The store actor of a storage whose leaves live outside this process's memory (backends::LeafStore: an
 //! HDF5 file, a Redis store). It owns the file / connection, and the storage sees one call at a time: a
 //! caller that finds the store free runs its call on its own thread, together with every call waiting;
-//! a caller that finds it busy leaves its call waiting, and whoever holds the store next runs it (the
-//! holder of the moment, or the waiting caller it hands the store over to). Calls waiting are merged: consecutive reads become ONE
+//! a caller that finds it busy leaves its call waiting and messages the actor, and whoever holds the store
+//! next (that caller, or the actor) runs it. Calls waiting are merged: consecutive reads become ONE
 //! LeafStore::read (one HDF5 pass, one Redis pipeline) and consecutive writes ONE LeafStore::write (one
 //! MULTI/EXEC), so many producers calling `buf[i] = row` at once share round trips without a thread
 //! hand-off when the store is idle. When a merged batch fails, each call runs alone so that every caller
@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -83,9 +82,8 @@ class LeafStoreClient {
   LeafStoreClient() = default;
   void run_void(const std::function<void(backends::LeafStore&)>& fn);
   void send(const std::shared_ptr<leaf_call>& call);
-  //! store_mu held (`lock`): runs `mine` with the calls waiting, then hands the store over (nudges the
-  //! thread of a call that arrived meanwhile) and lets go of it
-  void hold(std::unique_lock<std::mutex>& lock, std::vector<std::shared_ptr<leaf_call>> mine);
+  //! tells the actor that calls are waiting for the store
+  void announce();
   struct Impl;
   std::shared_ptr<Impl> impl_;
   std::string describe_, driver_;

@@ -43,22 +43,9 @@ class Reply {
   }
   bool ready() const { return state_.load(std::memory_order_acquire) == kReady; }
 
-  //! wakes the waiter without fulfilling (wait() returns false at once); for protocols where a waiter may
-  //! be asked to do something, e.g. take over a store (leaf_store_actor.cpp). Any thread, any time.
-  void nudge() {
-    nudged_.store(true, std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_seq_cst)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      cv_.notify_all();
-    }
-  }
-  //! true (once) when nudge() was called since the last take_nudge()
-  bool take_nudge() { return nudged_.exchange(false, std::memory_order_acq_rel); }
-
-  //! waits until fulfilled, nudged or `deadline`; true when fulfilled
+  //! waits until fulfilled or `deadline`; true when fulfilled
   bool wait(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin) {
     if (ready()) return true;
-    auto woken = [this] { return ready() || nudged_.load(std::memory_order_seq_cst); };
     if (spin.count() > 0) {
       // a few microseconds of pure spinning (the reply comes in ~2-5 us when the actor's thread runs on
       // the other core), then spin yielding: when the scheduler woke the actor's thread onto THIS core,
@@ -68,7 +55,7 @@ class Reply {
       const auto spin_end = now + spin;
       bool pure = true;
       uint32_t n = 0;
-      while (!woken()) {
+      while (!ready()) {
         ++n;
         if (pure) {
           cpu_relax();
@@ -80,11 +67,11 @@ class Reply {
           cpu_relax();
         }
       }
-      if (woken()) return ready();
+      if (ready()) return true;
     }
     std::unique_lock<std::mutex> lock(mu_);
     sleeping_.store(true, std::memory_order_seq_cst);
-    while (!woken()) {
+    while (!ready()) {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) break;
     }
     sleeping_.store(false, std::memory_order_relaxed);
@@ -112,7 +99,6 @@ class Reply {
 
   std::atomic<int> state_{kEmpty};
   std::atomic<bool> sleeping_{false};
-  std::atomic<bool> nudged_{false};
   std::optional<T> value_;
   std::optional<map_detail::CarriedError> error_;
   std::mutex mu_;
