@@ -17,6 +17,7 @@
 //! not per thread, so 2 workers only help when the session gets more than one core). Prints one JSON object;
 //! asserts nothing.
 //! Usage: bench_loader [--rows N] [--epochs E] [--batch B]   (this program is also its own worker executable)
+//! BENCH_LOADER_PREFETCH=K sets the loaders' prefetch (default: the loader's own choice)
 #include <sys/resource.h>
 #include <unistd.h>
 

@@ -86,6 +86,14 @@ backends::LeafRead to_read(const LeafSel& s, bool final_shape = true) {
   return r;
 }
 
+//! a value's tensor as a leaf's data: detached, on the CPU, in the leaf's dtype, contiguous (each skipped
+//! no-op saves a dispatched call per leaf: a row write is a few microseconds of such calls)
+at::Tensor leaf_data(at::Tensor v, at::ScalarType dtype) {
+  if (v.requires_grad()) v = v.detach();
+  if (!v.is_cpu() || v.scalar_type() != dtype) v = v.to(at::kCPU, dtype);
+  return v.contiguous();
+}
+
 //! td[idx] = value in the common case: a flat value of tensors at keys this level already holds as tensor
 //! leaves, written at whole rows in order (td[i] = row, td[a:b] = rows, td[...] = all) with values already
 //! of the indexed region's shape. One row plan (one row list) for every leaf, no per-level maps, nothing
@@ -116,13 +124,11 @@ bool flat_writes(const RemoteTree::Level& top, const ResolvedIndex& sel, size_t 
     if (!std::equal(rb.begin(), rb.end(), vs.begin()) ||
         !std::equal(info->shape.begin() + static_cast<long>(level_rank), info->shape.end(), vs.begin() + static_cast<long>(rb.size())))
       return false;
-    if (v.requires_grad()) v = v.detach();
-    if (!v.is_cpu() || v.scalar_type() != info->dtype) v = v.to(at::kCPU, info->dtype);
     backends::LeafWrite w;
     w.path = info->path;
     w.whole = whole;
     if (!whole) w.rows = plan->rows;
-    w.data = v.contiguous();
+    w.data = leaf_data(std::move(v), info->dtype);
     writes->push_back(std::move(w));
   }
   return true;
@@ -691,9 +697,7 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
                            ", which cannot be broadcast to the indexed region " + shape_str(target));
       }
     }
-    // each skipped no-op saves a dispatched call per leaf (a row write is a few microseconds of such calls)
-    if (!v.is_cpu() || v.scalar_type() != info->dtype) v = v.to(at::kCPU, info->dtype);
-    v = v.contiguous();
+    v = leaf_data(std::move(v), info->dtype);
     const ResolvedIndex::RowPlan* plan = plans.get(lv, ls);
     LeafSel s{info, ls, plan, lb};
     backends::LeafWrite w;

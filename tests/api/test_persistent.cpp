@@ -131,6 +131,14 @@ BOOST_AUTO_TEST_CASE(flat_row_writes_land_like_dense_ones) {
     rows.apply_([&](const at::Tensor& t) { return t.dtype() == at::kBool ? t.logical_not() : t + (++i); });
     both(idx, rows, "index " + index_repr(idx));
   }
+  // a flat write of every leaf at rows in order is one request to the store
+  {
+    const int64_t before = h5.store_stats().calls;
+    h5.index_put_({Slice(1, 4)}, ref.index({Slice(5, 8)}).clone());
+    ref.index_put_({Slice(1, 4)}, ref.index({Slice(5, 8)}).clone());
+    BOOST_TEST(h5.store_stats().calls == before + 1);
+    BOOST_TEST(same(h5.to_tensordict(), ref), "rows 1..3");
+  }
   // values to convert (dtype, requires_grad), to broadcast (feature dims), a subset of the keys
   both({Slice(2, 5)}, TensorDict({{"obs", at::full({3, 4}, 1.5, at::kDouble)}, {"idx", at::full({3}, 7.0)}}, {3}),
        "dtypes converted");
