@@ -7,7 +7,6 @@
 // 4. prints the map's throughput next to the floor: the same transform over the same chunks in one thread
 //    on in-memory tensors (no map, no memmap), i.e. what one core does with libtorch's kernels alone.
 // Usage: preprocess [--rows N] [--dir DIR] [--keep] [--workers K] [--chunk C]
-#include <malloc.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -88,10 +87,7 @@ int main(int argc, char** argv) {
   const std::string dir =
       arg_str(argc, argv, "--dir", (std::filesystem::temp_directory_path() / ("td-preprocess-" + std::to_string(getpid()))).string());
   const bool keep = arg_flag(argc, argv, "--keep");
-  // chunk-sized temporaries are freed and allocated again for every chunk: keep them in the heap instead
-  // of fresh mmaps, whose first touch costs a page fault per 4 KiB (DESIGN.md, "Data paths")
-  mallopt(M_MMAP_THRESHOLD, 512 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // chunk-sized temporaries freed and allocated again stay in malloc's heap: the Engine's malloc.keep_mb
   try {
     Engine engine;  // the embedded default config (overridable with $TENSORDICT_CONFIG)
     const int64_t workers = arg_int(argc, argv, "--workers", engine.config().map_num_workers);

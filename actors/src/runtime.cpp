@@ -1,6 +1,9 @@
 #include "tensordict/actors/runtime.hpp"
 
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -131,9 +134,31 @@ std::shared_ptr<Runtime> Runtime::start(const Config& config) {
   return std::shared_ptr<Runtime>(new Runtime(config));
 }
 
+namespace {
+//! config malloc.keep_mb: glibc keeps up to keep_mb of free memory at the top of a heap for reuse instead of
+//! handing it back to the kernel (M_TRIM_THRESHOLD), and serves blocks below 32 MiB from its heaps
+//! (M_MMAP_THRESHOLD at the ceiling its own dynamic threshold reaches: setting the trim threshold freezes
+//! that one where it stands). Its defaults trim a heap whose free top exceeds twice the largest mmapped block
+//! freed so far: chunk results made on a map helper and freed by the caller, then a fresh cat output, went
+//! back to the kernel and were faulted in again, page by page, on every call (a cheap map over 10 chunks of
+//! 3.2 MB: 200-1,200 faults, 1-17 ms a call, against 0.5 faults and 0.25 ms with this)
+void keep_freed_memory(int64_t keep_mb) {
+#if defined(__GLIBC__)
+  if (keep_mb <= 0) return;
+  const int64_t keep = std::min<int64_t>(keep_mb << 20, int64_t{1} << 30);
+  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, static_cast<int>(keep)) != 1) {
+    logger()->warn("malloc.keep_mb: glibc refused a mallopt setting; malloc keeps its defaults in part");
+  }
+#else
+  (void)keep_mb;
+#endif
+}
+}  // namespace
+
 Runtime::Runtime(const Config& config) : config_(config) {
   config_.validate();
   set_log_level(config_.log_level);
+  keep_freed_memory(config_.malloc_keep_mb);
   if (config_.shm_prefix != Config::defaults().shm_prefix) TensorDict::set_shm_prefix(config_.shm_prefix);
   cfg_ = std::make_unique<caf::actor_system_config>();
   // DEPENDENCIES §5.1: CAF's defaults (work stealing, one thread per core and more) cost ~4x per request

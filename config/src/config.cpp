@@ -51,6 +51,7 @@ const std::map<std::string, Field>& fields() {
       {"facade_spin_us", {Kind::Int, &Config::facade_spin_us}},
       {"actor_spin_us", {Kind::Int, &Config::actor_spin_us}},
       {"store_linger_us", {Kind::Int, &Config::store_linger_us}},
+      {"malloc.keep_mb", {Kind::Int, &Config::malloc_keep_mb}},
   };
   return f;
 }
@@ -198,6 +199,9 @@ void Config::validate() const {
   non_negative("facade_spin_us", facade_spin_us);
   non_negative("actor_spin_us", actor_spin_us);
   non_negative("store_linger_us", store_linger_us);
+  if (malloc_keep_mb < 0 || malloc_keep_mb > 1024 * 1024) {
+    throw ValueError("config key 'malloc.keep_mb': expected 0..1048576, got " + std::to_string(malloc_keep_mb));
+  }
   if (shm_prefix.empty() || shm_prefix.size() > 200 || shm_prefix.find('/') != std::string::npos) {
     throw ValueError("config key 'shm.prefix': expected 1 to 200 characters without '/', got \"" + shm_prefix + "\"");
   }
