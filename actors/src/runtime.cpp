@@ -2,7 +2,7 @@
 
 #include <unistd.h>
 #if defined(__GLIBC__)
-#include <malloc.h>
+#include <malloc.h>  // mallopt (malloc.keep_mb)
 #endif
 
 #include <algorithm>
@@ -143,7 +143,7 @@ namespace {
 //! back to the kernel and were faulted in again, page by page, on every call (a cheap map over 10 chunks of
 //! 3.2 MB: 200-1,200 faults, 1-17 ms a call, against 0.5 faults and 0.25 ms with this)
 void keep_freed_memory(int64_t keep_mb) {
-#if defined(__GLIBC__)
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // a sanitizer's own allocator
   if (keep_mb <= 0) return;
   const int64_t keep = std::min<int64_t>(keep_mb << 20, int64_t{1} << 30);
   if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, static_cast<int>(keep)) != 1) {
