@@ -145,8 +145,8 @@ namespace {
 void keep_freed_memory(int64_t keep_mb) {
 #if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // a sanitizer's own allocator
   if (keep_mb <= 0) return;
-  const int64_t keep = std::min<int64_t>(keep_mb << 20, int64_t{1} << 30);
-  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, static_cast<int>(keep)) != 1) {
+  // keep_mb <= 1024 (Config::validate): the byte count fits mallopt's int
+  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, static_cast<int>(keep_mb << 20)) != 1) {
     logger()->warn("malloc.keep_mb: glibc refused a mallopt setting; malloc keeps its defaults in part");
   }
 #else

@@ -199,8 +199,8 @@ void Config::validate() const {
   non_negative("facade_spin_us", facade_spin_us);
   non_negative("actor_spin_us", actor_spin_us);
   non_negative("store_linger_us", store_linger_us);
-  if (malloc_keep_mb < 0 || malloc_keep_mb > 1024 * 1024) {
-    throw ValueError("config key 'malloc.keep_mb': expected 0..1048576, got " + std::to_string(malloc_keep_mb));
+  if (malloc_keep_mb < 0 || malloc_keep_mb > 1024) {  // mallopt takes an int: at most 1 GiB
+    throw ValueError("config key 'malloc.keep_mb': expected 0..1024, got " + std::to_string(malloc_keep_mb));
   }
   if (shm_prefix.empty() || shm_prefix.size() > 200 || shm_prefix.find('/') != std::string::npos) {
     throw ValueError("config key 'shm.prefix': expected 1 to 200 characters without '/', got \"" + shm_prefix + "\"");

@@ -54,6 +54,8 @@ BOOST_AUTO_TEST_CASE(freed_chunks_are_kept_for_reuse) {
   BOOST_TEST(faults < rounds * 20, faults);
 #endif
   BOOST_CHECK_THROW(Config::load(R"({"malloc": {"keep_mb": -1}})"), ValueError);
+  BOOST_CHECK_THROW(Config::load(R"({"malloc": {"keep_mb": 1025}})"), ValueError);
+  BOOST_TEST(Config::load(R"({"malloc": {"keep_mb": 1024}})").malloc_keep_mb == 1024);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -50,8 +50,8 @@ struct Config {
   //! (producers in step: their rows then share one round trip instead of alternating 1 and N-1); 0: never
   int64_t store_linger_us = 20;
   //! malloc.keep_mb (glibc only): how much free memory glibc's malloc keeps at the top of a heap for reuse
-  //! instead of handing it back to the kernel (M_TRIM_THRESHOLD; M_TOP_PAD a quarter of it), set process-wide
-  //! when an Engine starts; 0 leaves malloc as it is. Memory handed back and taken again costs a page fault
+  //! instead of handing it back to the kernel (M_TRIM_THRESHOLD, with M_MMAP_THRESHOLD at 32 MiB), 0..1024,
+  //! set process-wide when an Engine starts; 0 leaves malloc as it is. Memory handed back and taken again costs a page fault
   //! per 4 KiB (10-20 us each on the VMs measured): map frees chunk results on another thread than the one
   //! that made them, which made glibc trim and refault its heap (a cheap map 1-17 ms a call against 0.25 ms)
   int64_t malloc_keep_mb = 64;
