@@ -78,6 +78,34 @@ BOOST_AUTO_TEST_CASE(writable_mapping_writes_through) {
   BOOST_TEST(v == (int64_t{1} << 40));
 }
 
+BOOST_AUTO_TEST_CASE(pwrite_into_mapping_writes_long_unaligned_views_whole) {
+  // pwrite_into_mapping writes in pieces of at most 256 KiB that end on 256 KiB file offsets: a view that
+  // starts mid-piece and spans several pieces lands whole, byte for byte, and nothing around it changes
+  td_test::TempDir tmp;
+  const std::string f = tmp / "p.memmap";
+  const int64_t n = (1 << 20) + 77;  // int32: ~4 MiB
+  be::write_file(f, at::full({n}, -1, at::kInt));
+  at::Tensor m = be::map_file(f, at::kInt, {n}, /*writable=*/true);
+  const int64_t start = 12345, len = 700001;  // bytes 49,380 .. 2,849,384: 12 pieces, neither end aligned
+  at::Tensor src = at::arange(len, at::kLong);  // converted to the view's dtype
+  BOOST_TEST(be::pwrite_into_mapping(m.narrow(0, start, len), src));
+  BOOST_TEST(m.narrow(0, start, len).equal(src.to(at::kInt)));  // the mapping sees the page cache
+  BOOST_TEST((m.narrow(0, 0, start) == -1).all().item<bool>());
+  BOOST_TEST((m.narrow(0, start + len, n - start - len) == -1).all().item<bool>());
+  const std::string bytes = td_test::read_file(f);
+  BOOST_REQUIRE(bytes.size() == static_cast<size_t>(n) * 4);
+  bool same = true;
+  for (int64_t i = 0; i < len && same; ++i) {
+    int32_t v;
+    std::memcpy(&v, bytes.data() + (start + i) * 4, 4);
+    same = v == static_cast<int32_t>(i);
+  }
+  BOOST_TEST(same);
+  // not a view of a writable file mapping: false, nothing written
+  BOOST_TEST(!be::pwrite_into_mapping(at::zeros({len}, at::kInt), src));
+  BOOST_TEST(!be::pwrite_into_mapping(m.narrow(0, start, len), src.narrow(0, 0, len - 1)));
+}
+
 BOOST_AUTO_TEST_CASE(offsets_and_longer_files) {
   td_test::TempDir tmp;
   const std::string f = tmp / "o.memmap";
