@@ -55,6 +55,36 @@ at::Tensor strided_positions(const BatchSize& shape, int64_t first, int64_t coun
   return t;
 }
 
+//! selections of up to this many positions are remembered per thread (32 KiB; larger ones gain little from it
+//! and would stay allocated until the thread's next selection)
+constexpr int64_t kRememberedPositions = 4096;
+
+//! strided_positions, remembered per thread for the last arguments: a loop writing or reading the same rows
+//! (`h5td[100:356] = batch` again and again) gets the same positions tensor, hence the same row plan (row_plan
+//! remembers its last one) and the same row list, whose checks and selection layout the stores remember too.
+//! Positions are never written after they are made, so sharing them is safe.
+at::Tensor same_strided_positions(const BatchSize& shape, int64_t first, int64_t count, int64_t stride, int64_t inner) {
+  struct Last {
+    BatchSize shape;
+    int64_t first = 0, count = -1, stride = 0, inner = 0;
+    at::Tensor positions;
+  };
+  thread_local Last last;
+  if (count * inner > kRememberedPositions) return strided_positions(shape, first, count, stride, inner);
+  if (!(last.positions.defined() && last.first == first && last.count == count && last.stride == stride &&
+        last.inner == inner && last.shape == shape)) {
+    last.positions = at::Tensor();  // a throw below leaves no stale entry
+    at::Tensor t = strided_positions(shape, first, count, stride, inner);
+    last.shape = shape;
+    last.first = first;
+    last.count = count;
+    last.stride = stride;
+    last.inner = inner;
+    last.positions = std::move(t);
+  }
+  return last.positions;
+}
+
 //! td[i] / td[a:b:s] on dim 0 (the row stores' hot path): the positions without building the whole batch's;
 //! nullopt for every other index (and for a step <= 0, which torch refuses with its own message)
 std::optional<at::Tensor> row_positions(const BatchSize& source, const Index& index) {
@@ -67,7 +97,7 @@ std::optional<at::Tensor> row_positions(const BatchSize& source, const Index& in
     int64_t k = i.integer();
     if (k < -n || k >= n) return std::nullopt;  // torch's IndexError, through the general path
     if (k < 0) k += n;
-    return strided_positions(rest, k * inner, 1, 1, inner);
+    return same_strided_positions(rest, k * inner, 1, 1, inner);
   }
   if (i.is_slice()) {
     const auto& sl = i.slice();
@@ -78,7 +108,7 @@ std::optional<at::Tensor> row_positions(const BatchSize& source, const Index& in
     const int64_t count = stop > start ? (stop - start + step - 1) / step : 0;
     BatchSize shape = source;
     shape[0] = count;
-    return strided_positions(shape, start * inner, count, step * inner, inner);
+    return same_strided_positions(shape, start * inner, count, step * inner, inner);
   }
   return std::nullopt;
 }
@@ -134,6 +164,28 @@ std::optional<std::pair<int64_t, int64_t>> ResolvedIndex::row_range() const {
 }
 
 ResolvedIndex::RowPlan ResolvedIndex::row_plan() const {
+  // the last plan of this thread, when asked again for the same positions tensor over the same source (see
+  // same_strided_positions): one row list shared by the calls, so the stores' memos (RowMemo) hold
+  struct Last {
+    at::Tensor positions;
+    BatchSize source;
+    RowPlan plan;
+  };
+  thread_local Last last;
+  if (last.positions.defined() && last.positions.unsafeGetTensorImpl() == positions_.unsafeGetTensorImpl() &&
+      last.source == source_) {
+    return last.plan;
+  }
+  RowPlan plan = compute_row_plan();
+  if (positions_.numel() > kRememberedPositions) return plan;
+  last.positions = at::Tensor();
+  last.plan = plan;
+  last.source = source_;
+  last.positions = positions_;
+  return plan;
+}
+
+ResolvedIndex::RowPlan ResolvedIndex::compute_row_plan() const {
   RowPlan plan;
   if (source_.empty()) {  // a 0-dim source: one element, no rows
     plan.in_order = plan.all = true;

@@ -4,6 +4,8 @@
 #include "tensordict/errors.hpp"
 #include "tensordict/resolved_index.hpp"
 
+#include <thread>
+
 using namespace tensordict;
 using namespace at::indexing;
 
@@ -65,6 +67,54 @@ BOOST_AUTO_TEST_CASE(rows_and_row_ranges) {
   BOOST_TEST(!ResolvedIndex::resolve(bs, {Slice(), 1}).row_range().has_value());
   ResolvedIndex picked = ResolvedIndex::resolve(bs, {at::tensor({7, 7, 1}, at::kLong)});
   BOOST_TEST(picked.rows() == std::vector<int64_t>({7, 7, 7, 7, 7, 7, 1, 1, 1}));
+}
+
+BOOST_AUTO_TEST_CASE(repeated_row_selections_share_one_plan_per_thread) {
+  // td[i] / td[a:b:s] again and again (a write loop) resolves to the same positions and the same row plan on
+  // one thread: the row list is shared (RowList::same), so the stores' memos of checks and layouts hold.
+  // A different selection, source or thread gets its own; large selections are not kept, and stay right.
+  const BatchSize bs{10000, 2};
+  auto plan_of = [](const BatchSize& b, const Index& i) { return ResolvedIndex::resolve(b, i).row_plan(); };
+  const auto a = plan_of(bs, {Slice(100, 356)});
+  const auto b = plan_of(bs, {Slice(100, 356)});
+  BOOST_TEST(a.rows.same(b.rows));
+  BOOST_TEST(a.rows.size() == 256u);
+  BOOST_TEST(a.rows.front() == 100);
+  BOOST_TEST(a.rows.back() == 355);
+  BOOST_TEST((a.in_order && !a.all && a.per_row == 2));
+  const auto c = plan_of(bs, {Slice(100, 357)});  // one row more
+  BOOST_TEST(!c.rows.same(a.rows));
+  BOOST_TEST(c.rows.size() == 257u);
+  BOOST_TEST(c.rows.back() == 356);
+  const auto d = plan_of(BatchSize{10000, 3}, {Slice(100, 356)});  // another source: other positions
+  BOOST_TEST(d.per_row == 3);
+  BOOST_TEST(ResolvedIndex::resolve(BatchSize{10000, 3}, {Slice(100, 356)}).positions().equal(
+      grid(BatchSize{10000, 3}).index({Slice(100, 356)})));
+  const auto e = plan_of(bs, {Slice(100, 356, 2)});  // a step: other rows
+  BOOST_TEST(e.rows.size() == 128u);
+  BOOST_TEST(e.rows[1] == 102);
+  const auto f = plan_of(bs, {-1});
+  const auto g = plan_of(bs, {9999});  // the same row, spelled otherwise
+  BOOST_TEST(f.rows.same(g.rows));
+  BOOST_TEST(f.rows.vec() == std::vector<int64_t>({9999}));
+  // another thread: its own plan, equal in value
+  backends::RowList other;
+  std::thread t([&] { other = plan_of(bs, {Slice(100, 356)}).rows; });
+  t.join();
+  const auto h = plan_of(bs, {Slice(100, 356)});
+  BOOST_TEST(!other.same(h.rows));
+  BOOST_TEST(other.vec() == h.rows.vec());
+  // 5,000 rows x 2: more positions than are kept; right each time, not shared
+  const auto big1 = plan_of(bs, {Slice(0, 5000)});
+  const auto big2 = plan_of(bs, {Slice(0, 5000)});
+  BOOST_TEST(!big1.rows.same(big2.rows));
+  BOOST_TEST(big2.rows.size() == 5000u);
+  BOOST_TEST(big2.rows.back() == 4999);
+  BOOST_TEST(ResolvedIndex::resolve(bs, {Slice(0, 5000)}).positions().equal(grid(bs).index({Slice(0, 5000)})));
+  // a fancy index takes the general path: its plan is right after a remembered slice
+  const auto k = plan_of(bs, {at::tensor({7, 3, 7}, at::kLong)});
+  BOOST_TEST(k.rows.vec() == std::vector<int64_t>({3, 7}));
+  BOOST_TEST(!k.in_order);
 }
 
 BOOST_AUTO_TEST_CASE(json_round_trip_and_bad_input) {

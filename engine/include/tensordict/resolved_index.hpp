@@ -73,6 +73,7 @@ class ResolvedIndex {
 
  private:
   ResolvedIndex(BatchSize source, at::Tensor positions) : source_(std::move(source)), positions_(std::move(positions)) {}
+  RowPlan compute_row_plan() const;
   BatchSize source_;
   at::Tensor positions_;
 };
