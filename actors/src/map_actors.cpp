@@ -337,7 +337,7 @@ caf::behavior map_helper(caf::event_based_actor* self, std::shared_ptr<SharedMap
         ctx.worker_index = index;
         ctx.seed = job->plan.seed + index;
         ctx.generator = at::detail::createCPUGenerator(static_cast<uint64_t>(ctx.seed));
-        for (int64_t c = job->claim(); c >= 0; c = job->claim()) {
+        for (int64_t c = job->claim_helper(); c >= 0; c = job->claim_helper()) {
           MapEvent ev;
           ev.chunk = c;
           try {

@@ -364,18 +364,41 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
     }
   };
   if (total > 0) {
-    // chunk 0 on this thread, timed: its cost per row says whether helpers pay off for the rest
-    const int64_t first = job->claim();
-    const int64_t t0 = now_ns();
-    run_own(first);
-    const double chunk0_ns = static_cast<double>(std::max<int64_t>(now_ns() - t0, 1));
-    double rows_left = 0;
-    for (int64_t i = 1; i < total; ++i) rows_left += static_cast<double>(chunk_rows(plan.chunks[static_cast<size_t>(i)]));
-    const double ns_per_row = chunk0_ns / static_cast<double>(std::max<int64_t>(chunk_rows(plan.chunks[0]), 1));
     // helpers run on the scheduler's threads, never more workers than cores
     // read once: glibc reads /sys on every hardware_concurrency() call (~5 us, a tenth of a cheap map call)
     static const auto cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
     const int64_t max_workers = std::min({plan.num_workers, cores, c.scheduler_threads + 1});
+    double rows_left = 0;
+    for (int64_t i = 1; i < total; ++i) rows_left += static_cast<double>(chunk_rows(plan.chunks[static_cast<size_t>(i)]));
+    const double rows0 = static_cast<double>(std::max<int64_t>(chunk_rows(plan.chunks[0]), 1));
+    auto smooth = [](std::atomic<int64_t>& v, int64_t sample) { v.store((3 * v.load() + sample) / 4); };
+    auto spawn_helpers = [&](int64_t w) {
+      const int64_t t_spawn = now_ns();
+      for (int64_t i = 1; i < w; ++i) {
+        spawn_map_helper(system(), job, i);
+        ++helpers;
+      }
+      const int64_t spawned = now_ns();
+      smooth(helper_spawn_ns_, (spawned - t_spawn) / (w - 1));
+      return spawned;
+    };
+    // chunk 0 is the caller's, claimed first. When the last call's fn cost as much per row as helpers need to
+    // pay off for this one, they start now, before chunk 0 (which would otherwise run alone while it is timed:
+    // with 2 workers and n chunks the caller's lone chunk caps the speed-up at 2n / (n + 1), 1.82x for 20)
+    const int64_t first = job->claim();
+    int64_t early_workers = 1, early_spawned = 0;
+    const int64_t t_call = now_ns();
+    if (const double prior = static_cast<double>(last_ps_per_row_.load()) / 1000.0; prior > 0) {
+      early_workers = workers_for(max_workers, total, rows_left + rows0, prior, prior * rows0,
+                                  static_cast<double>(helper_spawn_ns_.load()), static_cast<double>(helper_start_ns_.load()));
+      if (early_workers > 1) early_spawned = spawn_helpers(early_workers);
+    }
+    // chunk 0 on this thread, timed: its cost per row says whether helpers pay off for the rest
+    const int64_t t0 = now_ns();
+    run_own(first);
+    const double chunk0_ns = static_cast<double>(std::max<int64_t>(now_ns() - t0, 1));
+    const double ns_per_row = chunk0_ns / rows0;
+    last_ps_per_row_.store(static_cast<int64_t>(ns_per_row * 1000.0));
     const int64_t w = workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
                                   static_cast<double>(helper_spawn_ns_.load()), static_cast<double>(helper_start_ns_.load()));
     if (w == 1 && workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
@@ -384,15 +407,14 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
       // once the machine may have changed (a measurement is only taken when helpers run)
       helper_start_ns_.store(helper_start_ns_.load() * 7 / 8);
     }
-    if (w > 1) {
-      const int64_t t_spawn = now_ns();
-      for (int64_t i = 1; i < w; ++i) {
-        spawn_map_helper(system(), job, i);
-        ++helpers;
-      }
-      const int64_t spawned = now_ns();
-      auto smooth = [](std::atomic<int64_t>& v, int64_t sample) { v.store((3 * v.load() + sample) / 4); };
-      smooth(helper_spawn_ns_, (spawned - t_spawn) / (w - 1));
+    // started early on the last call's cost, but this fn is cheap: the helpers finish the chunk in hand and
+    // claim no more; the caller runs the rest and collects what they did
+    const bool retire = early_workers > 1 && w == 1;
+    if (retire) job->retired = true;
+    if (w > 1 || early_workers > 1) {
+      const bool early = early_workers > 1;
+      const int64_t workers = early ? early_workers : w;
+      const int64_t spawned = early ? early_spawned : spawn_helpers(w);
       // the caller claims chunks too; between its own chunks it takes what the helpers have done
       for (int64_t chunk = job->claim(); chunk >= 0; chunk = job->claim()) {
         run_own(chunk);
@@ -405,9 +427,13 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
       // what the helpers really cost: the wall time beyond the ideal split of the chunks (a helper that starts
       // late, chunks that run slower on a helper's thread: cold memory, a core shared with other work), as
       // the start-up term of the next decision (it counts 1/w there)
-      const double ideal = static_cast<double>((total - 1 + w - 1) / w) * chunk0_ns;
-      const double excess = static_cast<double>(now_ns() - spawned) - ideal;
-      smooth(helper_start_ns_, static_cast<int64_t>(std::max(0.0, excess) * static_cast<double>(w)));
+      // (early: from the call's start, over every chunk; nothing to learn from retired helpers)
+      if (!retire) {
+        const int64_t chunks = early ? total : total - 1;
+        const double ideal = static_cast<double>((chunks + workers - 1) / workers) * chunk0_ns;
+        const double excess = static_cast<double>(now_ns() - (early ? t_call : spawned)) - ideal;
+        smooth(helper_start_ns_, static_cast<int64_t>(std::max(0.0, excess) * static_cast<double>(workers)));
+      }
     } else {
       for (int64_t chunk = job->claim(); chunk >= 0; chunk = job->claim()) run_own(chunk);
     }

@@ -199,6 +199,72 @@ BOOST_AUTO_TEST_CASE(cheap_and_slow_fns_give_the_same_results) {
   BOOST_TEST(current_map_worker() == nullptr);
 }
 
+BOOST_AUTO_TEST_CASE(a_call_as_costly_as_the_last_starts_its_helpers_before_chunk_0) {
+  // map times chunk 0 on the caller to decide on helpers; a call whose last predecessor's fn cost enough per
+  // row starts them before chunk 0, so chunk 0 no longer runs alone. Seen here without timing: chunk 0 waits
+  // (at most 5 s) until another worker has started a chunk. Then a cheap call after it: the early helpers are
+  // retired after chunk 0 and every chunk still runs once, in order.
+  if (std::thread::hardware_concurrency() < 2) {
+    BOOST_TEST_MESSAGE("one core: map never starts helpers");
+    return;
+  }
+  Engine engine(Config::load(R"({"map": {"num_workers": 2}})"));
+  TensorDict td({{"i", at::arange(40)}}, {40});
+  std::atomic<int> others_started{0};
+  std::atomic<bool> waited_out{false};
+  auto slow = [&](bool wait_in_chunk_0) {
+    return [&, wait_in_chunk_0](const TensorDict& c) {
+      const bool chunk0 = c.get("i")[0].item<int64_t>() == 0;
+      if (!chunk0) ++others_started;
+      if (chunk0 && wait_in_chunk_0) {
+        const auto deadline = steady_clock::now() + std::chrono::seconds(5);
+        while (others_started.load() == 0 && steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
+        if (others_started.load() == 0) waited_out = true;
+      } else {
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      return c.apply(plus_one);
+    };
+  };
+  // the first call has no predecessor: chunk 0 runs alone (it does not wait here)
+  TensorDict r1 = td.map(slow(false), MapOptions().chunksize(4));
+  BOOST_TEST(at::equal(r1.get("i"), at::arange(40) + 1));
+  others_started = 0;
+  TensorDict r2 = td.map(slow(true), MapOptions().chunksize(4));
+  BOOST_TEST(at::equal(r2.get("i"), at::arange(40) + 1));
+  BOOST_TEST(!waited_out.load());  // a helper started a chunk while chunk 0 ran
+  // a cheap call next: started early on the slow call's cost, its helper is retired
+  std::mutex mu;
+  std::multiset<int64_t> starts;
+  TensorDict r3 = td.map(
+      [&](const TensorDict& c) {
+        std::lock_guard<std::mutex> lock(mu);
+        starts.insert(c.get("i")[0].item<int64_t>());
+        return c.apply(plus_one);
+      },
+      MapOptions().chunksize(4));
+  BOOST_TEST(at::equal(r3.get("i"), at::arange(40) + 1));
+  BOOST_TEST(starts.size() == 10u);
+  BOOST_TEST(std::set<int64_t>(starts.begin(), starts.end()).size() == 10u);
+  // and one more slow call errs in chunk 0 with helpers started early: the error, and no fn after map returns
+  std::atomic<bool> returned{false};
+  std::atomic<int> late{0};
+  const std::string m = message_of<ValueError>([&] {
+    td.map(
+        [&](const TensorDict& c) {
+          std::this_thread::sleep_for(milliseconds(5));
+          if (returned.load()) ++late;
+          if (c.get("i")[0].item<int64_t>() == 0) throw ValueError("chunk 0");
+          return c;
+        },
+        MapOptions().chunksize(4));
+  });
+  returned = true;
+  std::this_thread::sleep_for(milliseconds(30));
+  BOOST_TEST(m == "ValueError: chunk 0");
+  BOOST_TEST(late.load() == 0);
+}
+
 BOOST_AUTO_TEST_CASE(no_fn_runs_after_map_throws) {
   // the first error stops the claims; map returns only when the chunks in hand are finished, so fn (which may
   // hold references to the caller's stack) never runs after map has thrown

@@ -64,6 +64,7 @@ struct SharedMapJob {
   MapPlan plan;
   std::atomic<int64_t> next{0};        //!< the next chunk nobody has claimed
   std::atomic<bool> cancelled{false};  //!< an error: nobody claims chunks any more
+  std::atomic<bool> retired{false};    //!< helpers started early turned out not to pay: they claim no more
   //! Result (a chunk done by a helper), Error (a helper's fn failed), End (a helper exited)
   std::shared_ptr<Inbox<MapEvent>> events;
   //! the next chunk index, or -1 when every chunk is claimed or the job is cancelled
@@ -72,6 +73,8 @@ struct SharedMapJob {
     const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
     return c < static_cast<int64_t>(plan.chunks.size()) ? c : -1;
   }
+  //! claim() for a helper: -1 as well once the helpers are retired
+  int64_t claim_helper() { return retired.load(std::memory_order_relaxed) ? -1 : claim(); }
 };
 
 //! spawns helper `index` (a worker actor on the scheduler): it claims and runs chunks until none is left,

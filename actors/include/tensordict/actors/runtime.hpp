@@ -54,6 +54,9 @@ class Runtime : public MapBackend, public std::enable_shared_from_this<Runtime> 
   //! thread, and what the helpers lost against the ideal split of the chunks (times the number of workers)
   std::atomic<int64_t> helper_spawn_ns_{20000};
   std::atomic<int64_t> helper_start_ns_{100000};
+  //! the cost per row (picoseconds) of the last call's first chunk: a call whose fn costs about as much per row
+  //! starts its helpers before its own first chunk (0: no call yet)
+  std::atomic<int64_t> last_ps_per_row_{0};
 };
 
 }  // namespace actors
