@@ -379,7 +379,10 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
         ++helpers;
       }
       const int64_t spawned = now_ns();
-      smooth(helper_spawn_ns_, (spawned - t_spawn) / (w - 1));
+      // a spawn sample counts at most 4x the running value: the spawn is the caller's own work (10-40 us),
+      // and one call preempted while it spawned (1.2 ms once, in bench_map) kept every later call inline
+      const int64_t old = helper_spawn_ns_.load();
+      smooth(helper_spawn_ns_, std::min((spawned - t_spawn) / (w - 1), 4 * std::max<int64_t>(old, 1000)));
       return spawned;
     };
     // chunk 0 is the caller's, claimed first. When the last call's fn cost as much per row as helpers need to
@@ -401,11 +404,11 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
     last_ps_per_row_.store(static_cast<int64_t>(ns_per_row * 1000.0));
     const int64_t w = workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
                                   static_cast<double>(helper_spawn_ns_.load()), static_cast<double>(helper_start_ns_.load()));
-    if (w == 1 && workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
-                              static_cast<double>(helper_spawn_ns_.load()), 0.0) > 1) {
-      // only what helpers lost lately keeps this call inline: let it fade, so that helpers are tried again
-      // once the machine may have changed (a measurement is only taken when helpers run)
+    if (w == 1 && workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns, 0.0, 0.0) > 1) {
+      // only what helpers cost lately keeps this call inline: let both costs fade, so that helpers are tried
+      // again once the machine may have changed (they are only measured when helpers run)
       helper_start_ns_.store(helper_start_ns_.load() * 7 / 8);
+      helper_spawn_ns_.store(helper_spawn_ns_.load() * 7 / 8);
     }
     // started early on the last call's cost, but this fn is too cheap to share even with helpers that cost
     // nothing more (their spawn is paid, they are running): they finish the chunk in hand and claim no more;

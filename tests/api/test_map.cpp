@@ -265,6 +265,42 @@ BOOST_AUTO_TEST_CASE(a_call_as_costly_as_the_last_starts_its_helpers_before_chun
   BOOST_TEST(late.load() == 0);
 }
 
+BOOST_AUTO_TEST_CASE(helpers_that_lost_are_tried_again) {
+  // a call whose helper ran slow (its chunk 50 ms, the caller's 2 ms) teaches map that helpers lose: the next
+  // calls of a fn worth sharing (2 ms a chunk on any thread) run inline, but what helpers cost fades on every
+  // such call, so a later call uses its helper again. Sleeps, with margins of 4x and more.
+  if (std::thread::hardware_concurrency() < 2) {
+    BOOST_TEST_MESSAGE("one core: map never starts helpers");
+    return;
+  }
+  Engine engine(Config::load(R"({"map": {"num_workers": 2}})"));
+  TensorDict td({{"i", at::arange(40)}}, {40});
+  std::atomic<int> helper_chunks{0};
+  auto fn = [&](int helper_ms) {
+    return [&, helper_ms](const TensorDict& c) {
+      const MapWorkerContext* w = current_map_worker();
+      const bool helper = w && w->worker_index > 0;
+      if (helper) ++helper_chunks;
+      std::this_thread::sleep_for(milliseconds(helper ? helper_ms : 2));
+      return c.apply(plus_one);
+    };
+  };
+  TensorDict r = td.map(fn(50), MapOptions().chunksize(4));  // chunk 0: 2 ms a chunk, worth a helper
+  BOOST_TEST(at::equal(r.get("i"), at::arange(40) + 1));
+  BOOST_TEST(helper_chunks.load() >= 1);  // the helper ran, slowly
+  helper_chunks = 0;
+  r = td.map(fn(2), MapOptions().chunksize(4));
+  BOOST_TEST(at::equal(r.get("i"), at::arange(40) + 1));
+  BOOST_TEST(helper_chunks.load() == 0);  // learned: inline
+  int calls = 1;
+  for (; calls < 60 && helper_chunks.load() == 0; ++calls) {
+    r = td.map(fn(2), MapOptions().chunksize(4));
+    BOOST_TEST_REQUIRE(at::equal(r.get("i"), at::arange(40) + 1));
+  }
+  BOOST_TEST_MESSAGE("a helper ran again after " << calls << " calls");
+  BOOST_TEST(helper_chunks.load() >= 1);
+}
+
 BOOST_AUTO_TEST_CASE(no_fn_runs_after_map_throws) {
   // the first error stops the claims; map returns only when the chunks in hand are finished, so fn (which may
   // hold references to the caller's stack) never runs after map has thrown
