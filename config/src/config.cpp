@@ -52,6 +52,7 @@ const std::map<std::string, Field>& fields() {
       {"actor_spin_us", {Kind::Int, &Config::actor_spin_us}},
       {"store_linger_us", {Kind::Int, &Config::store_linger_us}},
       {"malloc.keep_mb", {Kind::Int, &Config::malloc_keep_mb}},
+      {"malloc.huge_page_min_kb", {Kind::Int, &Config::malloc_huge_page_min_kb}},
   };
   return f;
 }
@@ -201,6 +202,10 @@ void Config::validate() const {
   non_negative("store_linger_us", store_linger_us);
   if (malloc_keep_mb < 0 || malloc_keep_mb > 1024) {  // mallopt takes an int: at most 1 GiB
     throw ValueError("config key 'malloc.keep_mb': expected 0..1024, got " + std::to_string(malloc_keep_mb));
+  }
+  if (malloc_huge_page_min_kb < 0 || malloc_huge_page_min_kb > (int64_t{1} << 20)) {  // at most 1 GiB
+    throw ValueError("config key 'malloc.huge_page_min_kb': expected 0..1048576, got " +
+                     std::to_string(malloc_huge_page_min_kb));
   }
   if (shm_prefix.empty() || shm_prefix.size() > 200 || shm_prefix.find('/') != std::string::npos) {
     throw ValueError("config key 'shm.prefix': expected 1 to 200 characters without '/', got \"" + shm_prefix + "\"");

@@ -1,18 +1,22 @@
 // Large CPU buffers on transparent huge pages (see huge_page_allocator.hpp).
 #include "huge_page_allocator.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <limits>
 #include <string>
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
 #include "tensordict/errors.hpp"
+#include "tensordict/memory.hpp"
 
 namespace tensordict {
 namespace detail {
@@ -29,13 +33,15 @@ class Pool {
     return *pool;
   }
 
-  //! a mapping of `len` bytes (a multiple of kHugePageBytes); `fresh`: zero-filled by the kernel
-  void* acquire(size_t len, bool& fresh) {
+  //! a mapping of at least `len` bytes (a multiple of kPageBytes), 2 MiB-aligned; `len` becomes its length:
+  //! a kept mapping up to half as large again is reused (best fit); `fresh`: zero-filled by the kernel
+  void* acquire(size_t& len, bool& fresh) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(len);
-      if (it != free_.end()) {
+      auto it = free_.lower_bound(len);
+      if (it != free_.end() && it->first <= len + len / 2) {
         void* p = it->second;
+        len = it->first;
         free_.erase(it);
         cached_ -= len;
         fresh = false;
@@ -53,7 +59,8 @@ class Pool {
     if (head) munmap(p, head);
     if (tail) munmap(reinterpret_cast<void*>(aligned + len), tail);
     void* base = reinterpret_cast<void*>(aligned);
-    madvise(base, len, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+    // advisory, ignored where THP is off; a tail short of a whole huge page stays on 4 KiB pages
+    madvise(base, len, MADV_HUGEPAGE);
     return base;
   }
 
@@ -80,32 +87,62 @@ class Pool {
   size_t cached_ = 0;
 };
 
+struct Mapping {
+  void* base;
+  size_t len;
+};
+void release_mapping(void* ctx) {
+  auto* m = static_cast<Mapping*>(ctx);
+  Pool::get().release(m->base, m->len);
+  delete m;
+}
+
+//! `n` bytes on a mapping of the pool, kDataOffset bytes into it, zeroed if asked
+at::DataPtr huge_page_data(size_t n, bool zeroed) {
+  size_t len = (n + kDataOffset + kPageBytes - 1) / kPageBytes * kPageBytes;
+  bool fresh = false;
+  void* base = Pool::get().acquire(len, fresh);
+  char* data = static_cast<char*>(base) + kDataOffset;
+  if (zeroed && !fresh) std::memset(data, 0, n);
+  return {data, new Mapping{base, len}, &release_mapping, at::Device(at::kCPU)};
+}
+
 class HugePageAllocator final : public c10::Allocator {
  public:
   explicit HugePageAllocator(bool zeroed) : zeroed_(zeroed) {}
 
   at::DataPtr allocate(size_t n) const override {
     if (n == 0) return at::DataPtr(nullptr, at::Device(at::kCPU));
-    const size_t len = (n + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-    bool fresh = false;
-    void* base = Pool::get().acquire(len, fresh);
-    if (zeroed_ && !fresh) std::memset(base, 0, n);
-    return {base, new Mapping{base, len}, &release, at::Device(at::kCPU)};
+    return huge_page_data(n, zeroed_);
   }
   at::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
  private:
-  struct Mapping {
-    void* base;
-    size_t len;
-  };
-  static void release(void* ctx) {
-    auto* m = static_cast<Mapping*>(ctx);
-    Pool::get().release(m->base, m->len);
-    delete m;
-  }
   bool zeroed_;
 };
+
+//! libtorch's CPU allocator once installed (set_huge_page_tensors): requests of at least min_bytes go to the
+//! pool, smaller ones to the allocator it replaced. Installed once and never removed (tensors keep their
+//! own deleters, and SetAllocator is not thread-safe); turning it off sets min_bytes to "never".
+class CpuAllocator final : public c10::Allocator {
+ public:
+  explicit CpuAllocator(c10::Allocator* next) : next_(next) {}
+
+  at::DataPtr allocate(size_t n) const override {
+    if (n == 0 || n < min_bytes.load(std::memory_order_relaxed)) return next_->allocate(n);
+    return huge_page_data(n, false);
+  }
+  at::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  static constexpr size_t kOff = ~size_t{0};
+  std::atomic<size_t> min_bytes{kOff};
+
+ private:
+  c10::Allocator* next_;
+};
+
+std::mutex install_mu;
+CpuAllocator* installed = nullptr;  // never freed: tensors may be freed during static destruction
 
 }  // namespace
 #endif
@@ -139,4 +176,34 @@ size_t huge_page_cached_bytes() {
 }
 
 }  // namespace detail
+
+void set_huge_page_tensors(size_t min_bytes) {
+#if defined(__linux__)
+  std::lock_guard<std::mutex> lock(detail::install_mu);
+  if (min_bytes == 0) {
+    if (detail::installed) detail::installed->min_bytes.store(detail::CpuAllocator::kOff);
+    return;
+  }
+  if (!detail::installed) {
+    detail::installed = new detail::CpuAllocator(c10::GetCPUAllocator());
+    // the highest priority: a later static registration of libtorch's own must not displace it
+    c10::SetCPUAllocator(detail::installed, std::numeric_limits<uint8_t>::max());
+  }
+  detail::installed->min_bytes.store(min_bytes);
+#else
+  (void)min_bytes;
+#endif
+}
+
+size_t huge_page_tensors_min_bytes() {
+#if defined(__linux__)
+  std::lock_guard<std::mutex> lock(detail::install_mu);
+  if (!detail::installed) return 0;
+  const size_t m = detail::installed->min_bytes.load();
+  return m == detail::CpuAllocator::kOff ? 0 : m;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace tensordict

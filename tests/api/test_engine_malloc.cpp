@@ -2,7 +2,10 @@
 // file, so its own process under ctest: malloc starts there with glibc's defaults.
 #include <sys/resource.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include <boost/test/unit_test.hpp>
@@ -32,6 +35,42 @@ long faults_of_map_rounds(int rounds) {
   }
   return minor_faults() - f0;
 }
+
+struct MappingInfo {
+  uintptr_t start = 0;
+  std::string flags;  // its VmFlags line, "" when no mapping holds the address
+};
+//! the mapping of this process that holds `p` (/proc/self/smaps)
+MappingInfo mapping_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  MappingInfo found;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = a >= lo && a < hi;  // a mapping's first line: "lo-hi perms offset dev inode path"
+      if (inside) found.start = lo;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) {
+      found.flags = line;
+      return found;
+    }
+  }
+  return {};
+}
+//! on a mapping of its own advised MADV_HUGEPAGE ("hg"), starting on a 2 MiB boundary, the data half a page
+//! into it (never at a page start: see huge_page_allocator.hpp, kDataOffset)
+bool on_huge_page_mapping(const at::Tensor& t) {
+  const MappingInfo m = mapping_of(t.data_ptr());
+  const auto data = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return m.flags.find(" hg") != std::string::npos && m.start % (uintptr_t{2} << 20) == 0 && data - m.start == 2048;
+}
+std::string vm_flags_of(const void* p) { return mapping_of(p).flags; }
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(engine_malloc)
@@ -56,6 +95,65 @@ BOOST_AUTO_TEST_CASE(freed_chunks_are_kept_for_reuse) {
   BOOST_CHECK_THROW(Config::load(R"({"malloc": {"keep_mb": -1}})"), ValueError);
   BOOST_CHECK_THROW(Config::load(R"({"malloc": {"keep_mb": 1025}})"), ValueError);
   BOOST_TEST(Config::load(R"({"malloc": {"keep_mb": 1024}})").malloc_keep_mb == 1024);
+}
+
+BOOST_AUTO_TEST_CASE(large_tensors_live_on_huge_pages) {
+  // malloc.huge_page_min_kb (default 2048): once an Engine starts, CPU tensors of 2 MiB and more are 2 MiB-aligned
+  // mappings advised MADV_HUGEPAGE ("hg" in smaps), freed ones reused best fit; smaller ones stay with libtorch's
+  // allocator; 0 turns it off for the tensors made afterwards
+  BOOST_TEST(Config::defaults().malloc_huge_page_min_kb == 2048);
+  BOOST_CHECK_THROW(Config::load(R"({"malloc": {"huge_page_min_kb": -1}})"), ValueError);
+  BOOST_CHECK_THROW(Config::load(R"({"malloc": {"huge_page_min_kb": 1048577}})"), ValueError);
+  BOOST_CHECK_THROW(Config::load(R"({"malloc": {"huge_page_min_kb": "2048"}})"), TypeError);
+  BOOST_TEST(Config::load(R"({"malloc": {"huge_page_min_kb": 1048576}})").malloc_huge_page_min_kb == 1048576);
+  const int64_t mib = int64_t{1} << 20;
+  {
+    Engine engine;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    BOOST_TEST(huge_page_tensors_min_bytes() == 0u);  // their allocators must see every block
+#else
+    BOOST_TEST(huge_page_tensors_min_bytes() == size_t{2} << 20);
+    at::Tensor big = at::empty({3 * mib}, at::kByte);
+    BOOST_TEST(on_huge_page_mapping(big), vm_flags_of(big.data_ptr()));
+    BOOST_TEST(!on_huge_page_mapping(at::empty({mib}, at::kByte)));
+    // kernels' results and clones too, and the values are the values
+    at::Tensor x = at::arange(mib, at::kFloat);  // 4 MiB
+    at::Tensor y = x * 2 + 1;
+    BOOST_TEST(on_huge_page_mapping(x));
+    BOOST_TEST(on_huge_page_mapping(y));
+    BOOST_TEST(y.equal(at::arange(mib, at::kDouble).mul(2).add(1).to(at::kFloat)));
+    // a freed mapping serves the next request it fits up to 1.5x, and only those
+    void* p = big.data_ptr();
+    big = at::Tensor();
+    at::Tensor smaller = at::empty({5 * mib / 2}, at::kByte);
+    BOOST_TEST(smaller.data_ptr() == p);
+    smaller.fill_(7);
+    BOOST_TEST(smaller.sum().item<int64_t>() == 7 * (5 * mib / 2));
+    smaller = at::Tensor();
+    at::Tensor larger = at::empty({4 * mib}, at::kByte);  // does not fit in 3 MiB
+    BOOST_TEST(larger.data_ptr() != p);
+    BOOST_TEST(on_huge_page_mapping(larger));
+    // a tensor that outlives the setting keeps its memory; new ones go to libtorch's allocator
+    set_huge_page_tensors(0);
+    BOOST_TEST(huge_page_tensors_min_bytes() == 0u);
+    BOOST_TEST(!on_huge_page_mapping(at::empty({3 * mib}, at::kByte)));
+    larger.fill_(1);
+    BOOST_TEST(larger.sum().item<int64_t>() == 4 * mib);
+#endif
+  }
+  {
+    Engine off(Config::load(R"({"malloc": {"huge_page_min_kb": 0}})"));
+    BOOST_TEST(huge_page_tensors_min_bytes() == 0u);
+    BOOST_TEST(!on_huge_page_mapping(at::empty({8 * mib}, at::kByte)));
+  }
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  {
+    Engine four(Config::load(R"({"malloc": {"huge_page_min_kb": 4096}})"));
+    BOOST_TEST(huge_page_tensors_min_bytes() == size_t{4} << 20);
+    BOOST_TEST(!on_huge_page_mapping(at::empty({3 * mib}, at::kByte)));
+    BOOST_TEST(on_huge_page_mapping(at::empty({4 * mib}, at::kByte)));
+  }
+#endif
 }
 
 BOOST_AUTO_TEST_SUITE_END()

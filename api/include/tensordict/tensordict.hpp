@@ -11,6 +11,7 @@
 #include "tensordict/lazy_stack.hpp"
 #include "tensordict/loader.hpp"
 #include "tensordict/map.hpp"
+#include "tensordict/memory.hpp"
 #include "tensordict/node.hpp"
 #include "tensordict/persistent.hpp"
 #include "tensordict/tensordict_store.hpp"
