@@ -357,6 +357,23 @@ TensorDict index_impl(const TensorDictImpl& src, const Prepared& p, BatchSize ne
 }
 
 // ----------------------------------------------------------------------------------- writing
+//! memcpy of a large block in pieces of 256 KiB. Above its non-temporal threshold (a share of the L3) glibc's memcpy
+//! switches to non-temporal stores
+//! and, when source and destination sit at about the same offset in their pages (a memmap row into another
+//! memmap, a page-aligned buffer into a file), to a loop that writes four pages far apart in turn. Into a
+//! fresh file mapping the kernel then faults and allocates the page cache page by page instead of in large
+//! folios. 245 MB written in 24 MB blocks into a fresh memmap file: whole blocks 0.07 s (2.8k faults) or,
+//! page-aligned source, 0.25 s (61k faults); 256 KiB pieces 0.066 s (2.8k faults) either way, and 0.009 s
+//! against 0.014 s when the pages are already there
+void copy_in_pieces(char* dst, const char* src, size_t n) {
+  constexpr size_t kPiece = size_t{256} << 10;
+  if (n < 4 * kPiece) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  for (size_t done = 0; done < n; done += kPiece) std::memcpy(dst + done, src + done, std::min(kPiece, n - done));
+}
+
 //! dst[row(s)] = v as memcpy when both are contiguous CPU tensors of one dtype and v has exactly the
 //! indexed shape; false when the general path must do it
 bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
@@ -391,11 +408,11 @@ bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) 
     char* base = static_cast<char*>(dst.data_ptr()) + static_cast<size_t>(start) * stride_bytes;
     const char* src = static_cast<const char*>(v.data_ptr());
     if (step == 1 && (rows == 1 || stride_bytes == row_bytes)) {
-      std::memcpy(base, src, row_bytes * static_cast<size_t>(rows));
+      copy_in_pieces(base, src, row_bytes * static_cast<size_t>(rows));
     } else {
       for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(base + static_cast<size_t>(r * step) * stride_bytes, src + static_cast<size_t>(r) * row_bytes,
-                    row_bytes);
+        copy_in_pieces(base + static_cast<size_t>(r * step) * stride_bytes, src + static_cast<size_t>(r) * row_bytes,
+                       row_bytes);
       }
     }
   }

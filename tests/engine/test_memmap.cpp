@@ -200,6 +200,25 @@ BOOST_AUTO_TEST_CASE(memmap_like_preallocates_zeros) {
   BOOST_TEST(TensorDict::load_memmap(tmp.path).get("big").index({3}).eq(1).all().item<bool>());
 }
 
+BOOST_AUTO_TEST_CASE(large_row_writes_land_whole_from_any_source) {
+  // td[rows] = value copies blocks of 1 MiB and more in 256 KiB pieces (indexing.cpp, copy_in_pieces): sizes that
+  // are no multiple of a piece, a source that is itself a memmap (page-aligned), stepped rows of 1.2 MB each
+  fixtures::TempDir tmp("bigrows");
+  const int64_t rows = 96, row = 33333;  // 3.2 MB in all, rows of an odd size
+  at::Tensor values = at::randint(0, 255, {rows, row}, at::kByte);
+  TensorDict src = TensorDict(Dict{{"x", values}}, {rows}).memmap(tmp.path + "/src");
+  TensorDict dst = src.memmap_like(tmp.path + "/dst");
+  dst.index_put_({Slice(0, 40)}, src.index({Slice(0, 40)}));                    // 1.33 MB from a memmap
+  dst.index_put_({Slice(40, rows)}, TensorDict(Dict{{"x", values.index({Slice(40, rows)})}}, {rows - 40}));
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/dst").get("x").equal(values));
+  at::Tensor wide = at::randint(0, 255, {6, 1200001}, at::kByte);
+  TensorDict steps = TensorDict(Dict{{"w", at::zeros({6, 1200001}, at::kByte)}}, {6}).memmap(tmp.path + "/steps");
+  steps.index_put_({Slice(0, 6, 2)}, TensorDict(Dict{{"w", wide.index({Slice(0, 6, 2)})}}, {3}));
+  at::Tensor back = TensorDict::load_memmap(tmp.path + "/steps").get("w");
+  BOOST_TEST(back.index({Slice(0, 6, 2)}).equal(wide.index({Slice(0, 6, 2)})));
+  BOOST_TEST(back.index({Slice(1, 6, 2)}).eq(0).all().item<bool>());
+}
+
 BOOST_AUTO_TEST_CASE(load_memmap_into_self_and_refresh) {
   fixtures::TempDir tmp("refresh");
   TensorDict td = zoo::plain({5});
