@@ -98,7 +98,7 @@ BOOST_AUTO_TEST_CASE(freed_chunks_are_kept_for_reuse) {
 }
 
 BOOST_AUTO_TEST_CASE(large_tensors_live_on_huge_pages) {
-  // malloc.huge_page_min_kb (default 2048): once an Engine starts, CPU tensors of 2 MiB and more are 2 MiB-aligned
+  // malloc.huge_page_min_kb (default 2048): once an Engine starts, CPU tensors of 2 to 64 MiB are 2 MiB-aligned
   // mappings advised MADV_HUGEPAGE ("hg" in smaps), freed ones reused best fit; smaller ones stay with libtorch's
   // allocator; 0 turns it off for the tensors made afterwards
   BOOST_TEST(Config::defaults().malloc_huge_page_min_kb == 2048);
@@ -133,6 +133,8 @@ BOOST_AUTO_TEST_CASE(large_tensors_live_on_huge_pages) {
     at::Tensor larger = at::empty({4 * mib}, at::kByte);  // does not fit in 3 MiB
     BOOST_TEST(larger.data_ptr() != p);
     BOOST_TEST(on_huge_page_mapping(larger));
+    // more than the pool keeps (64 MiB): libtorch's allocator
+    BOOST_TEST(!on_huge_page_mapping(at::empty({65 * mib}, at::kByte)));
     // a tensor that outlives the setting keeps its memory; new ones go to libtorch's allocator
     set_huge_page_tensors(0);
     BOOST_TEST(huge_page_tensors_min_bytes() == 0u);
