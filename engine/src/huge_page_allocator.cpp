@@ -12,6 +12,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
 #if defined(__linux__)
+#include <pthread.h>
 #include <sys/mman.h>
 #endif
 
@@ -24,12 +25,19 @@ namespace detail {
 #if defined(__linux__)
 namespace {
 
-//! mappings in whole huge pages, with a bounded free list
+//! 2 MiB-aligned mappings advised MADV_HUGEPAGE, with a bounded free list
 class Pool {
  public:
-  //! never destroyed: tensors may be freed during static destruction
+  //! never destroyed: tensors may be freed during static destruction. Its lock is held across fork(), as
+  //! glibc does with malloc's: a child forked while another thread allocates would otherwise inherit it
+  //! locked and hang on its first large tensor
   static Pool& get() {
-    static Pool* pool = new Pool;
+    static Pool* pool = [] {
+      auto* p = new Pool;
+      ::pthread_atfork([] { Pool::get().mu_.lock(); }, [] { Pool::get().mu_.unlock(); },
+                       [] { Pool::get().mu_.unlock(); });
+      return p;
+    }();
     return *pool;
   }
 

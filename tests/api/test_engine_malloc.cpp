@@ -1,9 +1,15 @@
 // malloc.keep_mb: an Engine makes glibc's malloc keep freed memory for reuse (config/README.md). Its own
 // file, so its own process under ctest: malloc starts there with glibc's defaults.
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -157,5 +163,45 @@ BOOST_AUTO_TEST_CASE(large_tensors_live_on_huge_pages) {
   }
 #endif
 }
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+BOOST_AUTO_TEST_CASE(children_forked_while_a_thread_allocates_can_allocate) {
+  // the pool's lock is held across fork() (pthread_atfork): a child forked while another thread takes or gives
+  // back a large tensor would otherwise inherit the lock held and hang on its first large tensor
+  Engine engine;
+  std::atomic<bool> stop{false};
+  std::thread churn([&stop] {
+    while (!stop.load()) {
+      at::Tensor t = at::empty({3 << 20}, at::kByte);
+      t.data_ptr<uint8_t>()[0] = 1;
+    }
+  });
+  int hung = 0, failed = 0;
+  for (int i = 0; i < 40; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {  // the child: no Boost.Test here
+      at::Tensor t = at::empty({3 << 20}, at::kByte);
+      t.fill_(2);
+      ::_exit(t.data_ptr<uint8_t>()[12345] == 2 ? 0 : 3);
+    }
+    BOOST_REQUIRE(pid > 0);
+    int status = 0;
+    pid_t got = 0;
+    for (int waited_ms = 0; waited_ms < 10000 && (got = ::waitpid(pid, &status, WNOHANG)) == 0; waited_ms += 5)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (got == 0) {  // hung: kill and reap it
+      ++hung;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failed;
+    }
+  }
+  stop = true;
+  churn.join();
+  BOOST_TEST(hung == 0);
+  BOOST_TEST(failed == 0);
+}
+#endif
 
 BOOST_AUTO_TEST_SUITE_END()
