@@ -14,6 +14,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "fork_safe.hpp"
 #include "tensordict/errors.hpp"
 
 namespace tensordict::backends {
@@ -41,9 +42,14 @@ struct Entry {
   std::shared_ptr<std::mutex> writers;
 };
 
+//! held across fork() (fork_safe.hpp)
 std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
+  static std::mutex* m = [] {
+    auto* mu = new std::mutex;  // leaked: unmapping deleters may run during static destruction
+    detail::hold_across_fork<registry_mutex>();
+    return mu;
+  }();
+  return *m;
 }
 std::unordered_map<const void*, Entry>& registry() {
   static auto* r = new std::unordered_map<const void*, Entry>();  // leaked: outlives static tensors

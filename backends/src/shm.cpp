@@ -23,6 +23,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "fork_safe.hpp"
 #include "tensordict/errors.hpp"
 
 namespace tensordict::backends {
@@ -222,8 +223,13 @@ struct OwnedNode {
 };
 
 std::atomic<OwnedNode*> g_owned_head{nullptr};
-std::mutex& owned_mutex() {  // serialises acquire/release among threads (never taken in handlers)
-  static auto* mu = new std::mutex;
+//! serialises acquire/release among threads (never taken in handlers); held across fork() (fork_safe.hpp)
+std::mutex& owned_mutex() {
+  static auto* mu = [] {
+    auto* m = new std::mutex;
+    detail::hold_across_fork<owned_mutex>();
+    return m;
+  }();
   return *mu;
 }
 
@@ -337,8 +343,13 @@ void ensure_handlers() {
 // ---------------------------------------------------------------------------------------------------
 // live mappings of this process (for segment_of / handle_of)
 
+//! held across fork() (fork_safe.hpp)
 std::mutex& live_mutex() {
-  static auto* mu = new std::mutex;
+  static auto* mu = [] {
+    auto* m = new std::mutex;
+    detail::hold_across_fork<live_mutex>();
+    return m;
+  }();
   return *mu;
 }
 std::map<uintptr_t, ShmSegment*>& live_map() {

@@ -3,10 +3,13 @@
 
 #include <ATen/ATen.h>
 #include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -372,6 +375,43 @@ BOOST_AUTO_TEST_CASE(concurrent_mapping_is_safe) {
   for (auto& th : threads) th.join();
   BOOST_TEST(bad.load() == 0);
   BOOST_TEST(be::live_mappings() == before);
+}
+
+BOOST_AUTO_TEST_CASE(children_forked_while_a_thread_maps_can_map) {
+  // the registry's lock is held across fork(): a child forked while another thread maps or unmaps would
+  // otherwise inherit it held and hang on its first mapping (without the handlers, 50 of 100 children hung)
+  td_test::TempDir tmp;
+  be::write_file(tmp / "f", at::arange(4096, at::kLong));
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    at::Tensor m = be::map_file(tmp / "f", at::kLong, {4096}, false);
+    while (!stop.load()) (void)be::mapping_of(m);  // the lock taken and given back, no syscall in between
+
+  });
+  int hung = 0, failed = 0;
+  for (int i = 0; i < 100; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {  // the child: no Boost.Test here
+      at::Tensor m = be::map_file(tmp / "f", at::kLong, {4096}, false);
+      ::_exit(m[4095].item<int64_t>() == 4095 ? 0 : 3);
+    }
+    BOOST_REQUIRE(pid > 0);
+    int status = 0;
+    pid_t got = 0;
+    for (int waited_ms = 0; waited_ms < 10000 && (got = ::waitpid(pid, &status, WNOHANG)) == 0; waited_ms += 5)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (got == 0) {  // hung: kill and reap it
+      ++hung;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failed;
+    }
+  }
+  stop = true;
+  churn.join();
+  BOOST_TEST(hung == 0);
+  BOOST_TEST(failed == 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -296,6 +296,42 @@ BOOST_AUTO_TEST_CASE(share_tensors_and_handle_of) {
   BOOST_CHECK_THROW(share_tensors({{"a"}}, {at::ones({2}).to_sparse()}, {}, prefix()), TypeError);
 }
 
+BOOST_AUTO_TEST_CASE(children_forked_while_a_thread_looks_up_segments_can_use_them) {
+  // the registries' locks are held across fork() (fork_safe.hpp): a child forked while another thread looks up,
+  // opens or closes a segment would otherwise inherit the lock held and hang on its first shared-memory call
+  auto shared = share_tensors({{"a"}}, {at::arange(64, at::kLong)}, {64}, prefix());
+  const at::Tensor a = shared.tensors[0];
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    while (!stop.load()) (void)segment_of(a);  // the lock taken and given back, no syscall in between
+  });
+  int hung = 0, failed = 0;
+  for (int i = 0; i < 100; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {  // the child: no Boost.Test here
+      auto h = handle_of(a);
+      const bool ok = h && segment_of(a) && open_tensor(*h)[63].item<int64_t>() == 63;
+      ::_exit(ok ? 0 : 3);
+    }
+    BOOST_REQUIRE(pid > 0);
+    int status = 0;
+    pid_t got = 0;
+    for (int waited_ms = 0; waited_ms < 10000 && (got = ::waitpid(pid, &status, WNOHANG)) == 0; waited_ms += 5)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (got == 0) {  // hung: kill and reap it
+      ++hung;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failed;
+    }
+  }
+  stop = true;
+  churn.join();
+  BOOST_TEST(hung == 0);
+  BOOST_TEST(failed == 0);
+}
+
 BOOST_AUTO_TEST_CASE(handle_round_trip) {
   ShmTensorHandle th{"seg_name", 128, at::kHalf, {2, 3, 0}};
   std::string bytes = serialize(th);

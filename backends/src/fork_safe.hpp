@@ -1,0 +1,18 @@
+#pragma once
+//! Internal to backends/: process-wide mutexes held across fork(), as glibc holds malloc's.
+//! A child forked while another thread holds one of these (mapping or unmapping a file or a segment) would
+//! inherit it held and hang on its first memmap or shared-memory call: the forking thread takes each before
+//! fork() and both processes give it back after (pthread_atfork). None of them is taken while another is held.
+#include <pthread.h>
+
+#include <mutex>
+
+namespace tensordict::backends::detail {
+
+//! registers the fork handlers of the mutex `Get()` returns (call once, where it is created)
+template <std::mutex& (*Get)()>
+void hold_across_fork() {
+  ::pthread_atfork([] { Get().lock(); }, [] { Get().unlock(); }, [] { Get().unlock(); });
+}
+
+}  // namespace tensordict::backends::detail
