@@ -1,5 +1,6 @@
 #pragma once
 // Forked child processes for multi-process tests: fork, run fn in the child, _exit with its return value.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,6 +56,35 @@ inline int wait_child(pid_t pid) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return -WTERMSIG(status);
   return -1000;
+}
+
+//! children forked while other threads of this process run on: how many hung (still running after 10 s:
+//! killed and reaped) and how many exited with another code than 0 or died of a signal
+struct ForkOutcome {
+  int hung = 0;
+  int failed = 0;
+};
+//! forks `n` children one after the other, each running `child` (its return value is its exit code)
+inline ForkOutcome fork_children(int n, const std::function<int()>& child) {
+  ForkOutcome out;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = spawn(child);
+    int status = 0;
+    pid_t got = 0;
+    for (int waited_ms = 0; waited_ms < 10000; waited_ms += 5) {
+      got = ::waitpid(pid, &status, WNOHANG);
+      if (got != 0 && !(got < 0 && errno == EINTR)) break;
+      ::usleep(5000);
+    }
+    if (got == 0) {
+      ++out.hung;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    } else if (got != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++out.failed;
+    }
+  }
+  return out;
 }
 
 }  // namespace testutil

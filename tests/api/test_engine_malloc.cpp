@@ -1,21 +1,19 @@
-// malloc.keep_mb: an Engine makes glibc's malloc keep freed memory for reuse (config/README.md). Its own
-// file, so its own process under ctest: malloc starts there with glibc's defaults.
-#include <signal.h>
+// malloc.keep_mb and malloc.huge_page_min_kb: an Engine makes glibc's malloc keep freed memory for reuse and puts
+// large CPU tensors on huge pages (config/README.md). Its own file, so its own process under ctest: malloc starts
+// there with glibc's defaults.
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdint>
 #include <atomic>
-#include <chrono>
+#include <cstdint>
 #include <cstdlib>
-#include <thread>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <boost/test/unit_test.hpp>
 
+#include "process_util.hpp"
 #include "tensordict/tensordict.hpp"
 
 using namespace tensordict;
@@ -177,31 +175,16 @@ BOOST_AUTO_TEST_CASE(children_forked_while_a_thread_allocates_can_allocate) {
       t.data_ptr<uint8_t>()[0] = 1;
     }
   });
-  int hung = 0, failed = 0;
-  for (int i = 0; i < 40; ++i) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {  // the child: no Boost.Test here
-      at::Tensor t = at::empty({3 << 20}, at::kByte);
-      t.fill_(2);
-      ::_exit(t.data_ptr<uint8_t>()[12345] == 2 ? 0 : 3);
-    }
-    BOOST_REQUIRE(pid > 0);
-    int status = 0;
-    pid_t got = 0;
-    for (int waited_ms = 0; waited_ms < 10000 && (got = ::waitpid(pid, &status, WNOHANG)) == 0; waited_ms += 5)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (got == 0) {  // hung: kill and reap it
-      ++hung;
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      ++failed;
-    }
-  }
+  // the children: no Boost.Test there
+  const testutil::ForkOutcome r = testutil::fork_children(40, [] {
+    at::Tensor t = at::empty({3 << 20}, at::kByte);
+    t.fill_(2);
+    return t.data_ptr<uint8_t>()[12345] == 2 ? 0 : 3;
+  });
   stop = true;
   churn.join();
-  BOOST_TEST(hung == 0);
-  BOOST_TEST(failed == 0);
+  BOOST_TEST(r.hung == 0);
+  BOOST_TEST(r.failed == 0);
 }
 #endif
 

@@ -3,18 +3,16 @@
 
 #include <ATen/ATen.h>
 #include <dirent.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <functional>
 #include <thread>
 
 #include "backends_test_util.hpp"
+#include "process_util.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/errors.hpp"
 
@@ -388,30 +386,15 @@ BOOST_AUTO_TEST_CASE(children_forked_while_a_thread_maps_can_map) {
     while (!stop.load()) (void)be::mapping_of(m);  // the lock taken and given back, no syscall in between
 
   });
-  int hung = 0, failed = 0;
-  for (int i = 0; i < 100; ++i) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {  // the child: no Boost.Test here
-      at::Tensor m = be::map_file(tmp / "f", at::kLong, {4096}, false);
-      ::_exit(m[4095].item<int64_t>() == 4095 ? 0 : 3);
-    }
-    BOOST_REQUIRE(pid > 0);
-    int status = 0;
-    pid_t got = 0;
-    for (int waited_ms = 0; waited_ms < 10000 && (got = ::waitpid(pid, &status, WNOHANG)) == 0; waited_ms += 5)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (got == 0) {  // hung: kill and reap it
-      ++hung;
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      ++failed;
-    }
-  }
+  // the children: no Boost.Test there
+  const testutil::ForkOutcome r = testutil::fork_children(100, [&] {
+    at::Tensor m = be::map_file(tmp / "f", at::kLong, {4096}, false);
+    return m[4095].item<int64_t>() == 4095 ? 0 : 3;
+  });
   stop = true;
   churn.join();
-  BOOST_TEST(hung == 0);
-  BOOST_TEST(failed == 0);
+  BOOST_TEST(r.hung == 0);
+  BOOST_TEST(r.failed == 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -305,31 +305,15 @@ BOOST_AUTO_TEST_CASE(children_forked_while_a_thread_looks_up_segments_can_use_th
   std::thread churn([&] {
     while (!stop.load()) (void)segment_of(a);  // the lock taken and given back, no syscall in between
   });
-  int hung = 0, failed = 0;
-  for (int i = 0; i < 100; ++i) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {  // the child: no Boost.Test here
-      auto h = handle_of(a);
-      const bool ok = h && segment_of(a) && open_tensor(*h)[63].item<int64_t>() == 63;
-      ::_exit(ok ? 0 : 3);
-    }
-    BOOST_REQUIRE(pid > 0);
-    int status = 0;
-    pid_t got = 0;
-    for (int waited_ms = 0; waited_ms < 10000 && (got = ::waitpid(pid, &status, WNOHANG)) == 0; waited_ms += 5)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (got == 0) {  // hung: kill and reap it
-      ++hung;
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      ++failed;
-    }
-  }
+  // the children: no Boost.Test there
+  const testutil::ForkOutcome r = testutil::fork_children(100, [&] {
+    auto h = handle_of(a);
+    return h && segment_of(a) && open_tensor(*h)[63].item<int64_t>() == 63 ? 0 : 3;
+  });
   stop = true;
   churn.join();
-  BOOST_TEST(hung == 0);
-  BOOST_TEST(failed == 0);
+  BOOST_TEST(r.hung == 0);
+  BOOST_TEST(r.failed == 0);
 }
 
 BOOST_AUTO_TEST_CASE(handle_round_trip) {
