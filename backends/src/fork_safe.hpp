@@ -15,4 +15,16 @@ void hold_across_fork() {
   ::pthread_atfork([] { Get().lock(); }, [] { Get().unlock(); }, [] { Get().unlock(); });
 }
 
+//! a process-wide mutex held across fork(), one per `Tag` type; never destroyed (deleters that take it may run
+//! during static destruction)
+template <class Tag>
+std::mutex& fork_safe_mutex() {
+  static std::mutex* mu = [] {
+    auto* m = new std::mutex;
+    hold_across_fork<fork_safe_mutex<Tag>>();
+    return m;
+  }();
+  return *mu;
+}
+
 }  // namespace tensordict::backends::detail

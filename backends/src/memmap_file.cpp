@@ -43,14 +43,7 @@ struct Entry {
 };
 
 //! held across fork() (fork_safe.hpp)
-std::mutex& registry_mutex() {
-  static std::mutex* m = [] {
-    auto* mu = new std::mutex;  // leaked: unmapping deleters may run during static destruction
-    detail::hold_across_fork<registry_mutex>();
-    return mu;
-  }();
-  return *m;
-}
+std::mutex& registry_mutex() { return detail::fork_safe_mutex<struct RegistryMutex>(); }
 std::unordered_map<const void*, Entry>& registry() {
   static auto* r = new std::unordered_map<const void*, Entry>();  // leaked: outlives static tensors
   return *r;

@@ -126,12 +126,16 @@ struct Identity {
   uint64_t starttime;
 };
 
+// The mutexes of this file's function-local state, each held across fork() (fork_safe.hpp): a child forked while
+// another thread holds one would hang on its first segment. None is taken while another is held.
+std::mutex& identity_mutex() { return detail::fork_safe_mutex<struct IdentityMutex>(); }
+std::mutex& rng_mutex() { return detail::fork_safe_mutex<struct RngMutex>(); }
+
 // This process' pid and start time; recomputed after fork().
 Identity self_identity() {
-  static std::mutex mu;
   static Identity cached{0, 0};
   pid_t pid = ::getpid();
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(identity_mutex());
   if (cached.pid != pid) {
     auto st = read_proc_stat(pid);
     cached = Identity{pid, st ? st->starttime : 0};
@@ -140,13 +144,12 @@ Identity self_identity() {
 }
 
 std::string random_hex() {
-  static std::mutex mu;
   static std::mt19937_64 rng([] {
     std::random_device rd;
     return (uint64_t(rd()) << 32) ^ rd();
   }());
   static pid_t seeded_pid = ::getpid();
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(rng_mutex());
   if (seeded_pid != ::getpid()) {  // forked child: do not repeat the parent's sequence
     seeded_pid = ::getpid();
     std::random_device rd;
@@ -224,14 +227,7 @@ struct OwnedNode {
 
 std::atomic<OwnedNode*> g_owned_head{nullptr};
 //! serialises acquire/release among threads (never taken in handlers); held across fork() (fork_safe.hpp)
-std::mutex& owned_mutex() {
-  static auto* mu = [] {
-    auto* m = new std::mutex;
-    detail::hold_across_fork<owned_mutex>();
-    return m;
-  }();
-  return *mu;
-}
+std::mutex& owned_mutex() { return detail::fork_safe_mutex<struct OwnedMutex>(); }
 
 OwnedNode* owned_acquire(const std::string& name) {
   std::lock_guard<std::mutex> lock(owned_mutex());
@@ -313,13 +309,14 @@ void on_signal(int sig, siginfo_t* info, void* ctx) {
   errno = saved_errno;
 }
 
+std::mutex& handlers_mutex() { return detail::fork_safe_mutex<struct HandlersMutex>(); }
+
 // (Re)installs our handler where it is not installed (someone may have replaced it since), keeping the
 // current action for chaining. Ignored signals stay ignored.
 void ensure_handlers() {
-  static std::mutex mu;
   static std::once_flag atexit_once;
   std::call_once(atexit_once, [] { std::atexit(on_exit_unlink); });
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(handlers_mutex());
   auto install = [](int sig) {
     struct sigaction cur;
     if (::sigaction(sig, nullptr, &cur) != 0) return;
@@ -344,25 +341,18 @@ void ensure_handlers() {
 // live mappings of this process (for segment_of / handle_of)
 
 //! held across fork() (fork_safe.hpp)
-std::mutex& live_mutex() {
-  static auto* mu = [] {
-    auto* m = new std::mutex;
-    detail::hold_across_fork<live_mutex>();
-    return m;
-  }();
-  return *mu;
-}
+std::mutex& live_mutex() { return detail::fork_safe_mutex<struct LiveMutex>(); }
 std::map<uintptr_t, ShmSegment*>& live_map() {
   static auto* m = new std::map<uintptr_t, ShmSegment*>;
   return *m;
 }
 
+std::mutex& cleanup_mutex() { return detail::fork_safe_mutex<struct CleanupMutex>(); }
 void maybe_cleanup(const std::string& prefix) {
-  static std::mutex mu;
   static std::unordered_map<std::string, std::chrono::steady_clock::time_point> last;
   auto now = std::chrono::steady_clock::now();
   {
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<std::mutex> lock(cleanup_mutex());
     auto it = last.find(prefix);
     if (it != last.end() && now - it->second < std::chrono::seconds(1)) return;
     last[prefix] = now;

@@ -298,7 +298,8 @@ BOOST_AUTO_TEST_CASE(share_tensors_and_handle_of) {
 
 BOOST_AUTO_TEST_CASE(children_forked_while_a_thread_looks_up_segments_can_use_them) {
   // the registries' locks are held across fork() (fork_safe.hpp): a child forked while another thread looks up,
-  // opens or closes a segment would otherwise inherit the lock held and hang on its first shared-memory call
+  // opens or closes a segment would otherwise inherit the lock held and hang on its first shared-memory call;
+  // the children open the parent's segment and make one of their own
   auto shared = share_tensors({{"a"}}, {at::arange(64, at::kLong)}, {64}, prefix());
   const at::Tensor a = shared.tensors[0];
   std::atomic<bool> stop{false};
@@ -308,7 +309,9 @@ BOOST_AUTO_TEST_CASE(children_forked_while_a_thread_looks_up_segments_can_use_th
   // the children: no Boost.Test there
   const testutil::ForkOutcome r = testutil::fork_children(100, [&] {
     auto h = handle_of(a);
-    return h && segment_of(a) && open_tensor(*h)[63].item<int64_t>() == 63 ? 0 : 3;
+    if (!h || !segment_of(a) || open_tensor(*h)[63].item<int64_t>() != 63) return 3;
+    auto own = share_tensors({{"b"}}, {at::full({4}, 5, at::kLong)}, {4}, prefix());  // unlinked on return
+    return own.tensors[0].sum().item<int64_t>() == 20 ? 0 : 4;
   });
   stop = true;
   churn.join();
