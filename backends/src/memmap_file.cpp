@@ -14,7 +14,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "fork_safe.hpp"
+#include "tensordict/backends/fork_safe.hpp"
 #include "tensordict/errors.hpp"
 
 namespace tensordict::backends {

@@ -23,7 +23,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "fork_safe.hpp"
+#include "tensordict/backends/fork_safe.hpp"
 #include "tensordict/errors.hpp"
 
 namespace tensordict::backends {

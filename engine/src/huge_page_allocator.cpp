@@ -4,18 +4,18 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
-#include <limits>
 #include <string>
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
 #if defined(__linux__)
-#include <pthread.h>
 #include <sys/mman.h>
 #endif
 
+#include "tensordict/backends/fork_safe.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/memory.hpp"
 
@@ -28,16 +28,9 @@ namespace {
 //! 2 MiB-aligned mappings advised MADV_HUGEPAGE, with a bounded free list
 class Pool {
  public:
-  //! never destroyed: tensors may be freed during static destruction. Its lock is held across fork(), as
-  //! glibc does with malloc's: a child forked while another thread allocates would otherwise inherit it
-  //! locked and hang on its first large tensor
+  //! never destroyed: tensors may be freed during static destruction
   static Pool& get() {
-    static Pool* pool = [] {
-      auto* p = new Pool;
-      ::pthread_atfork([] { Pool::get().mu_.lock(); }, [] { Pool::get().mu_.unlock(); },
-                       [] { Pool::get().mu_.unlock(); });
-      return p;
-    }();
+    static Pool* pool = new Pool;
     return *pool;
   }
 
@@ -90,7 +83,9 @@ class Pool {
   }
 
  private:
-  std::mutex mu_;
+  //! held across fork() (fork_safe.hpp): a child forked while another thread takes or gives back a large
+  //! tensor would otherwise hang on its first large tensor
+  std::mutex& mu_ = backends::detail::fork_safe_mutex<struct PoolMutex>();
   std::multimap<size_t, void*> free_;
   size_t cached_ = 0;
 };

@@ -1,7 +1,8 @@
 #pragma once
-//! Internal to backends/: process-wide mutexes held across fork(), as glibc holds malloc's.
+//! Process-wide mutexes held across fork(), as glibc holds malloc's (backends/ and engine/ use it for their
+//! registries and pools).
 //! A child forked while another thread holds one of these (mapping or unmapping a file or a segment) would
-//! inherit it held and hang on its first memmap or shared-memory call: the forking thread takes each before
+//! inherit it held and hang on its first memmap, shared-memory or large-tensor call: the forking thread takes each before
 //! fork() and both processes give it back after (pthread_atfork). None of them is taken while another is held.
 #include <pthread.h>
 
