@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -40,7 +41,18 @@ struct Entry {
   size_t map_len;    // what was mapped
   //! held by pwrite_into_mapping for a whole view (see there)
   std::shared_ptr<std::mutex> writers;
+  //! the file's blocks are allocated before a large write (allocate_range): a file on a disk filesystem, not
+  //! tmpfs / ramfs, where fallocate would zero-fill memory the write fills anyway
+  bool allocate = false;
 };
+
+//! tmpfs and ramfs keep files in memory: fallocate there allocates zeroed pages, it reserves no blocks
+bool on_memory_fs(int fd) {
+  struct statfs fs;
+  if (::fstatfs(fd, &fs) != 0) return true;  // unknown: never allocate ahead
+  constexpr long kTmpfs = 0x01021994, kRamfs = static_cast<long>(0x858458f6);
+  return static_cast<long>(fs.f_type) == kTmpfs || static_cast<long>(fs.f_type) == kRamfs;
+}
 
 //! held across fork() (fork_safe.hpp)
 std::mutex& registry_mutex() { return detail::fork_safe_mutex<struct RegistryMutex>(); }
@@ -79,7 +91,7 @@ at::Tensor wrap_mapping(int fd, const std::string& path, at::ScalarType dtype, a
   if (base == MAP_FAILED) os_error("mmap failed for", path, errno);
   char* data = static_cast<char*>(base) + delta;
   Entry e{MappingInfo{anonymous ? std::string() : path, offset, nbytes, writable, anonymous}, base, len,
-          std::make_shared<std::mutex>()};
+          std::make_shared<std::mutex>(), shared && writable && !anonymous && !on_memory_fs(fd)};
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     registry()[data] = std::move(e);
@@ -276,6 +288,22 @@ bool view_range(const at::Tensor& t, Entry* out, int64_t* begin, int64_t* len) {
   *len = static_cast<int64_t>(t.numel() * t.element_size());
   return *begin >= 0 && *begin + *len <= out->info.nbytes;
 }
+//! Allocates the file blocks of [at, at + len) before a write of them (fallocate, FALLOC_FL_KEEP_SIZE): a write
+//! into a hole otherwise makes ext4 reserve and track each 4 KiB block as it goes (delayed allocation, most of
+//! a buffered write's time into a fresh file), while one call allocates the whole range as unwritten extents.
+//! Measured here, 480 MB in 12 MB chunks of 256 KiB pwrites into a fresh file: 0.085 s, 0.055 s with a
+//! fallocate per chunk (0.1 ms of it), and 0.20 against 0.17 s including the fsync. Only blocks about to be
+//! written are allocated, so a file stays sparse where nothing is written. A full disk is reported here,
+//! before a byte is written; a filesystem without fallocate writes as before.
+constexpr int64_t kAllocateMin = 256 << 10;  // below, the syscall costs about what it saves
+bool allocate_range(int fd, const Entry& e, int64_t at, int64_t len) {
+  if (!e.allocate || len < kAllocateMin) return false;
+  if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(at), static_cast<off_t>(len)) == 0) return true;
+  if (errno == ENOSPC || errno == EDQUOT)
+    os_error("cannot allocate " + std::to_string(len) + " bytes at offset " + std::to_string(at) + " of", e.info.filename,
+             errno);
+  return false;  // EOPNOTSUPP (no fallocate on this filesystem), EINTR, ...: the write allocates as it goes
+}
 }  // namespace
 
 bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src) {
@@ -305,6 +333,7 @@ bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src) {
   constexpr int64_t kPiece = 256 << 10;
   std::unique_lock<std::mutex> whole;
   if (e.writers) whole = std::unique_lock<std::mutex>(*e.writers);
+  allocate_range(fd.fd, e, at, len);
   int64_t done = 0;
   while (done < len) {
     const int64_t piece = std::min(len - done, kPiece - (at + done) % kPiece);
@@ -316,6 +345,29 @@ bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src) {
     done += w;
   }
   return true;
+}
+
+bool allocate_for_write(const at::Tensor& mapped, const void* begin, int64_t nbytes) {
+  if (nbytes < kAllocateMin || !mapped.defined() || !mapped.has_storage()) return false;
+  const void* key = mapped.storage().data();
+  if (key == nullptr) return false;
+  Entry e{};
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(key);
+    if (it == registry().end()) return false;
+    e = it->second;
+  }
+  const int64_t off = static_cast<int64_t>(static_cast<const char*>(begin) - static_cast<const char*>(key));
+  if (!e.allocate || off < 0 || off + nbytes > e.info.nbytes) return false;
+  FdGuard fd{::open(e.info.filename.c_str(), O_WRONLY | O_CLOEXEC)};
+  if (fd.fd < 0) return false;  // renamed or removed since: the stores still reach the mapping
+  return allocate_range(fd.fd, e, e.info.file_offset + off, nbytes);
+}
+
+bool allocate_for_write(const at::Tensor& dst) {
+  if (!dst.defined() || !dst.has_storage() || !dst.is_contiguous()) return false;
+  return allocate_for_write(dst, dst.data_ptr(), static_cast<int64_t>(dst.numel() * dst.element_size()));
 }
 
 bool populate_for_write(const at::Tensor& dst) {

@@ -349,7 +349,8 @@ bool write_mapped(const TensorDict& view, const TensorDict& result, MapOutWrite 
   }
   for (auto& p : pairs) {
     if (mode == MapOutWrite::Pwrite && backends::pwrite_into_mapping(p.first, p.second)) continue;
-    backends::populate_for_write(p.first);  // false (nothing done) where it does not apply
+    backends::allocate_for_write(p.first);  // false (nothing done) where they do not apply
+    backends::populate_for_write(p.first);
     p.first.copy_(p.second);
   }
   return true;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "backends_test_util.hpp"
+#include "fs_util.hpp"
 #include "process_util.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/errors.hpp"
@@ -152,6 +153,61 @@ BOOST_AUTO_TEST_CASE(pwrite_into_mapping_writes_one_view_at_a_time_per_mapping) 
   bool all = true;
   for (int64_t i = 0; i < k && all; ++i) all = (m.narrow(0, i * v, v) == i + 10).all().item<bool>();
   BOOST_TEST(all);
+}
+
+BOOST_AUTO_TEST_CASE(large_writes_allocate_their_file_blocks_first) {
+  // allocate_for_write, and pwrite_into_mapping through it, allocate the file blocks of a large range in one
+  // call (fallocate) before it is written, instead of the filesystem reserving each 4 KiB block as the write goes
+  // (ext4's delayed allocation): the range shows allocated extents at once, never delayed ones, and the rest of
+  // the sparse file stays a hole. Ranges under 256 KiB, private and anonymous mappings, tensors not mapped here
+  // and files on tmpfs are left alone.
+  td_test::TempDir tmp;
+  const std::string f = tmp / "a.memmap";
+  constexpr int64_t MiB = 1 << 20;
+  be::create_file(f, 8 * MiB);
+  at::Tensor m = be::map_file(f, at::kByte, {8 * MiB}, /*writable=*/true);
+  const bool check = testutil::reports_delayed_allocation(f);
+  if (!check) BOOST_TEST_MESSAGE("the test directory is not on ext4 or xfs: file extents are not checked");
+  bool ok = false;
+  if (check) {
+    BOOST_TEST(testutil::file_extents(f, &ok).empty());
+    BOOST_TEST(ok);
+  }
+  const bool allocated = be::allocate_for_write(m.narrow(0, MiB, 2 * MiB));
+  BOOST_TEST(!be::allocate_for_write(m.narrow(0, 3 * MiB + 4096, 100 << 10)));  // under 256 KiB
+  at::Tensor src = at::randint(0, 255, {3 * MiB}, at::kByte);
+  BOOST_TEST(be::pwrite_into_mapping(m.narrow(0, 4 * MiB, 3 * MiB), src));
+  BOOST_TEST(m.narrow(0, 4 * MiB, 3 * MiB).equal(src));
+  BOOST_TEST(m.narrow(0, 0, 4 * MiB).eq(0).all().item<bool>());  // allocated blocks read as zeros
+  BOOST_TEST(m.narrow(0, 7 * MiB, MiB).eq(0).all().item<bool>());
+  if (check) {
+    BOOST_TEST(allocated);
+    const auto ext = testutil::file_extents(f, &ok);
+    BOOST_TEST_REQUIRE(ok);
+    BOOST_TEST_REQUIRE(ext.size() == 2u);
+    BOOST_TEST(ext[0].begin == MiB);  // [0, 1 MiB) and [3, 4 MiB) stay holes: the 100 KiB range was left alone
+    BOOST_TEST(ext[0].end == 3 * MiB);
+    BOOST_TEST(ext[0].unwritten);
+    BOOST_TEST(ext[1].begin == 4 * MiB);  // [7, 8 MiB) stays a hole
+    BOOST_TEST(ext[1].end == 7 * MiB);
+    BOOST_TEST(!ext[0].delalloc);
+    BOOST_TEST(!ext[1].delalloc);  // without allocation ahead, the write leaves delayed blocks here
+  }
+  // what is left alone
+  at::Tensor priv = be::map_file(f, at::kByte, {8 * MiB}, /*writable=*/false);
+  BOOST_TEST(!be::allocate_for_write(priv.narrow(0, 0, MiB)));
+  BOOST_TEST(!be::allocate_for_write(be::map_anonymous(at::kByte, {2 * MiB})));
+  BOOST_TEST(!be::allocate_for_write(at::zeros({2 * MiB}, at::kByte)));
+  BOOST_TEST(!be::allocate_for_write(m.view({8, MiB}).narrow(1, 0, MiB / 2)));  // not contiguous
+  const std::string shm = "/dev/shm/td-test-alloc-" + std::to_string(::getpid());
+  be::create_file(shm, 2 * MiB);
+  {
+    at::Tensor t = be::map_file(shm, at::kByte, {2 * MiB}, /*writable=*/true);
+    BOOST_TEST(!be::allocate_for_write(t));  // tmpfs: fallocate would zero-fill pages the write fills anyway
+    BOOST_TEST(be::pwrite_into_mapping(t, src.narrow(0, 0, 2 * MiB)));
+    BOOST_TEST(t.equal(src.narrow(0, 0, 2 * MiB)));
+  }
+  ::unlink(shm.c_str());
 }
 
 BOOST_AUTO_TEST_CASE(offsets_and_longer_files) {

@@ -9,6 +9,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "fixtures.hpp"
+#include "fs_util.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/describe.hpp"
 #include "tensordict/lazy_stack.hpp"
@@ -217,6 +218,32 @@ BOOST_AUTO_TEST_CASE(large_row_writes_land_whole_from_any_source) {
   at::Tensor back = TensorDict::load_memmap(tmp.path + "/steps").get("w");
   BOOST_TEST(back.index({Slice(0, 6, 2)}).equal(wide.index({Slice(0, 6, 2)})));
   BOOST_TEST(back.index({Slice(1, 6, 2)}).eq(0).all().item<bool>());
+}
+
+BOOST_AUTO_TEST_CASE(large_row_writes_allocate_their_file_blocks_first) {
+  // td[rows] = value into a memmap allocates the file blocks of a block of 1 MiB or more in one call before
+  // copying it (backends' allocate_for_write): the rows written show allocated extents at once, never delayed
+  // ones, and the rows not written stay holes
+  fixtures::TempDir tmp("allocrows");
+  constexpr int64_t kRow = 64 << 10;
+  TensorDict td = TensorDict::from_schema({{"x", {{kRow}, at::kByte}}}, {64}, "memmap",
+                                          MemmapOptions().prefix(tmp.path + "/d"));
+  const std::string f = backends::mapped_filename(td.get("x")).value();
+  at::Tensor rows = at::randint(1, 255, {32, kRow}, at::kByte);
+  td.index_put_({Slice(16, 48)}, TensorDict(Dict{{"x", rows}}, {32}));  // 2 MiB: bytes [1, 3) MiB
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/d").get("x").index({Slice(16, 48)}).equal(rows));
+  BOOST_TEST(td.get("x").index({Slice(0, 16)}).eq(0).all().item<bool>());
+  if (!testutil::reports_delayed_allocation(f)) {
+    BOOST_TEST_MESSAGE("the test directory is not on ext4 or xfs: file extents are not checked");
+    return;
+  }
+  bool ok = false;
+  const auto ext = testutil::file_extents(f, &ok);
+  BOOST_TEST_REQUIRE(ok);
+  BOOST_TEST_REQUIRE(ext.size() == 1u);
+  BOOST_TEST(ext[0].begin == 16 * kRow);
+  BOOST_TEST(ext[0].end == 48 * kRow);
+  BOOST_TEST(!ext[0].delalloc);  // without allocation ahead, the copy leaves delayed blocks
 }
 
 BOOST_AUTO_TEST_CASE(load_memmap_into_self_and_refresh) {

@@ -84,11 +84,26 @@ void flush(const at::Tensor& t);
 //! Writes `src` into `dst`, a C-contiguous view of a writable file mapping made here, with pwrite(2) of its
 //! bytes at dst's offset in the file instead of stores through the mapping: the kernel fills the page
 //! cache without a page fault per 4 KiB (on these VMs ~10 us each on a fresh mapping), and the mapping
-//! sees the bytes (one page cache). `src` must have dst's shape; it is converted to dst's dtype. Returns
+//! sees the bytes (one page cache). The view's file blocks are allocated first (allocate_for_write), so a
+//! full disk is reported before a byte is written. `src` must have dst's shape; it is converted to dst's dtype. Returns
 //! false, having written nothing, when dst is not such a view (private, anonymous, not mapped here, not
 //! contiguous) or the shapes differ; BackendError when the file cannot be written.
 //! Thread-safety: as for any write to those bytes (disjoint views may be written concurrently).
 bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src);
+
+//! Allocates the file blocks behind the bytes [begin, begin + nbytes) of `mapped`'s storage, a writable file
+//! mapping made here, ahead of stores or a pwrite that fill them: fallocate(FALLOC_FL_KEEP_SIZE) of that range.
+//! Into a hole, a buffered write or a store through the mapping otherwise makes the filesystem reserve each
+//! 4 KiB block as it goes (ext4's delayed allocation); one call allocates the range as unwritten extents, so
+//! the writes that follow are plain copies. Only the range is allocated: the rest of a sparse file stays a
+//! hole. Returns false, doing nothing, for ranges under 256 KiB, tensors not mapped here, private or anonymous
+//! mappings, files on tmpfs / ramfs (fallocate there would zero-fill pages the write fills anyway), and
+//! filesystems without fallocate. Throws BackendError naming the file when the disk (or quota) is full, before
+//! a byte is written: a store into a mapping would instead die of SIGBUS.
+//! pwrite_into_mapping() calls it itself.
+bool allocate_for_write(const at::Tensor& mapped, const void* begin, int64_t nbytes);
+//! allocate_for_write() over the bytes of `dst`, a C-contiguous view of such a mapping (false otherwise).
+bool allocate_for_write(const at::Tensor& dst);
 
 //! madvise(MADV_POPULATE_WRITE) over the pages of `dst`, a C-contiguous CPU tensor (a view of a shared or
 //! file mapping, any memory): the kernel allocates and maps them in one call, so the stores that follow do

@@ -1,0 +1,64 @@
+#pragma once
+// Which byte ranges of a file have blocks, as the filesystem reports them (FIEMAP): for tests of what a write
+// allocates. Header-only, no Boost.Test: callers assert on what it returns.
+#include <fcntl.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace testutil {
+
+struct Extent {
+  int64_t begin = 0, end = 0;  //!< file bytes [begin, end)
+  bool delalloc = false;       //!< not allocated yet: the filesystem reserves the blocks at writeback
+  bool unwritten = false;      //!< allocated, reads as zeros until written back (fallocate)
+};
+
+//! the file's extents in order (holes are the gaps), after merging touching ones with the same flags; an empty
+//! vector for a sparse file with no blocks. `ok` is false when the file cannot be opened or FIEMAP is refused.
+inline std::vector<Extent> file_extents(const std::string& path, bool* ok) {
+  std::vector<Extent> out;
+  *ok = false;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  constexpr unsigned kMax = 512;
+  std::vector<char> buf(sizeof(fiemap) + kMax * sizeof(fiemap_extent));
+  auto* fm = reinterpret_cast<fiemap*>(buf.data());
+  fm->fm_start = 0;
+  fm->fm_length = FIEMAP_MAX_OFFSET;
+  fm->fm_flags = 0;  // no FIEMAP_FLAG_SYNC: see dirty, delayed extents as they are
+  fm->fm_extent_count = kMax;
+  const int rc = ::ioctl(fd, FS_IOC_FIEMAP, fm);
+  ::close(fd);
+  if (rc != 0) return out;
+  *ok = true;
+  for (unsigned i = 0; i < fm->fm_mapped_extents; ++i) {
+    const fiemap_extent& x = fm->fm_extents[i];
+    Extent e{static_cast<int64_t>(x.fe_logical), static_cast<int64_t>(x.fe_logical + x.fe_length),
+             (x.fe_flags & FIEMAP_EXTENT_DELALLOC) != 0, (x.fe_flags & FIEMAP_EXTENT_UNWRITTEN) != 0};
+    if (!out.empty() && out.back().end == e.begin && out.back().delalloc == e.delalloc &&
+        out.back().unwritten == e.unwritten)
+      out.back().end = e.end;
+    else
+      out.push_back(e);
+  }
+  return out;
+}
+
+//! true when the file at `path` lives on ext4 or xfs, the filesystems whose FIEMAP tells delayed blocks from
+//! allocated ones (tests of allocate_for_write check extents there)
+inline bool reports_delayed_allocation(const std::string& path) {
+  struct statfs fs;
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  constexpr long kExt4 = 0xEF53, kXfs = 0x58465342;
+  return static_cast<long>(fs.f_type) == kExt4 || static_cast<long>(fs.f_type) == kXfs;
+}
+
+}  // namespace testutil
