@@ -193,6 +193,18 @@ BOOST_AUTO_TEST_CASE(large_writes_allocate_their_file_blocks_first) {
     BOOST_TEST(!ext[0].delalloc);
     BOOST_TEST(!ext[1].delalloc);  // without allocation ahead, the write leaves delayed blocks here
   }
+  // write_file allocates the whole file first
+  const std::string g = tmp / "w.memmap";
+  be::write_file(g, src);
+  BOOST_TEST(be::map_file(g, at::kByte, {3 * MiB}, false).equal(src));
+  if (check) {
+    const auto whole = testutil::file_extents(g, &ok);
+    BOOST_TEST_REQUIRE(ok);
+    BOOST_TEST_REQUIRE(whole.size() == 1u);
+    BOOST_TEST(whole[0].begin == 0);
+    BOOST_TEST(whole[0].end == 3 * MiB);
+    BOOST_TEST(!whole[0].delalloc);
+  }
   // what is left alone
   at::Tensor priv = be::map_file(f, at::kByte, {8 * MiB}, /*writable=*/false);
   BOOST_TEST(!be::allocate_for_write(priv.narrow(0, 0, MiB)));

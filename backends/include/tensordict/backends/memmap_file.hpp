@@ -47,7 +47,8 @@ at::Tensor map_file(const std::string& path, at::ScalarType dtype, at::IntArrayR
 void create_file(const std::string& path, int64_t nbytes);
 
 //! Writes the bytes of `tensor` (made CPU and C-contiguous first; expanded/strided views are densified)
-//! to `path`, replacing its contents, with large pwrite(2)s into the page cache. Returns the byte count.
+//! to `path`, replacing its contents, with large pwrite(2)s into the page cache, its blocks allocated first in
+//! one fallocate (as allocate_for_write; not on tmpfs / ramfs, not under 256 KiB). Returns the byte count.
 //! The file is created even when the tensor has no elements (0 bytes).
 //! Throws ValueError for an existing symlink at `path`, TypeError for nested/sparse/quantized tensors,
 //! BackendError on OS errors (e.g. ENOSPC), leaving a partially written file behind.
