@@ -14,7 +14,8 @@
 //! loader: samples/s, ratio to the loop measured in the same run, the trainer's median wait per batch and the
 //! median batch latency (dispatch to ready), and `cores_used`: the CPU time of the trainer and its workers over the
 //! wall time (on a shared VM other sessions' work caps it: the kernel's autogroup shares the CPUs per session,
-//! not per thread, so 2 workers only help when the session gets more than one core). Prints one JSON object;
+//! not per thread, so 2 workers only help when the session gets more than one core), the trainer's futex sleeps
+//! per batch and the share of them a wake for another batch ended (`needless_per_sleep`, LoaderStats). Prints one JSON object;
 //! asserts nothing.
 //! Usage: bench_loader [--rows N] [--epochs E] [--batch B]   (this program is also its own worker executable)
 //! BENCH_LOADER_PREFETCH=K sets the loaders' prefetch (default: the loader's own choice)
@@ -98,11 +99,14 @@ struct Result {
   double latency_median_us = 0;
   double wait_share = 0;  // trainer wait / epoch time
   double cores_used = 0;  // CPU time of the trainer and its workers / wall time: what the machine gave us
+  double sleeps_per_batch = 0;    // the trainer's futex sleeps / batches (LoaderStats::sleeps)
+  double needless_per_sleep = 0;  // sleeps ended by a wake for another batch / sleeps
 };
 
 //! one epoch's figures
 struct Epoch {
   double samples_per_s = 0, wait_median_us = 0, latency_median_us = 0, wait_share = 0, cores_used = 0;
+  double sleeps_per_batch = 0, needless_per_sleep = 0;
 };
 
 //! one epoch of the single-thread loop: gather (+ transform) per batch in the trainer's thread
@@ -151,12 +155,14 @@ Epoch loader_epoch(DataLoader& loader) {
   e.latency_median_us = median(st.latency_us);
   e.wait_share = st.wait_s / s;
   e.cores_used = (c1 - c0) / s;
+  e.sleeps_per_batch = st.batches ? static_cast<double>(st.sleeps) / st.batches : 0;
+  e.needless_per_sleep = st.sleeps ? static_cast<double>(st.needless_wakes) / st.sleeps : 0;
   return e;
 }
 
 //! medians over rounds; `ratio` against the loop's epoch of the same round
 Result summarize(const std::vector<Epoch>& es, const std::vector<Epoch>& loop) {
-  std::vector<double> rate, ratio, wait, lat, share, cores;
+  std::vector<double> rate, ratio, wait, lat, share, cores, sleeps, needless;
   for (size_t i = 0; i < es.size(); ++i) {
     rate.push_back(es[i].samples_per_s);
     ratio.push_back(es[i].samples_per_s / loop[i].samples_per_s);
@@ -164,6 +170,8 @@ Result summarize(const std::vector<Epoch>& es, const std::vector<Epoch>& loop) {
     lat.push_back(es[i].latency_median_us);
     share.push_back(es[i].wait_share);
     cores.push_back(es[i].cores_used);
+    sleeps.push_back(es[i].sleeps_per_batch);
+    needless.push_back(es[i].needless_per_sleep);
   }
   Result r;
   r.samples_per_s = median(rate);
@@ -172,6 +180,8 @@ Result summarize(const std::vector<Epoch>& es, const std::vector<Epoch>& loop) {
   r.latency_median_us = median(lat);
   r.wait_share = median(share);
   r.cores_used = median(cores);
+  r.sleeps_per_batch = median(sleeps);
+  r.needless_per_sleep = median(needless);
   return r;
 }
 
@@ -201,6 +211,7 @@ Json to_json(const Result& r) {
   j.num("samples_per_s", r.samples_per_s, 0).num("ratio", r.ratio, 2).num("cores_used", r.cores_used, 2);
   if (r.wait_median_us > 0 || r.latency_median_us > 0) {
     j.num("wait_median_us", r.wait_median_us, 1).num("latency_median_us", r.latency_median_us, 1).num("wait_share", r.wait_share, 3);
+    j.num("sleeps_per_batch", r.sleeps_per_batch, 3).num("needless_per_sleep", r.needless_per_sleep, 3);
   }
   return j;
 }

@@ -247,11 +247,12 @@ int64_t now_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
+//! true when woken by a FUTEX_WAKE (false: the word had moved on, the timeout, a signal)
+bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
   timespec ts{};
   ts.tv_sec = timeout_us / 1000000;
   ts.tv_nsec = (timeout_us % 1000000) * 1000;
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0) == 0;
 }
 
 void futex_wake_all(std::atomic<uint32_t>* word) {
@@ -308,7 +309,9 @@ const SpinBudget& spin_budget() {
   return b;
 }
 
-//! spins (pause, then sched_yield so that a thread waiting for this core runs) until `ready()` or `budget_ns`
+//! spins (pause, then sched_yield so that a thread waiting for this core runs) until `ready()` or `budget_ns`.
+//! The clock is read after every yield: on a loaded machine one yield can hand the core over for a whole time
+//! slice (milliseconds), and eight of them let a "50 us" spin run for a batch's whole wait without sleeping.
 template <class F>
 bool spin_until(F ready, int64_t budget_ns) {
   if (budget_ns <= 0) return ready();
@@ -317,10 +320,11 @@ bool spin_until(F ready, int64_t budget_ns) {
     if (ready()) return true;
     if (i < 32) {
       for (int k = 0; k < 16; ++k) cpu_relax();
+      if ((i & 7) == 7 && now_ns_fwd() > deadline) return ready();
     } else {
       std::this_thread::yield();
+      if (now_ns_fwd() > deadline) return ready();
     }
-    if ((i & 7) == 7 && now_ns_fwd() > deadline) return ready();
   }
 }
 
@@ -1045,7 +1049,10 @@ struct DataLoader::Impl {
       h.done_want.store(slot + 1, std::memory_order_seq_cst);
       const uint32_t seq = h.done_seq.load(std::memory_order_seq_cst);
       h.done_waiters.fetch_add(1, std::memory_order_seq_cst);
-      if (!done() && h.done_seq.load(std::memory_order_seq_cst) == seq) futex_wait(&h.done_seq, seq, 20000);
+      if (!done() && h.done_seq.load(std::memory_order_seq_cst) == seq) {
+        ++st.sleeps;
+        if (futex_wait(&h.done_seq, seq, 20000) && !done()) ++st.needless_wakes;
+      }
       h.done_waiters.fetch_sub(1, std::memory_order_seq_cst);
     }
   }

@@ -51,6 +51,13 @@ inline void register_fns() {
     std::this_thread::sleep_for(std::chrono::milliseconds(15));
     return b;
   });
+  // worker 0 takes 10 ms a batch, the others 2 ms: the trainer sleeps on worker 0's batches while the others
+  // finish the batches after them
+  tensordict::register_map_fn("ld_slow_worker_0", [](const TensorDict& b) {
+    const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    std::this_thread::sleep_for(std::chrono::milliseconds(w && w->worker_index == 0 ? 10 : 2));
+    return b;
+  });
   // a result that changes its layout after the first batch
   tensordict::register_map_fn("ld_bad_layout", [](const TensorDict& b) {
     const tensordict::MapWorkerContext* w = tensordict::current_map_worker();

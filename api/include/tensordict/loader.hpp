@@ -116,6 +116,11 @@ struct LoaderStats {
   int64_t reassigned = 0;            //!< batches taken over from a lost worker process (whole life)
   int64_t lost_workers = 0;          //!< worker processes lost (whole life)
   int64_t in_flight_max = 0;         //!< batches dispatched ahead at most: max(1, workers) x prefetch
+  int64_t sleeps = 0;                //!< times next() slept (futex) waiting for its batch, in this epoch
+  //! of those sleeps, the ones a worker woke while the batch was still not ready: a worker wakes the sleeping
+  //! trainer only when it finishes the batch the trainer waits for, so these stay near 0 (a wake costs the
+  //! trainer two context switches and a worker's core)
+  int64_t needless_wakes = 0;
 };
 
 class DataLoader {
