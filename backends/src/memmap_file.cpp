@@ -57,6 +57,15 @@ bool on_memory_fs(int fd) {
   return static_cast<long>(fs.f_type) == kTmpfs || static_cast<long>(fs.f_type) == kRamfs;
 }
 
+//! fallocate(mode) of [at, at + len): true when done; a full disk or quota is a BackendError naming the file; any
+//! other failure (EOPNOTSUPP: no fallocate on this filesystem, EINTR, ...) false, the write then allocates as it goes
+bool reserve_blocks(int fd, int mode, int64_t at, int64_t len, const std::string& path) {
+  if (::fallocate(fd, mode, static_cast<off_t>(at), static_cast<off_t>(len)) == 0) return true;
+  if (errno == ENOSPC || errno == EDQUOT)
+    os_error("cannot allocate " + std::to_string(len) + " bytes at offset " + std::to_string(at) + " of", path, errno);
+  return false;
+}
+
 //! held across fork() (fork_safe.hpp)
 std::mutex& registry_mutex() { return detail::fork_safe_mutex<struct RegistryMutex>(); }
 std::unordered_map<const void*, Entry>& registry() {
@@ -188,9 +197,7 @@ int64_t write_file(const std::string& path, const at::Tensor& tensor) {
   }
   // the whole file's blocks in one call first (see allocate_range): 245 MB written into a fresh file 0.049 s ->
   // 0.030 s here, and a full disk fails before a byte is written
-  if (nbytes >= kAllocateMin && !on_memory_fs(fd.fd) && ::fallocate(fd.fd, 0, 0, static_cast<off_t>(nbytes)) != 0 &&
-      (errno == ENOSPC || errno == EDQUOT))
-    os_error("cannot allocate " + std::to_string(nbytes) + " bytes for", path, errno);
+  if (nbytes >= kAllocateMin && !on_memory_fs(fd.fd)) reserve_blocks(fd.fd, 0, 0, nbytes, path);
   const char* p = static_cast<const char*>(t.data_ptr());
   constexpr int64_t kChunk = int64_t{1} << 30;  // pwrite moves at most ~2 GiB per call on Linux
   int64_t done = 0;
@@ -282,8 +289,10 @@ void flush(const at::Tensor& t) {
 
 namespace {
 //! the registry entry of t's storage and t's byte range inside the mapping; false if t is not mapped here
-bool view_range(const at::Tensor& t, Entry* out, int64_t* begin, int64_t* len) {
-  if (!t.defined() || !t.has_storage() || t.numel() == 0) return false;
+//! the registry entry of the bytes [p, p + len) of t's storage and their offset in the mapping; false if t is not
+//! mapped here or the range leaves the mapping
+bool range_entry(const at::Tensor& t, const void* p, int64_t len, Entry* out, int64_t* begin) {
+  if (!t.defined() || !t.has_storage()) return false;
   const void* key = t.storage().data();
   if (key == nullptr) return false;
   {
@@ -292,10 +301,16 @@ bool view_range(const at::Tensor& t, Entry* out, int64_t* begin, int64_t* len) {
     if (it == registry().end()) return false;
     *out = it->second;
   }
-  *begin = static_cast<int64_t>(static_cast<const char*>(t.data_ptr()) - static_cast<const char*>(key));
-  *len = static_cast<int64_t>(t.numel() * t.element_size());
-  return *begin >= 0 && *begin + *len <= out->info.nbytes;
+  *begin = static_cast<int64_t>(static_cast<const char*>(p) - static_cast<const char*>(key));
+  return *begin >= 0 && len >= 0 && *begin + len <= out->info.nbytes;
 }
+
+bool view_range(const at::Tensor& t, Entry* out, int64_t* begin, int64_t* len) {
+  if (!t.defined() || t.numel() == 0) return false;
+  *len = static_cast<int64_t>(t.numel() * t.element_size());
+  return range_entry(t, t.data_ptr(), *len, out, begin);
+}
+
 //! Allocates the file blocks of [at, at + len) before a write of them (fallocate, FALLOC_FL_KEEP_SIZE): a write
 //! into a hole otherwise makes ext4 reserve and track each 4 KiB block as it goes (delayed allocation, most of
 //! a buffered write's time into a fresh file), while one call allocates the whole range as unwritten extents.
@@ -304,12 +319,7 @@ bool view_range(const at::Tensor& t, Entry* out, int64_t* begin, int64_t* len) {
 //! written are allocated, so a file stays sparse where nothing is written. A full disk is reported here,
 //! before a byte is written; a filesystem without fallocate writes as before.
 bool allocate_range(int fd, const Entry& e, int64_t at, int64_t len) {
-  if (!e.allocate || len < kAllocateMin) return false;
-  if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(at), static_cast<off_t>(len)) == 0) return true;
-  if (errno == ENOSPC || errno == EDQUOT)
-    os_error("cannot allocate " + std::to_string(len) + " bytes at offset " + std::to_string(at) + " of", e.info.filename,
-             errno);
-  return false;  // EOPNOTSUPP (no fallocate on this filesystem), EINTR, ...: the write allocates as it goes
+  return e.allocate && len >= kAllocateMin && reserve_blocks(fd, FALLOC_FL_KEEP_SIZE, at, len, e.info.filename);
 }
 }  // namespace
 
@@ -355,18 +365,9 @@ bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src) {
 }
 
 bool allocate_for_write(const at::Tensor& mapped, const void* begin, int64_t nbytes) {
-  if (nbytes < kAllocateMin || !mapped.defined() || !mapped.has_storage()) return false;
-  const void* key = mapped.storage().data();
-  if (key == nullptr) return false;
   Entry e{};
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    auto it = registry().find(key);
-    if (it == registry().end()) return false;
-    e = it->second;
-  }
-  const int64_t off = static_cast<int64_t>(static_cast<const char*>(begin) - static_cast<const char*>(key));
-  if (!e.allocate || off < 0 || off + nbytes > e.info.nbytes) return false;
+  int64_t off = 0;
+  if (nbytes < kAllocateMin || !range_entry(mapped, begin, nbytes, &e, &off) || !e.allocate) return false;
   FdGuard fd{::open(e.info.filename.c_str(), O_WRONLY | O_CLOEXEC)};
   if (fd.fd < 0) return false;  // renamed or removed since: the stores still reach the mapping
   return allocate_range(fd.fd, e, e.info.file_offset + off, nbytes);
