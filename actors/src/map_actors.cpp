@@ -23,7 +23,6 @@ struct worker_state {
 caf::behavior map_worker(caf::stateful_actor<worker_state>* self, std::shared_ptr<LocalMapJob> job, int64_t index) {
   self->state.ctx.worker_index = index;
   self->state.ctx.seed = job->plan.seed + index;
-  self->state.ctx.generator = at::detail::createCPUGenerator(static_cast<uint64_t>(self->state.ctx.seed));
   return {
       [=](map_chunk_atom, int64_t chunk) {
         auto reply_to = caf::actor_cast<caf::actor>(self->current_sender());
@@ -336,7 +335,6 @@ caf::behavior map_helper(caf::event_based_actor* self, std::shared_ptr<SharedMap
         MapWorkerContext ctx;
         ctx.worker_index = index;
         ctx.seed = job->plan.seed + index;
-        ctx.generator = at::detail::createCPUGenerator(static_cast<uint64_t>(ctx.seed));
         for (int64_t c = job->claim_helper(); c >= 0; c = job->claim_helper()) {
           MapEvent ev;
           ev.chunk = c;

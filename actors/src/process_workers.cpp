@@ -222,9 +222,9 @@ void open_job(remote_worker* self, const map_job_desc& d) {
     c.drop_dim = d.drop_dim;
     p.chunks.push_back(std::move(c));
   }
+  st.ctx = MapWorkerContext();  // a generator of an earlier job's seed goes with it
   st.ctx.worker_index = st.index;
   st.ctx.seed = d.seed + st.index;
-  st.ctx.generator = at::detail::createCPUGenerator(static_cast<uint64_t>(st.ctx.seed));
 }
 
 caf::behavior remote_worker_actor(remote_worker* self, caf::actor coordinator, std::string token, int64_t index) {

@@ -330,7 +330,6 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
   MapWorkerContext ctx;  // the caller is worker 0
   ctx.worker_index = 0;
   ctx.seed = plan.seed;
-  ctx.generator = at::detail::createCPUGenerator(static_cast<uint64_t>(ctx.seed));
   int64_t done = 0;
   int64_t helpers = 0, helpers_ended = 0;
   auto consume = [&](int64_t chunk, TensorDict r) {

@@ -48,6 +48,11 @@ std::string chunk_name(const MapPlan& plan, size_t i) {
 
 const MapWorkerContext* current_map_worker() { return t_worker; }
 
+at::Generator& MapWorkerContext::generator() const {
+  if (!generator_.defined()) generator_ = at::detail::createCPUGenerator(static_cast<uint64_t>(seed));
+  return generator_;
+}
+
 // ============================================================================ named map functions
 namespace {
 struct FnRegistry {

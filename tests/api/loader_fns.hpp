@@ -36,7 +36,7 @@ inline void register_fns() {
   tensordict::register_map_fn("ld_seeded", [](const TensorDict& b) {
     const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
     TensorDict r = b.clone();
-    r.set("noise", at::rand({b.batch_size()[0]}, w->generator));
+    r.set("noise", at::rand({b.batch_size()[0]}, w->generator()));
     r.set("batch", at::full({b.batch_size()[0]}, w->chunk, at::kLong));
     return r;
   });

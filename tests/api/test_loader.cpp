@@ -660,4 +660,26 @@ BOOST_AUTO_TEST_CASE(a_held_batch_is_never_overwritten) {
   BOOST_TEST(epoch(l).size() == 50u);  // released: the loader runs again
 }
 
+BOOST_AUTO_TEST_CASE(transform_results_of_any_layout_land_in_the_slot_intact) {
+  TensorDict td = loader_test::dataset(60);
+  // x comes back transposed in memory (column-major), y as a strided view: both are copied element by element
+  auto strided = [](const TensorDict& b) {
+    TensorDict r = b.clone();
+    r.set("x", (b.get("x") * 2 + 1).t().contiguous().t());
+    at::Tensor y2 = at::stack({b.get(NestedKey{"n", "y"}) * 2 + 1, b.get(NestedKey{"n", "y"})}, 1);
+    r.set(NestedKey{"n", "y"}, y2.select(1, 0));
+    return r;
+  };
+  for (int workers : {0, 2}) {
+    DataLoader l(td, LoaderOptions().num_workers(workers).batch_size(7).transform(strided));
+    const std::vector<TensorDict> batches = epoch(l);
+    BOOST_REQUIRE(batches.size() == 9u);
+    for (const TensorDict& b : batches) {
+      BOOST_TEST(b.get("x").is_contiguous());
+      BOOST_TEST(loader_test::rows_match(b, 2, 1), "workers " << workers);
+    }
+    BOOST_TEST(all_idx(batches).size() == 60u);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

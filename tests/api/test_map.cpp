@@ -526,7 +526,7 @@ BOOST_AUTO_TEST_CASE(per_worker_seeds_and_context) {
           seeds.insert(w->seed);
           workers.insert(w->worker_index);
         }
-        at::Generator g = w->generator;
+        at::Generator g = w->generator();
         TensorDict out = c.clone();
         out.set("r", at::rand(c.batch_size(), g));
         return out;

@@ -75,11 +75,17 @@ std::vector<std::string> registered_map_fns();
 struct MapWorkerContext {
   int64_t worker_index = 0;
   int64_t seed = 0;          //!< base seed + worker_index
-  at::Generator generator;   //!< a CPU generator seeded with `seed`, private to this worker
   int64_t chunk = -1;        //!< the chunk being processed
+  //! a CPU generator seeded with `seed`, private to this worker (the DataLoader: to this batch). Made at the
+  //! first call: seeding one costs about 1.5 us, which only fns that draw random numbers pay (a loader batch
+  //! of a few us paid it every time)
+  at::Generator& generator() const;
+
+ private:
+  mutable at::Generator generator_;
 };
 //! libtorch has one process-global default generator, so per-worker seeding means a per-worker
-//! generator: `at::rand({3}, tensordict::current_map_worker()->generator)`.
+//! generator: `at::rand({3}, tensordict::current_map_worker()->generator())`.
 const MapWorkerContext* current_map_worker();
 
 //! one unit of work: a slice [start, start+length) along dim, one element (dim removed), or a gathered
