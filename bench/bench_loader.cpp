@@ -74,6 +74,13 @@ double self_cpu_s() {
   return static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
 }
 
+//! CPU seconds of the calling thread
+double thread_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 //! CPU seconds of another process (utime + stime from /proc/<pid>/stat); 0 when it is gone
 double proc_cpu_s(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -99,13 +106,14 @@ struct Result {
   double latency_median_us = 0;
   double wait_share = 0;  // trainer wait / epoch time
   double cores_used = 0;  // CPU time of the trainer and its workers / wall time: what the machine gave us
+  double trainer_cores = 0;  // CPU time of the trainer's thread alone / wall time (its spin while it waits)
   double sleeps_per_batch = 0;    // the trainer's futex sleeps / batches (LoaderStats::sleeps)
   double needless_per_sleep = 0;  // sleeps ended by a wake for another batch / sleeps
 };
 
 //! one epoch's figures
 struct Epoch {
-  double samples_per_s = 0, wait_median_us = 0, latency_median_us = 0, wait_share = 0, cores_used = 0;
+  double samples_per_s = 0, wait_median_us = 0, latency_median_us = 0, wait_share = 0, cores_used = 0, trainer_cores = 0;
   double sleeps_per_batch = 0, needless_per_sleep = 0;
 };
 
@@ -143,9 +151,11 @@ Epoch loader_epoch(DataLoader& loader) {
   const std::vector<pid_t> pids = loader.worker_pids();
   double c0 = self_cpu_s();
   for (pid_t p : pids) c0 += proc_cpu_s(p);
+  const double tc0 = thread_cpu_s();
   auto t0 = Clock::now();
   for (TensorDict b : loader) consume(b);
   const double s = secs_since(t0);
+  const double tc1 = thread_cpu_s();
   double c1 = self_cpu_s();
   for (pid_t p : pids) c1 += proc_cpu_s(p);
   const LoaderStats st = loader.stats();
@@ -155,6 +165,7 @@ Epoch loader_epoch(DataLoader& loader) {
   e.latency_median_us = median(st.latency_us);
   e.wait_share = st.wait_s / s;
   e.cores_used = (c1 - c0) / s;
+  e.trainer_cores = (tc1 - tc0) / s;
   e.sleeps_per_batch = st.batches ? static_cast<double>(st.sleeps) / st.batches : 0;
   e.needless_per_sleep = st.sleeps ? static_cast<double>(st.needless_wakes) / st.sleeps : 0;
   return e;
@@ -162,7 +173,7 @@ Epoch loader_epoch(DataLoader& loader) {
 
 //! medians over rounds; `ratio` against the loop's epoch of the same round
 Result summarize(const std::vector<Epoch>& es, const std::vector<Epoch>& loop) {
-  std::vector<double> rate, ratio, wait, lat, share, cores, sleeps, needless;
+  std::vector<double> rate, ratio, wait, lat, share, cores, trainer, sleeps, needless;
   for (size_t i = 0; i < es.size(); ++i) {
     rate.push_back(es[i].samples_per_s);
     ratio.push_back(es[i].samples_per_s / loop[i].samples_per_s);
@@ -170,6 +181,7 @@ Result summarize(const std::vector<Epoch>& es, const std::vector<Epoch>& loop) {
     lat.push_back(es[i].latency_median_us);
     share.push_back(es[i].wait_share);
     cores.push_back(es[i].cores_used);
+    trainer.push_back(es[i].trainer_cores);
     sleeps.push_back(es[i].sleeps_per_batch);
     needless.push_back(es[i].needless_per_sleep);
   }
@@ -180,6 +192,7 @@ Result summarize(const std::vector<Epoch>& es, const std::vector<Epoch>& loop) {
   r.latency_median_us = median(lat);
   r.wait_share = median(share);
   r.cores_used = median(cores);
+  r.trainer_cores = median(trainer);
   r.sleeps_per_batch = median(sleeps);
   r.needless_per_sleep = median(needless);
   return r;
@@ -210,6 +223,7 @@ Json to_json(const Result& r) {
   Json j;
   j.num("samples_per_s", r.samples_per_s, 0).num("ratio", r.ratio, 2).num("cores_used", r.cores_used, 2);
   if (r.wait_median_us > 0 || r.latency_median_us > 0) {
+    j.num("trainer_cores", r.trainer_cores, 3);
     j.num("wait_median_us", r.wait_median_us, 1).num("latency_median_us", r.latency_median_us, 1).num("wait_share", r.wait_share, 3);
     j.num("sleeps_per_batch", r.sleeps_per_batch, 3).num("needless_per_sleep", r.needless_per_sleep, 3);
   }
