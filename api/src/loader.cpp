@@ -612,10 +612,10 @@ struct WorkerCore {
                        std::to_string(leaves.size()) + " (every batch must have the keys of the first batch)");
     }
     for (size_t l = 0; l < leaves.size(); ++l) {
-      if (!r.contains(leaves[l].key)) {
+      at::Tensor t = r.get(leaves[l].key, at::Tensor());  // one lookup: undefined when missing
+      if (!t.defined()) {
         throw KeyError("DataLoader: " + who() + " has no key '" + leaves[l].key.join() + "' (every batch must have the keys of the first batch)");
       }
-      at::Tensor t = r.get(leaves[l].key);
       const auto& feature = leaves[l].feature;
       const bool fits = t.scalar_type() == leaves[l].dtype && t.dim() == static_cast<int64_t>(feature.size()) + 1 &&
                         t.size(0) == n && std::equal(feature.begin(), feature.end(), t.sizes().begin() + 1);

@@ -430,6 +430,33 @@ BOOST_AUTO_TEST_CASE(a_throwing_transform_reaches_the_trainer_typed_and_naming_t
     const std::string w = e.what();
     return w.find("batch 2 of epoch 0") != std::string::npos && w.find("'x'") != std::string::npos;
   });
+  // every other way a later batch can leave the first batch's layout: a clear error naming the batch
+  auto changes_at_batch_2 = [](int how) {
+    return [how](const TensorDict& b) {
+      const MapWorkerContext* w = current_map_worker();
+      TensorDict r = b.clone();
+      if (!w || w->chunk != 2) return r;
+      if (how == 0) r.rename_key_("x", "z");                          // a renamed key
+      if (how == 1) r.set("extra", at::zeros({b.batch_size()[0]}));    // one leaf more
+      if (how == 2) r.set("x", at::zeros({b.batch_size()[0], 5}));     // another feature shape
+      if (how == 3) r = r.index({at::indexing::Slice(0, 3)});          // fewer rows
+      return r;
+    };
+  };
+  const std::vector<std::string> says = {"has no key 'x'", "has 4 tensor leaves", "does not fit the ring slot", "has batch size [3]"};
+  for (int how = 0; how < 4; ++how) {
+    DataLoader l(mm, LoaderOptions().num_workers(2).batch_size(10).transform(changes_at_batch_2(how)));
+    for (int e = 0; e < 2; ++e) {  // and again in the next epoch: the loader is not left stuck
+      std::string what;
+      try {
+        epoch(l);
+      } catch (const Error& err) {
+        what = err.what();
+      }
+      BOOST_TEST(what.find("batch 2 of epoch " + std::to_string(e)) != std::string::npos, what);
+      BOOST_TEST(what.find(says[static_cast<size_t>(how)]) != std::string::npos, what);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_killed_worker_process_has_its_batches_reassigned) {
