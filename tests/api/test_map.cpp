@@ -45,6 +45,19 @@ MapFn plus_one_fn(std::atomic<int>* calls = nullptr) {
 
 BOOST_AUTO_TEST_SUITE(map)
 
+BOOST_AUTO_TEST_CASE(a_worker_generator_is_made_at_its_first_call_and_then_kept) {
+  MapWorkerContext ctx;
+  ctx.seed = 7;
+  at::Generator& g = ctx.generator();
+  BOOST_TEST(g.defined());
+  BOOST_TEST(g.current_seed() == 7u);
+  at::Generator ref = at::detail::createCPUGenerator(7);
+  BOOST_TEST(at::rand({3}, g).equal(at::rand({3}, ref)));
+  // the same generator on every call: its stream goes on, it is not seeded again
+  BOOST_TEST(&ctx.generator() == &g);
+  BOOST_TEST(at::rand({3}, ctx.generator()).equal(at::rand({3}, ref)));
+}
+
 BOOST_AUTO_TEST_CASE(map_equals_apply_over_dims_and_chunkings) {
   Engine engine;
   TensorDict td = sample();
