@@ -3,10 +3,11 @@
 //    from_schema (files preallocated sparse, filled block by block),
 // 2. maps a transform (horizontal flip, normalise to float16, label bucketing) over it with the
 //    configured workers, written in place into a preallocated memmap `out`, with a progress bar,
-// 3. reloads the output from disk as Python would (load_memmap) and verifies every row,
+// 3. reloads the output from disk as Python would (load_memmap) and verifies every row against the transform
+//    run on whole blocks (no slabs),
 // 4. prints the map's throughput next to the floor: the same transform over the same chunks in one thread
 //    on in-memory tensors (no map, no memmap), i.e. what one core does with libtorch's kernels alone.
-// Usage: preprocess [--rows N] [--dir DIR] [--keep] [--workers K] [--chunk C]
+// Usage: preprocess [--rows N] [--dir DIR] [--keep] [--workers K] [--chunk C] [--slab R]
 #include <unistd.h>
 
 #include <chrono>
@@ -41,26 +42,32 @@ TensorDict synth_block(int64_t start, int64_t n) {
 }
 
 //! the transform each worker runs on its chunk: horizontal flip, (x / 255 - 0.5) / 0.25 == x * 4/255 - 2 in
-//! float32, stored as float16; labels bucketed. The image goes through three scratch buffers of this thread
-//! (uint8, float32, float16), reused chunk after chunk: fresh temporaries of ~40 MB per chunk would cost a
-//! page fault per 4 KiB on every chunk where malloc hands back memory (DESIGN.md, "Data paths"). The result
-//! holds the float16 buffer: map writes it into `out` before this thread runs its next chunk, and the
-//! verification below compares it at once.
-TensorDict transform(const TensorDict& chunk) {
+//! float32, stored as float16; labels bucketed. The same libtorch kernels as the Python job, run on `slab` rows
+//! at a time (0: the whole chunk at once, as the Python job does; the output is the same bytes): the uint8 and float32 steps of a slab of 32 rows (0.4 + 1.6 MB) stay in this core's 2 MiB L2, where the
+//! whole chunk at once (6 + 25 MB for 500 rows) streams every step through memory, and two workers share its
+//! bandwidth (examples/README.md, "preprocess"). Scratch buffers of this thread are reused chunk after
+//! chunk: fresh temporaries would cost a page fault per 4 KiB on every chunk where malloc hands back memory
+//! (DESIGN.md, "Data paths"). The result holds the float16 buffer: map writes it into `out` before this thread
+//! runs its next chunk, and the verification below compares it at once.
+TensorDict transform(const TensorDict& chunk, int64_t slab_rows) {
   thread_local at::Tensor u8, f32, f16;
   const at::Tensor image = chunk.get("image");
   const int64_t n = image.size(0);
-  if (!u8.defined() || u8.size(0) < n) {
-    u8 = at::empty({n, kC, kH, kW}, at::kByte);
-    f32 = at::empty({n, kC, kH, kW}, at::kFloat);
-    f16 = at::empty({n, kC, kH, kW}, at::kHalf);
+  const int64_t slab = slab_rows > 0 ? std::min(slab_rows, n) : n;
+  if (!u8.defined() || u8.size(0) < slab) {
+    u8 = at::empty({slab, kC, kH, kW}, at::kByte);
+    f32 = at::empty({slab, kC, kH, kW}, at::kFloat);
   }
-  at::Tensor a = u8.narrow(0, 0, n), f = f32.narrow(0, 0, n), h = f16.narrow(0, 0, n);
-  at::flip_out(a, image, {-1});
-  f.copy_(a).mul_(4.0f / 255.0f).sub_(2.0f);
-  h.copy_(f);
+  if (!f16.defined() || f16.size(0) < n) f16 = at::empty({n, kC, kH, kW}, at::kHalf);
+  for (int64_t s = 0; s < n; s += slab) {
+    const int64_t m = std::min(slab, n - s);
+    at::Tensor a = u8.narrow(0, 0, m), f = f32.narrow(0, 0, m);
+    at::flip_out(a, image.narrow(0, s, m), {-1});
+    f.copy_(a).mul_(4.0f / 255.0f).sub_(2.0f);
+    f16.narrow(0, s, m).copy_(f);
+  }
   at::Tensor bucket = at::floor_divide(chunk.get("label"), kLabels / kBuckets);
-  return TensorDict(Dict{{"image", h}, {"bucket", bucket}}, chunk.batch_size());
+  return TensorDict(Dict{{"image", f16.narrow(0, 0, n)}, {"bucket", bucket}}, chunk.batch_size());
 }
 
 int64_t arg_int(int argc, char** argv, const std::string& name, int64_t dflt) {
@@ -87,13 +94,19 @@ int main(int argc, char** argv) {
   const std::string dir =
       arg_str(argc, argv, "--dir", (std::filesystem::temp_directory_path() / ("td-preprocess-" + std::to_string(getpid()))).string());
   const bool keep = arg_flag(argc, argv, "--keep");
+  const int64_t slab = arg_int(argc, argv, "--slab", 32);
+  if (slab < 0) {
+    std::fprintf(stderr, "preprocess: --slab must be 0 (whole chunks) or a number of rows, got %lld\n", (long long)slab);
+    return 2;
+  }
   // chunk-sized temporaries freed and allocated again stay in malloc's heap: the Engine's malloc.keep_mb
   try {
     Engine engine;  // the embedded default config (overridable with $TENSORDICT_CONFIG)
     const int64_t workers = arg_int(argc, argv, "--workers", engine.config().map_num_workers);
-    std::printf("tensordict-cpp preprocess: %lld images %lldx%lldx%lld, %lld workers, chunks of %lld, in %s\n",
+    const std::string slabs = slab > 0 ? "slabs of " + std::to_string(slab) + " rows" : "whole chunks";
+    std::printf("tensordict-cpp preprocess: %lld images %lldx%lldx%lld, %lld workers, chunks of %lld (transform in %s), in %s\n",
                 (long long)rows, (long long)kC, (long long)kH, (long long)kW, (long long)workers, (long long)chunk,
-                dir.c_str());
+                slabs.c_str(), dir.c_str());
 
     // 1. the dataset, preallocated on disk and filled block by block
     auto t0 = Clock::now();
@@ -110,7 +123,7 @@ int main(int argc, char** argv) {
     TensorDict out = TensorDict::from_schema({{"image", {{kC, kH, kW}, at::kHalf}}, {"bucket", {{}, at::kLong}}}, {rows},
                                              "memmap", MemmapOptions().prefix(dir + "/out"));
     auto t1 = Clock::now();
-    TensorDict ret = engine.map(data, transform,
+    TensorDict ret = engine.map(data, [slab](const TensorDict& c) { return transform(c, slab); },
                                 MapOptions().dim(0).num_workers(workers).chunksize(chunk).out(out).progress(true));
     double t_map = seconds_since(t1);
     if (ret.defined()) throw RuntimeError("map into a memmap out should return nothing (upstream's None)");
@@ -123,7 +136,7 @@ int main(int argc, char** argv) {
     int64_t bad = 0;
     for (int64_t s = 0; s < rows; s += 2000) {
       int64_t n = std::min<int64_t>(2000, rows - s);
-      TensorDict want = transform(synth_block(s, n));
+      TensorDict want = transform(synth_block(s, n), 0);
       TensorDict got = back.index({Slice(s, s + n)});
       if (!got.get("image").equal(want.get("image")) || !got.get("bucket").equal(want.get("bucket"))) ++bad;
     }
@@ -142,9 +155,9 @@ int main(int argc, char** argv) {
       const int saved = at::get_num_threads();
       at::set_num_threads(1);
       TensorDict mem = data.clone();
-      for (int64_t s = 0; s < std::min(rows, 2 * chunk); s += chunk) transform(mem.index({Slice(s, std::min(rows, s + chunk))}));
+      for (int64_t s = 0; s < std::min(rows, 2 * chunk); s += chunk) transform(mem.index({Slice(s, std::min(rows, s + chunk))}), slab);
       auto t3 = Clock::now();
-      for (int64_t s = 0; s < rows; s += chunk) transform(mem.index({Slice(s, std::min(rows, s + chunk))}));
+      for (int64_t s = 0; s < rows; s += chunk) transform(mem.index({Slice(s, std::min(rows, s + chunk))}), slab);
       t_floor = seconds_since(t3);
       at::set_num_threads(saved);
     }
