@@ -1,4 +1,4 @@
-// Memory-mapped files as at::Tensors (from_blob over mmap, munmap in the deleter, no fd kept open).
+// Memory-mapped files as at::Tensors (a storage over mmap, munmap in its deleter, no fd kept open).
 #include "tensordict/backends/memmap_file.hpp"
 
 #include <fcntl.h>
@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -46,8 +47,32 @@ struct Entry {
   bool allocate = false;
 };
 
+//! held across fork() (fork_safe.hpp)
+std::mutex& registry_mutex() { return detail::fork_safe_mutex<struct RegistryMutex>(); }
+std::unordered_map<const void*, Entry>& registry() {
+  static auto* r = new std::unordered_map<const void*, Entry>();  // leaked: outlives static tensors
+  return *r;
+}
+
 //! writes shorter than this allocate their blocks as they go: below, a fallocate costs about what it saves
 constexpr int64_t kAllocateMin = 256 << 10;
+
+//! The DataPtr context of a mapping made here: what its deleter unmaps, and which file blocks of a writable
+//! shared file mapping stores have reserved already (reserve_for_store), one bit per 256 KiB block of the file.
+//! Reached from a tensor's storage without the registry's lock: its deleter is unmap_context.
+struct MapContext {
+  void* data = nullptr;  //!< the registry's key
+  void* base = nullptr;  //!< what mmap returned
+  size_t len = 0;        //!< what was mapped
+  int64_t file_offset = 0, nbytes = 0;
+  std::atomic<bool> reserve{false};  //!< stores reserve their blocks first (cleared if fallocate is refused)
+  dev_t dev = 0;                     //!< the mapped file: a name that now leads elsewhere is not reserved through
+  ino_t ino = 0;
+  int64_t first_block = 0;           //!< file_offset / kReserveBlock
+  std::unique_ptr<std::atomic<uint64_t>[]> reserved;  //!< a bit per block from first_block, set once reserved
+};
+constexpr int64_t kReserveBlock = 256 << 10;
+
 
 //! tmpfs and ramfs keep files in memory: fallocate there allocates zeroed pages, it reserves no blocks
 bool on_memory_fs(int fd) {
@@ -64,13 +89,6 @@ bool reserve_blocks(int fd, int mode, int64_t at, int64_t len, const std::string
   if (errno == ENOSPC || errno == EDQUOT)
     os_error("cannot allocate " + std::to_string(len) + " bytes at offset " + std::to_string(at) + " of", path, errno);
   return false;
-}
-
-//! held across fork() (fork_safe.hpp)
-std::mutex& registry_mutex() { return detail::fork_safe_mutex<struct RegistryMutex>(); }
-std::unordered_map<const void*, Entry>& registry() {
-  static auto* r = new std::unordered_map<const void*, Entry>();  // leaked: outlives static tensors
-  return *r;
 }
 
 //! numel * itemsize with overflow and negative-dimension checks.
@@ -98,35 +116,36 @@ at::Tensor wrap_mapping(int fd, const std::string& path, at::ScalarType dtype, a
   const int64_t aligned = offset - offset % page;
   const int64_t delta = offset - aligned;
   const size_t len = static_cast<size_t>(delta + nbytes);
+  const bool file_shared = shared && writable && !anonymous;
+  auto ctx = std::make_unique<MapContext>();
+  ctx->file_offset = offset;
+  ctx->nbytes = nbytes;
+  struct stat st {};
+  if (file_shared && nbytes > 0 && ::fstat(fd, &st) == 0) {
+    ctx->dev = st.st_dev;
+    ctx->ino = st.st_ino;
+    ctx->first_block = offset / kReserveBlock;
+    const int64_t blocks = (offset + nbytes - 1) / kReserveBlock - ctx->first_block + 1;
+    ctx->reserved.reset(new std::atomic<uint64_t>[static_cast<size_t>((blocks + 63) / 64)]());
+    ctx->reserve = true;
+  }
   void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, shared ? MAP_SHARED : MAP_PRIVATE, fd,
                       static_cast<off_t>(aligned));
   if (base == MAP_FAILED) os_error("mmap failed for", path, errno);
   char* data = static_cast<char*>(base) + delta;
+  ctx->data = data;
+  ctx->base = base;
+  ctx->len = len;
   Entry e{MappingInfo{anonymous ? std::string() : path, offset, nbytes, writable, anonymous}, base, len,
-          std::make_shared<std::mutex>(), shared && writable && !anonymous && !on_memory_fs(fd)};
+          std::make_shared<std::mutex>(), file_shared && !on_memory_fs(fd)};
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     registry()[data] = std::move(e);
   }
-  try {
-    return at::from_blob(
-        data, shape,
-        [base, len](void* p) {
-          {  // unregister first: once munmapped, the address may be reused by another mapping
-            std::lock_guard<std::mutex> lock(registry_mutex());
-            registry().erase(p);
-          }
-          ::munmap(base, len);
-        },
-        at::TensorOptions().dtype(dtype).device(at::kCPU));
-  } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(registry_mutex());
-      registry().erase(data);
-    }
-    ::munmap(base, len);
-    throw;
-  }
+  // from here the DataPtr, then the storage, owns the mapping: whatever throws, its deleter runs exactly once
+  c10::DataPtr owner(data, ctx.release(), &detail::unmap_context, c10::Device(c10::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes), std::move(owner), nullptr, false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype).device(at::kCPU)).set_(storage, 0, shape);
 }
 
 void refuse_symlink(const std::string& path) {
@@ -136,6 +155,16 @@ void refuse_symlink(const std::string& path) {
 }
 
 }  // namespace
+
+void detail::unmap_context(void* p) {
+  auto* m = static_cast<MapContext*>(p);
+  {  // unregister first: once munmapped, the address may be reused by another mapping
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().erase(m->data);
+  }
+  ::munmap(m->base, m->len);
+  delete m;
+}
 
 at::Tensor map_file(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape, bool writable,
                     int64_t offset, bool follow_symlinks) {
@@ -376,6 +405,68 @@ bool allocate_for_write(const at::Tensor& mapped, const void* begin, int64_t nby
 bool allocate_for_write(const at::Tensor& dst) {
   if (!dst.defined() || !dst.has_storage() || !dst.is_contiguous()) return false;
   return allocate_for_write(dst, dst.data_ptr(), static_cast<int64_t>(dst.numel() * dst.element_size()));
+}
+
+bool reserves_stores(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return false;
+  const c10::DataPtr& owner = t.storage().data_ptr();
+  return owner.get_deleter() == &detail::unmap_context &&
+         static_cast<MapContext*>(owner.get_context())->reserve.load(std::memory_order_relaxed);
+}
+
+void reserve_for_store(const at::Tensor& mapped, const void* begin, int64_t nbytes) {
+  if (nbytes <= 0 || !mapped.defined() || !mapped.has_storage()) return;
+  const c10::DataPtr& owner = mapped.storage().data_ptr();
+  if (owner.get_deleter() != &detail::unmap_context) return;  // not a mapping made here: no lock, no lookup
+  auto* m = static_cast<MapContext*>(owner.get_context());
+  if (!m->reserve.load(std::memory_order_relaxed)) return;
+  const int64_t off = static_cast<int64_t>(static_cast<const char*>(begin) - static_cast<const char*>(m->data));
+  if (off < 0 || off > m->nbytes - nbytes) return;
+  const int64_t first = (m->file_offset + off) / kReserveBlock - m->first_block;
+  const int64_t last = (m->file_offset + off + nbytes - 1) / kReserveBlock - m->first_block;
+  auto is_set = [m](int64_t b) {
+    return (m->reserved[static_cast<size_t>(b / 64)].load(std::memory_order_acquire) >> (b % 64)) & 1u;
+  };
+  auto unset_from = [&](int64_t b) {
+    while (b <= last && is_set(b)) ++b;
+    return b;
+  };
+  if (unset_from(first) > last) return;  // the common case: every block reserved already
+  std::string path;  // the file's name now (rename_mapped_files may have moved it), before the other lock
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(m->data);
+    if (it != registry().end()) path = it->second.info.filename;
+  }
+  // one reservation at a time in the process (they are rare: once per block), held across fork()
+  std::lock_guard<std::mutex> one(detail::fork_safe_mutex<struct ReserveMutex>());
+  const int64_t lo = unset_from(first);
+  if (lo > last) return;  // another thread reserved them meanwhile
+  int64_t hi = last;
+  while (hi > lo && is_set(hi)) --hi;
+  // the blocks [lo, hi], clipped to this mapping's bytes of the file: other bytes of the file stay as they are
+  const int64_t from = std::max((m->first_block + lo) * kReserveBlock, m->file_offset);
+  const int64_t to = std::min((m->first_block + hi + 1) * kReserveBlock, m->file_offset + m->nbytes);
+  FdGuard fd{path.empty() ? -1 : ::open(path.c_str(), O_WRONLY | O_CLOEXEC)};
+  struct stat st {};
+  // removed since, or the name now leads to another file: the stores still reach the mapping, as before
+  if (fd.fd < 0 || ::fstat(fd.fd, &st) != 0 || st.st_dev != m->dev || st.st_ino != m->ino) return;
+  if (!reserve_blocks(fd.fd, FALLOC_FL_KEEP_SIZE, from, to - from, path)) {
+    m->reserve.store(false, std::memory_order_relaxed);  // no fallocate here: stores allocate as they go
+    return;
+  }
+  for (int64_t b = lo; b <= hi; ++b)
+    m->reserved[static_cast<size_t>(b / 64)].fetch_or(uint64_t{1} << (b % 64), std::memory_order_release);
+}
+
+void reserve_for_store(const at::Tensor& dst) {
+  if (!reserves_stores(dst) || dst.numel() == 0) return;
+  int64_t last = 0;
+  for (int64_t d = 0; d < dst.dim(); ++d) {
+    if (dst.stride(d) < 0) return;
+    last += (dst.size(d) - 1) * dst.stride(d);
+  }
+  reserve_for_store(dst, dst.data_ptr(), (last + 1) * static_cast<int64_t>(dst.element_size()));
 }
 
 bool populate_for_write(const at::Tensor& dst) {

@@ -104,8 +104,41 @@ struct Prepared {
     return t.index(index);
   }
 
+  //! reserves the file blocks of the rows this index writes in `t`, a leaf of a memory-mapped TensorDict, so that
+  //! a full disk is a BackendError before any store instead of a SIGBUS (backends' reserve_for_store). A general
+  //! index (a mask, several index tensors) reserves nothing: the stores allocate as they go
+  void reserve(const at::Tensor& t) const {
+    if (!backends::made_here(t) || !backends::reserves_stores(t) || t.numel() == 0) return;
+    switch (kind) {
+      case Kind::Identity: backends::reserve_for_store(t); return;
+      case Kind::Int: backends::reserve_for_store(t.select(0, i)); return;
+      case Kind::Slice:
+        if (sl.length > 0) backends::reserve_for_store(t.slice(0, sl.start, sl.start + (sl.length - 1) * sl.step + 1));
+        return;
+      case Kind::Take: {
+        // each row's bytes: a view's span computed once, then offset by the row
+        const at::Tensor row0 = t.select(0, 0);
+        int64_t last = 0;
+        for (int64_t d = 0; d < row0.dim(); ++d) {
+          if (row0.stride(d) < 0) return;
+          last += (row0.size(d) - 1) * row0.stride(d);
+        }
+        const int64_t row_span = (last + 1) * static_cast<int64_t>(t.element_size());
+        const int64_t stride = t.stride(0) * static_cast<int64_t>(t.element_size());
+        if (stride < 0) return;
+        const at::Tensor rows = take.to(at::kCPU, at::kLong).contiguous();
+        const char* base = static_cast<const char*>(t.data_ptr());
+        const int64_t* r = rows.data_ptr<int64_t>();
+        for (int64_t k = 0; k < rows.numel(); ++k) backends::reserve_for_store(t, base + r[k] * stride, row_span);
+        return;
+      }
+      case Kind::General: return;
+    }
+  }
+
   //! t[idx] = v with torch's broadcasting (leading 1s of v dropped, then expanded)
   void put(const at::Tensor& t, at::Tensor v) const {
+    reserve(t);
     if (v.device() != t.device()) v = v.to(t.device());
     switch (kind) {
       case Kind::Identity: at::indexing::copy_to(t, v); return;
@@ -126,6 +159,7 @@ struct Prepared {
   }
 
   void fill(const at::Tensor& t, const at::Scalar& s) const {
+    reserve(t);
     at::Tensor target = t;
     switch (kind) {
       case Kind::Identity: target.fill_(s); return;
@@ -408,19 +442,21 @@ bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) 
     const size_t stride_bytes = static_cast<size_t>(dst.stride(0)) * esize;
     char* base = static_cast<char*>(dst.data_ptr()) + static_cast<size_t>(start) * stride_bytes;
     const char* src = static_cast<const char*>(v.data_ptr());
-    // into a file mapping, a large block's file blocks are allocated in one call first (memmap_file.hpp,
-    // allocate_for_write): 245 MB in 24 MB blocks into a fresh memmap, 0.063 s -> 0.047 s, and a full disk is a
-    // BackendError instead of a SIGBUS. From 1 MiB: blocks of 256-512 KiB gained nothing fresh and lost ~15% on
-    // rewrites (an open + fallocate per block)
-    constexpr size_t kAllocateMin = size_t{1} << 20;
+    // into a file mapping, the file blocks of the rows are reserved first (memmap_file.hpp, reserve_for_store:
+    // one fallocate per 256 KiB block the first time a store reaches it, a bit test after): a full disk is a
+    // BackendError before any store instead of a SIGBUS, and a large block is allocated in one call (245 MB in
+    // 24 MB blocks into a fresh memmap, 0.063 s -> 0.047 s)
     if (step == 1 && (rows == 1 || stride_bytes == row_bytes)) {
       const size_t n = row_bytes * static_cast<size_t>(rows);
-      if (n >= kAllocateMin) backends::allocate_for_write(dst, base, static_cast<int64_t>(n));
+      if (backends::made_here(dst)) backends::reserve_for_store(dst, base, static_cast<int64_t>(n));
       copy_in_pieces(base, src, n);
     } else {
+      if (backends::made_here(dst) && backends::reserves_stores(dst)) {
+        for (int64_t r = 0; r < rows; ++r)
+          backends::reserve_for_store(dst, base + static_cast<size_t>(r * step) * stride_bytes, static_cast<int64_t>(row_bytes));
+      }
       for (int64_t r = 0; r < rows; ++r) {
         char* row = base + static_cast<size_t>(r * step) * stride_bytes;
-        if (row_bytes >= kAllocateMin) backends::allocate_for_write(dst, row, static_cast<int64_t>(row_bytes));
         copy_in_pieces(row, src + static_cast<size_t>(r) * row_bytes, row_bytes);
       }
     }

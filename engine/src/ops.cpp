@@ -19,6 +19,7 @@
 
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tensordict/backends/memmap_file.hpp"
 #include "torch_errors.hpp"
 #include "tree_visitor.hpp"
 
@@ -386,6 +387,7 @@ void commit_writes(ApplyCall& c) {
     const at::Tensor& dest = std::get<1>(w);
     const at::Tensor& value = std::get<2>(w);
     if (dest.is_same(value)) continue;
+    backends::reserve_for_store(dest);  // a memmap leaf: a full disk is a BackendError, not a SIGBUS
     try {
       at::Tensor(dest).copy_(value);
     } catch (...) {

@@ -5,6 +5,7 @@
 
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tensordict/backends/memmap_file.hpp"
 #include "tree_visitor.hpp"
 #include "tensordict/index_math.hpp"
 
@@ -802,6 +803,7 @@ static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
     }
     at::Tensor d = dest.tensor();
     const at::Tensor& v = value.tensor();
+    backends::reserve_for_store(d);  // a memmap leaf: a full disk is a BackendError, not a SIGBUS
     if (!v.sizes().equals(d.sizes())) {
       // copy_ broadcasts; upstream allows it too, but a larger value is an error
       try {

@@ -378,6 +378,22 @@ BOOST_AUTO_TEST_CASE(save_on_a_full_disk_fails_typed_and_keeps_the_old_save) {
 //! in HDF5's caches until flush() / close(), so a full disk is reported by a later write, a flush or the close
 //! (a typed error, never a crash), and every row written before the last successful flush() (one per 16 rows)
 //! reads back.
+//! what a full-disk child wrote to its report: the rows it kept, the verdict of its reload, then its error text
+//! (the rest of the file: HDF5's messages span lines)
+struct FullDiskReport {
+  int64_t kept = -1;
+  std::string verdict, what;
+};
+static FullDiskReport read_full_disk_report(const std::string& report) {
+  std::ifstream in(report);
+  FullDiskReport r;
+  in >> r.kept;
+  std::getline(in, r.verdict);
+  std::getline(in, r.verdict);
+  r.what.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
+}
+
 static void h5_full_disk(bool durable) {
   TempDir dir(durable ? "fault-full-h5" : "fault-full-h5-nd");
   const std::string mnt = dir / "fs";
@@ -433,13 +449,7 @@ static void h5_full_disk(bool durable) {
     return 0;
   });
   const int rc = testutil::wait_child(pid);
-  std::ifstream in(report);
-  int64_t kept = -1;
-  std::string what, verdict;
-  in >> kept;
-  std::getline(in, verdict);
-  std::getline(in, verdict);
-  what.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  const auto [kept, verdict, what] = read_full_disk_report(report);
   BOOST_TEST(rc == 0, "child " << rc << " (90-93: no private tmpfs could be mounted)");
   BOOST_TEST(kept > 0);
   BOOST_TEST(kept < 4096);
@@ -453,5 +463,77 @@ static void h5_full_disk(bool durable) {
 BOOST_AUTO_TEST_CASE(h5_writes_on_a_full_disk_keep_every_acknowledged_row) { h5_full_disk(true); }
 
 BOOST_AUTO_TEST_CASE(h5_not_durable_on_a_full_disk_keeps_every_flushed_row) { h5_full_disk(false); }
+
+//! rows of a from_schema memmap buffer (a 4 MiB sparse file) written on a 1 MiB filesystem until it is full, by
+//! one write path: "rows" (td[i] = row, 16 KiB each), "take" (td[index tensor] = 2 rows), "leaf" (a whole leaf set
+//! in place). A store into a block the filesystem cannot allocate would kill the writer with SIGBUS; each path
+//! reserves its blocks first (backends' reserve_for_store), so the disk being full is a BackendError, and every
+//! row written before it reads back.
+static void memmap_full_disk(const std::string& path_kind) {
+  TempDir dir("fault-full-memmap-" + path_kind);
+  const std::string mnt = dir / "fs";
+  fs::create_directories(mnt);
+  const std::string report = dir / "report";
+  pid_t pid = spawn_on_small_fs(mnt, 1024, [&]() -> int {
+    std::ofstream out(report);
+    const std::string prefix = mnt + "/buf";
+    const int64_t rows = 256;  // 256 x 4096 float32 = 4 MiB
+    int64_t kept = 0;
+    std::string what = "no error";
+    try {
+      TensorDict buf = TensorDict::from_schema({{"obs", {{4096}, at::kFloat}}}, {rows}, "memmap",
+                                               MemmapOptions().prefix(prefix));
+      if (path_kind == "leaf") {
+        buf.set_("obs", at::full({rows, 4096}, 7.0f));
+      } else {
+        for (int64_t done = 0; done < rows; done += path_kind == "take" ? 2 : 1) {
+          if (path_kind == "take") {
+            const at::Tensor idx = at::tensor({done + 1, done}, at::kLong);
+            buf.index_put_({idx}, TensorDict({{"obs", at::arange(done + 1, done - 1, -1).to(at::kFloat).unsqueeze(1).expand({2, 4096})}}, {2}));
+          } else {
+            buf.index_put_({done}, TensorDict({{"obs", at::full({4096}, static_cast<float>(done))}}, {}));
+          }
+          kept = done + (path_kind == "take" ? 2 : 1);
+        }
+      }
+    } catch (const BackendError& e) {
+      what = e.what();
+    } catch (const std::exception& e) {
+      what = std::string("other: ") + e.what();
+    }
+    out << kept << "\n";
+    try {
+      TensorDict back = TensorDict::load_memmap(prefix);
+      const at::Tensor got = back.get("obs").index({at::indexing::Slice(0, kept)});
+      const bool ok = got.equal(at::arange(kept).to(at::kFloat).unsqueeze(1).expand({kept, 4096}));
+      out << (ok ? "intact" : "rows differ") << "\n";
+    } catch (const std::exception& e) {
+      out << "reload failed: " << e.what() << "\n";
+    }
+    out << what << "\n";
+    return 0;
+  });
+  const int rc = testutil::wait_child(pid);
+  const auto [kept, verdict, what] = read_full_disk_report(report);
+  BOOST_TEST(rc == 0, "child " << rc << " (90-93: no private tmpfs could be mounted; a signal: the store died)");
+  if (path_kind == "leaf") {
+    BOOST_TEST(kept == 0);  // nothing was written: the reservation failed before the first store
+  } else {
+    BOOST_TEST(kept > 0);
+    BOOST_TEST(kept < 256);
+  }
+  BOOST_TEST(what.find("No space left on device") != std::string::npos, what);
+  BOOST_TEST(what.find("obs.memmap") != std::string::npos, what);  // the error names the file
+  BOOST_TEST(verdict == "intact", verdict);
+  BOOST_TEST_MESSAGE(path_kind << ": " << kept << " rows written before the disk was full: " << what);
+}
+
+BOOST_AUTO_TEST_CASE(memmap_row_writes_on_a_full_disk_fail_typed_and_keep_every_row) { memmap_full_disk("rows"); }
+
+BOOST_AUTO_TEST_CASE(memmap_index_tensor_writes_on_a_full_disk_fail_typed_and_keep_every_row) {
+  memmap_full_disk("take");
+}
+
+BOOST_AUTO_TEST_CASE(memmap_whole_leaf_write_on_a_full_disk_fails_typed_before_a_store) { memmap_full_disk("leaf"); }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -222,6 +222,49 @@ BOOST_AUTO_TEST_CASE(large_writes_allocate_their_file_blocks_first) {
   ::unlink(shm.c_str());
 }
 
+BOOST_AUTO_TEST_CASE(stores_reserve_the_256_KiB_blocks_they_reach) {
+  // reserve_for_store, before stores through a mapping: any size, one fallocate per 256 KiB block of the file the
+  // first time a store reaches it, clipped to the mapping's bytes; the rest of the file stays a hole. In-memory
+  // tensors, private and anonymous mappings are left alone, told apart without a lookup (reserves_stores)
+  td_test::TempDir tmp;
+  const std::string f = tmp / "r.memmap";
+  constexpr int64_t KiB = 1024, Block = 256 * KiB;
+  be::create_file(f, 4 * Block + 4096);
+  // a mapping of the file from byte 4096: its blocks are the file's, clipped to [4096, 4 blocks + 4096)
+  at::Tensor m = be::map_file(f, at::kByte, {4 * Block}, /*writable=*/true, 4096);
+  BOOST_TEST(be::reserves_stores(m));
+  BOOST_TEST(be::reserves_stores(m.narrow(0, 10, 20)));  // any view of the storage
+  BOOST_TEST(!be::reserves_stores(at::zeros({16}, at::kByte)));
+  BOOST_TEST(!be::reserves_stores(be::map_file(f, at::kByte, {4 * Block}, /*writable=*/false, 4096)));
+  BOOST_TEST(!be::reserves_stores(be::map_anonymous(at::kByte, {Block})));
+  BOOST_TEST(!be::reserves_stores(at::Tensor()));
+  be::reserve_for_store(at::zeros({16}, at::kByte));  // does nothing
+  // 1 KiB at mapping offset Block + 100: file bytes [Block + 4196, Block + 5220), inside the file's block 1
+  char* p = static_cast<char*>(m.data_ptr());
+  be::reserve_for_store(m, p + Block + 100, KiB);
+  std::memset(p + Block + 100, 7, KiB);
+  // a whole view that ends exactly at the mapping's end: the file's blocks 3 and 4, the last clipped
+  be::reserve_for_store(m.narrow(0, 3 * Block, Block));
+  m.narrow(0, 3 * Block, Block).fill_(9);
+  // reaching past the mapping: nothing
+  be::reserve_for_store(m, p + 4 * Block - 10, 20);
+  BOOST_TEST(m.narrow(0, Block + 100, KiB).eq(7).all().item<bool>());
+  if (!testutil::reports_delayed_allocation(f)) {
+    BOOST_TEST_MESSAGE("the test directory is not on ext4 or xfs: file extents are not checked");
+    return;
+  }
+  bool ok = false;
+  const auto ext = testutil::file_extents(f, &ok);
+  BOOST_TEST_REQUIRE(ok);
+  BOOST_TEST_REQUIRE(ext.size() == 2u);
+  BOOST_TEST(ext[0].begin == Block);  // the file's block 1, whole: blocks 0 and 2 stay holes
+  BOOST_TEST(ext[0].end == 2 * Block);
+  BOOST_TEST(!ext[0].delalloc);  // reserved before the store: without it, a delayed block
+  BOOST_TEST(ext[1].begin == 3 * Block);
+  BOOST_TEST(ext[1].end == 4 * Block + 4096);  // clipped to the file's last mapped byte
+  BOOST_TEST(!ext[1].delalloc);
+}
+
 BOOST_AUTO_TEST_CASE(offsets_and_longer_files) {
   td_test::TempDir tmp;
   const std::string f = tmp / "o.memmap";

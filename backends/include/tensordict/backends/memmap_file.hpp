@@ -1,6 +1,6 @@
 #pragma once
-//! Memory-mapped files as at::Tensors: a tensor returned here is an at::from_blob view over an mmap whose
-//! deleter munmaps it when the last reference to the storage goes away. No file descriptor is kept open:
+//! Memory-mapped files as at::Tensors: a tensor returned here has a storage over an mmap whose DataPtr deleter
+//! munmaps it when the last reference to the storage goes away. No file descriptor is kept open:
 //! each function closes its fd right after mmap(2).
 //!
 //! Which file a tensor maps is recorded in a process-wide registry keyed by the storage's data pointer, so
@@ -105,6 +105,31 @@ bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src);
 bool allocate_for_write(const at::Tensor& mapped, const void* begin, int64_t nbytes);
 //! allocate_for_write() over the bytes of `dst`, a C-contiguous view of such a mapping (false otherwise).
 bool allocate_for_write(const at::Tensor& dst);
+
+//! Reserves the file blocks behind the bytes [begin, begin + nbytes) of `mapped`'s storage before stores
+//! through the mapping fill them, so that a full disk (or a full tmpfs, or a quota) is a BackendError naming the
+//! file instead of a SIGBUS at the first store into a block the filesystem cannot allocate. Any size: each
+//! mapping keeps a bit per 256 KiB block of its file, so a block costs one fallocate(FALLOC_FL_KEEP_SIZE) (an
+//! open and the call, clipped to the mapping's bytes) the first time a store reaches it, and a bit test after.
+//! A file stays sparse outside the blocks written. Does nothing for tensors not mapped here (told apart by the
+//! storage's deleter, without a lock), private or anonymous mappings, and filesystems without fallocate.
+//! Thread-safe. td[rows] = value calls it before its copies (engine/README.md, "memmap writes").
+void reserve_for_store(const at::Tensor& mapped, const void* begin, int64_t nbytes);
+namespace detail {
+void unmap_context(void* context);  //!< the deleter of every mapping made here
+}
+//! true when `t`'s storage is a mapping made here (any kind): an inline test of its deleter, for callers on a hot
+//! path that only call reserve_for_store() for such tensors
+inline bool made_here(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &detail::unmap_context;
+}
+//! true when stores into `t`'s storage reserve their blocks (reserve_for_store does something): a writable shared
+//! file mapping made here, on a filesystem that took fallocate so far. No lock; for callers that would otherwise
+//! compute byte ranges for nothing.
+bool reserves_stores(const at::Tensor& t);
+//! reserve_for_store() over every byte of `dst` (from its first element to the end of its last; nothing for a
+//! view with a negative stride): before a copy into the whole of a mapped leaf.
+void reserve_for_store(const at::Tensor& dst);
 
 //! madvise(MADV_POPULATE_WRITE) over the pages of `dst`, a C-contiguous CPU tensor (a view of a shared or
 //! file mapping, any memory): the kernel allocates and maps them in one call, so the stores that follow do
