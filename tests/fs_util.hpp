@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,5 +61,15 @@ inline bool reports_delayed_allocation(const std::string& path) {
   constexpr long kExt4 = 0xEF53, kXfs = 0x58465342;
   return static_cast<long>(fs.f_type) == kExt4 || static_cast<long>(fs.f_type) == kXfs;
 }
+
+//! a file's extents for a test that checks them, or nullopt when its filesystem does not tell delayed blocks from
+//! allocated ones (the test then says so, kExtentsNotChecked, and checks the data alone). A file FIEMAP refuses
+//! gives no extents, which the test's count of extents reports.
+inline std::optional<std::vector<Extent>> extents_to_check(const std::string& path) {
+  if (!reports_delayed_allocation(path)) return std::nullopt;
+  bool ok = false;
+  return file_extents(path, &ok);
+}
+constexpr const char* kExtentsNotChecked = "the test directory is not on ext4 or xfs: file extents are not checked";
 
 }  // namespace testutil
