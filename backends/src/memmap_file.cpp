@@ -460,13 +460,8 @@ void reserve_for_store(const at::Tensor& mapped, const void* begin, int64_t nbyt
 }
 
 void reserve_for_store(const at::Tensor& dst) {
-  if (!reserves_stores(dst) || dst.numel() == 0) return;
-  int64_t last = 0;
-  for (int64_t d = 0; d < dst.dim(); ++d) {
-    if (dst.stride(d) < 0) return;
-    last += (dst.size(d) - 1) * dst.stride(d);
-  }
-  reserve_for_store(dst, dst.data_ptr(), (last + 1) * static_cast<int64_t>(dst.element_size()));
+  if (!reserves_stores(dst)) return;
+  if (const int64_t n = span_bytes(dst); n > 0) reserve_for_store(dst, dst.data_ptr(), n);
 }
 
 bool populate_for_write(const at::Tensor& dst) {

@@ -116,16 +116,10 @@ struct Prepared {
         if (sl.length > 0) backends::reserve_for_store(t.slice(0, sl.start, sl.start + (sl.length - 1) * sl.step + 1));
         return;
       case Kind::Take: {
-        // each row's bytes: a view's span computed once, then offset by the row
-        const at::Tensor row0 = t.select(0, 0);
-        int64_t last = 0;
-        for (int64_t d = 0; d < row0.dim(); ++d) {
-          if (row0.stride(d) < 0) return;
-          last += (row0.size(d) - 1) * row0.stride(d);
-        }
-        const int64_t row_span = (last + 1) * static_cast<int64_t>(t.element_size());
+        // each row's bytes: the first row's span, offset by the row
+        const int64_t row_span = backends::span_bytes(t.select(0, 0));
         const int64_t stride = t.stride(0) * static_cast<int64_t>(t.element_size());
-        if (stride < 0) return;
+        if (row_span <= 0 || stride < 0) return;
         const at::Tensor rows = take.to(at::kCPU, at::kLong).contiguous();
         const char* base = static_cast<const char*>(t.data_ptr());
         const int64_t* r = rows.data_ptr<int64_t>();

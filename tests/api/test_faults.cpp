@@ -373,11 +373,6 @@ BOOST_AUTO_TEST_CASE(save_on_a_full_disk_fails_typed_and_keeps_the_old_save) {
   BOOST_TEST(staging == 0);
 }
 
-//! rows of a from_schema HDF5 buffer written one by one on a 1 MiB filesystem (a 4 MiB dataset: a sparse file)
-//! until the disk is full. Durable (the default): every acknowledged row reads back. durable(false): rows stay
-//! in HDF5's caches until flush() / close(), so a full disk is reported by a later write, a flush or the close
-//! (a typed error, never a crash), and every row written before the last successful flush() (one per 16 rows)
-//! reads back.
 //! what a full-disk child wrote to its report: the rows it kept, the verdict of its reload, then its error text
 //! (the rest of the file: HDF5's messages span lines)
 struct FullDiskReport {
@@ -394,6 +389,11 @@ static FullDiskReport read_full_disk_report(const std::string& report) {
   return r;
 }
 
+//! rows of a from_schema HDF5 buffer written one by one on a 1 MiB filesystem (a 4 MiB dataset: a sparse file)
+//! until the disk is full. Durable (the default): every acknowledged row reads back. durable(false): rows stay
+//! in HDF5's caches until flush() / close(), so a full disk is reported by a later write, a flush or the close
+//! (a typed error, never a crash), and every row written before the last successful flush() (one per 16 rows)
+//! reads back.
 static void h5_full_disk(bool durable) {
   TempDir dir(durable ? "fault-full-h5" : "fault-full-h5-nd");
   const std::string mnt = dir / "fs";

@@ -127,8 +127,17 @@ inline bool made_here(const at::Tensor& t) {
 //! file mapping made here, on a filesystem that took fallocate so far. No lock; for callers that would otherwise
 //! compute byte ranges for nothing.
 bool reserves_stores(const at::Tensor& t);
-//! reserve_for_store() over every byte of `dst` (from its first element to the end of its last; nothing for a
-//! view with a negative stride): before a copy into the whole of a mapped leaf.
+//! bytes from a view's first element to the end of its last one (0 for no elements or a negative stride)
+inline int64_t span_bytes(const at::Tensor& v) {
+  if (!v.defined() || v.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < v.dim(); ++d) {
+    if (v.stride(d) < 0) return 0;
+    last += (v.size(d) - 1) * v.stride(d);
+  }
+  return (last + 1) * static_cast<int64_t>(v.element_size());
+}
+//! reserve_for_store() over span_bytes(dst) from dst's first element: before a copy into the whole of a mapped leaf
 void reserve_for_store(const at::Tensor& dst);
 
 //! madvise(MADV_POPULATE_WRITE) over the pages of `dst`, a C-contiguous CPU tensor (a view of a shared or
