@@ -1107,7 +1107,9 @@ class H5Store final : public LeafStore {
     Id ftype = type_id(H5Dget_type(ds));
     if (!ftype.valid()) fail<FormatError>(path, "cannot read the datatype");
     TypeClass tc = classify(ftype.get());
-    if (tc.kind == TypeClass::Unsupported) throw TypeError(where(path) + ": unsupported HDF5 type: " + tc.why);
+    // a type the store cannot map (compound records, vlen sequences, references, ...) is listed as a non-tensor
+    // leaf, as upstream lists every dataset: the file opens and its other keys work; reading that key (tensor or
+    // non-tensor) is the TypeError naming it (read_non_tensor, cached_tensor)
     if (tc.kind != TypeClass::Tensor) {
       info.kind = LeafKind::NonTensor;
       return info;

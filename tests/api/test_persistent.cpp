@@ -1,6 +1,7 @@
 // PersistentTensorDict: HDF5 files as TensorDicts behind their store actor (api/persistent.hpp).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include <boost/test/unit_test.hpp>
@@ -258,6 +259,40 @@ BOOST_AUTO_TEST_CASE(bad_files_give_clear_errors) {
   } catch (const BatchSizeError& e) {
     BOOST_TEST(std::string(e.what()).find("leading dims disagree") != std::string::npos, e.what());
     BOOST_TEST(std::string(e.what()).find(file) != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_unsupported_dataset_fails_only_on_its_key) {
+  // upstream opens an HDF5 file lazily: a dataset of a type it cannot map fails when that key is read, and the
+  // rest of the file works (a compound record and a vlen sequence beside a tensor)
+  TempDir dir("persistent");
+  const std::string file = dir.path + "/odd.h5";
+  const std::string script = dir.path + "/make.py";
+  std::ofstream(script) << "import h5py, numpy as np, sys\n"
+                           "with h5py.File(sys.argv[1], 'w') as f:\n"
+                           "    f['obs'] = np.arange(12, dtype=np.float32).reshape(4, 3)\n"
+                           "    f['r'] = np.arange(4, dtype=np.int64)\n"
+                           "    f['rec'] = np.zeros(4, dtype=[('a', 'i4'), ('b', 'f8')])\n"
+                           "    f.create_dataset('vl', (4,), dtype=h5py.vlen_dtype(np.int32))\n";
+  BOOST_TEST_REQUIRE(std::system(("/usr/bin/python3 '" + script + "' '" + file + "'").c_str()) == 0);
+  PersistentTensorDict h5 = PersistentTensorDict::from_h5(file);
+  BOOST_TEST(h5.batch_size() == BatchSize({4}));
+  std::vector<NestedKey> keys = h5.keys();
+  for (const char* key : {"obs", "r", "rec", "vl"})
+    BOOST_TEST((std::find(keys.begin(), keys.end(), NestedKey(key)) != keys.end()), key);
+  BOOST_TEST(at::equal(h5.get("obs"), at::arange(12, at::kFloat).reshape({4, 3})));
+  BOOST_TEST(at::equal(h5.index({1}).get("obs"), at::tensor({3.0f, 4.0f, 5.0f})));
+  for (const char* key : {"rec", "vl"}) {
+    bool typed = false;
+    try {
+      (void)h5.get_entry(key);
+    } catch (const TypeError& e) {
+      const std::string what = e.what();
+      typed = what.find(file) != std::string::npos && what.find(std::string("/") + key) != std::string::npos &&
+              what.find("unsupported HDF5 type") != std::string::npos;
+      BOOST_TEST(typed, what);
+    }
+    BOOST_TEST(typed, key);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -896,17 +897,30 @@ with h5py.File(sys.argv[1], "w") as f:
                "'" + g + "' " + name);
     BOOST_TEST_REQUIRE(r.rc == 0, r.err);
     auto s = be::open_h5_store(g, be::H5Mode::Read);
-    try {
+    // the file opens and lists the odd dataset (as upstream lists every dataset); only reading it fails
+    if (name != "null") {
+      bool listed = false;
+      for (const auto& i : s->list()) listed = listed || (i.path == be::LeafPath{name} && i.kind == be::LeafKind::NonTensor);
+      BOOST_TEST(listed, name);
+    }
+    auto refused = [&](const std::function<void()>& read) {
+      try {
+        read();
+        BOOST_ERROR(name << ": no error");
+      } catch (const tensordict::TypeError& e) {
+        BOOST_TEST(std::string(e.what()).find(g) != std::string::npos, e.what());
+        BOOST_TEST(std::string(e.what()).find("/" + name) != std::string::npos, e.what());
+        BOOST_TEST(std::string(e.what()).find("unsupported HDF5 type") != std::string::npos, e.what());
+      } catch (const tensordict::FormatError& e) {
+        BOOST_TEST(name == "null", e.what());
+        BOOST_TEST(std::string(e.what()).find("/" + name) != std::string::npos, e.what());
+      }
+    };
+    refused([&] {
       (void)s->list();
       (void)s->read({whole({name})});
-      BOOST_ERROR(name << ": no error");
-    } catch (const tensordict::TypeError& e) {
-      BOOST_TEST(std::string(e.what()).find(g) != std::string::npos, e.what());
-      BOOST_TEST(std::string(e.what()).find("/" + name) != std::string::npos, e.what());
-    } catch (const tensordict::FormatError& e) {
-      BOOST_TEST(name == "null", e.what());
-      BOOST_TEST(std::string(e.what()).find("/" + name) != std::string::npos, e.what());
-    }
+    });
+    if (name != "null") refused([&] { (void)s->read_non_tensor({name}); });
     BOOST_TEST(same(read1(*s, {"fine"}), at::arange(2)));
   }
 }
@@ -1085,6 +1099,8 @@ with h5py.File(sys.argv[1], "w") as f:
         f[k] = a.astype(h5py.opaque_dtype(a.dtype))
     f["bytes"] = np.array(b"\x00\x01").astype(h5py.opaque_dtype(np.array(b"\x00\x01").dtype))
     f["fixed"] = np.array([b"ab", b"c"], dtype="S3")
+    f["full"] = np.array([b"abc", b"xyz"], dtype="S3")  # fills its whole width: no NUL to stop at
+    f["full1"] = np.bytes_(b"abc")                       # a scalar S3
     f["scalar"] = np.float64(7.25)
     f.create_dataset("chunked", data=np.arange(20, dtype=np.int16), chunks=(4,), compression="gzip", shuffle=True)
 )PY",
@@ -1103,7 +1119,7 @@ with h5py.File(sys.argv[1], "w") as f:
   BOOST_TEST((infos.at("g").kind == be::LeafKind::Group));
   BOOST_TEST((infos.at("g/h").kind == be::LeafKind::Group));
   BOOST_TEST((infos.at("g/h/x").dtype == at::kInt));
-  for (const char* k : {"s", "oi", "of", "ob", "ol", "ou", "ou8", "bytes", "fixed"})
+  for (const char* k : {"s", "oi", "of", "ob", "ol", "ou", "ou8", "bytes", "fixed", "full", "full1"})
     BOOST_TEST((infos.at(k).kind == be::LeafKind::NonTensor), k);
   BOOST_TEST(same(read1(*s, {"b"}), at::tensor({1, 0, 1}).to(at::kBool)));
   BOOST_TEST(same(read1(*s, {"h"}), at::tensor({1.5, -65504.0, 0.25}).to(at::kHalf)));
@@ -1121,6 +1137,8 @@ with h5py.File(sys.argv[1], "w") as f:
   BOOST_TEST((s->read_non_tensor({"ou"}).value == JsonValue::array({"a", "bc"})));
   BOOST_TEST((s->read_non_tensor({"ou8"}).value == JsonValue(200)));
   BOOST_TEST((s->read_non_tensor({"fixed"}).value == JsonValue::array({"ab", "c"})));
+  BOOST_TEST((s->read_non_tensor({"full"}).value == JsonValue::array({"abc", "xyz"})));
+  BOOST_TEST((s->read_non_tensor({"full1"}).value == JsonValue("abc")));
   // an unknown tag ("|S2": numpy bytes) comes back as Bytes and is re-written as is
   JsonValue raw = s->read_non_tensor({"bytes"}).value;
   BOOST_TEST_REQUIRE(raw.is_bytes());
