@@ -45,6 +45,9 @@ struct Entry {
   //! the file's blocks are allocated before a large write (allocate_range): a file on a disk filesystem, not
   //! tmpfs / ramfs, where fallocate would zero-fill memory the write fills anyway
   bool allocate = false;
+  //! the mapped file (writable shared file mappings): writes by name go only where the name still leads to it
+  dev_t dev = 0;
+  ino_t ino = 0;
 };
 
 //! held across fork() (fork_safe.hpp)
@@ -137,7 +140,7 @@ at::Tensor wrap_mapping(int fd, const std::string& path, at::ScalarType dtype, a
   ctx->base = base;
   ctx->len = len;
   Entry e{MappingInfo{anonymous ? std::string() : path, offset, nbytes, writable, anonymous}, base, len,
-          std::make_shared<std::mutex>(), file_shared && !on_memory_fs(fd)};
+          std::make_shared<std::mutex>(), file_shared && !on_memory_fs(fd), ctx->dev, ctx->ino};
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     registry()[data] = std::move(e);
@@ -168,20 +171,29 @@ void detail::unmap_context(void* p) {
 
 at::Tensor map_file(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape, bool writable,
                     int64_t offset, bool follow_symlinks) {
+  return map_file_at(AT_FDCWD, path, path, dtype, shape, writable, offset, follow_symlinks);
+}
+
+at::Tensor map_file_at(int dirfd, const std::string& rel, const std::string& path, at::ScalarType dtype,
+                       at::IntArrayRef shape, bool writable, int64_t offset, bool follow_symlinks) {
   if (offset < 0) throw ValueError("map_file: negative offset " + std::to_string(offset) + " for '" + path + "'");
   const int64_t nbytes = checked_nbytes(dtype, shape);
   if (nbytes == 0) return at::empty(shape, at::TensorOptions().dtype(dtype));
   // the type is checked before opening: opening a fifo blocks, opening a device may have side effects
   struct stat st;
-  if ((follow_symlinks ? ::stat(path.c_str(), &st) : ::lstat(path.c_str(), &st)) == 0) {
+  if (::fstatat(dirfd, rel.c_str(), &st, follow_symlinks ? 0 : AT_SYMLINK_NOFOLLOW) == 0) {
     if (S_ISLNK(st.st_mode)) throw ValueError("map_file: refusing to follow the symlink '" + path + "'");
     if (!S_ISREG(st.st_mode)) throw ValueError("map_file: '" + path + "' is not a regular file");
   }
   // O_NONBLOCK: a file swapped for a fifo after the check still cannot block the open
-  FdGuard fd{::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NONBLOCK |
-                                      (follow_symlinks ? 0 : O_NOFOLLOW))};
+  FdGuard fd{::openat(dirfd, rel.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NONBLOCK |
+                                              (follow_symlinks ? 0 : O_NOFOLLOW))};
   if (fd.fd < 0) {
     if (errno == ELOOP && !follow_symlinks) throw ValueError("map_file: refusing to follow the symlink '" + path + "'");
+    if (writable && (errno == EACCES || errno == EPERM || errno == EROFS))
+      throw BackendError("cannot map '" + path + "' writable: " + errno_text(errno) +
+                         " (a writable load needs write permission on every leaf; a read-only load, LoadOptions().writable(false), "
+                         "maps it copy-on-write)");
     os_error(writable ? "cannot open for read-write" : "cannot open for reading", path, errno);
   }
   if (::fstat(fd.fd, &st) != 0) os_error("cannot stat", path, errno);
@@ -350,6 +362,21 @@ bool view_range(const at::Tensor& t, Entry* out, int64_t* begin, int64_t* len) {
 bool allocate_range(int fd, const Entry& e, int64_t at, int64_t len) {
   return e.allocate && len >= kAllocateMin && reserve_blocks(fd, FALLOC_FL_KEEP_SIZE, at, len, e.info.filename);
 }
+
+//! opens the mapped file by its name for writing: -1 when the name is gone or now leads to another file (a file
+//! renamed over it, a later save switched in): the mapping's own file is no longer reachable by name, and a
+//! write by name would land in the other file
+int open_mapped_for_write(const Entry& e) {
+  if (e.ino == 0) return -1;
+  const int fd = ::open(e.info.filename.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_dev != e.dev || st.st_ino != e.ino) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
 }  // namespace
 
 bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src) {
@@ -358,9 +385,11 @@ bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src) {
   if (!dst.is_contiguous() || !view_range(dst, &e, &begin, &len)) return false;
   if (!e.info.writable || e.info.anonymous || e.info.filename.empty()) return false;
   if (!src.defined() || src.sizes() != dst.sizes() || src.device() != dst.device()) return false;
+  // the mapping's own file or nothing: a name that now leads elsewhere (or nowhere) is not written through, the
+  // caller stores through the mapping instead
+  FdGuard fd{open_mapped_for_write(e)};
+  if (fd.fd < 0) return false;
   const at::Tensor bytes = src.to(dst.scalar_type()).contiguous();
-  FdGuard fd{::open(e.info.filename.c_str(), O_WRONLY | O_CLOEXEC)};
-  if (fd.fd < 0) os_error("cannot open for writing", e.info.filename, errno);
   const char* p = static_cast<const char*>(bytes.data_ptr());
   const int64_t at = e.info.file_offset + begin;
   // pieces of at most 256 KiB ending on 256 KiB file offsets: the kernel sizes the page-cache folios of a
@@ -393,12 +422,22 @@ bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src) {
   return true;
 }
 
+void sync_path(const std::string& path, bool directory) {
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : O_NOFOLLOW))};
+  if (fd.fd < 0) os_error("cannot open for fsync", path, errno);
+  while (::fsync(fd.fd) != 0) {
+    if (errno == EINTR) continue;
+    if (directory && errno == EINVAL) return;
+    os_error("fsync failed for", path, errno);
+  }
+}
+
 bool allocate_for_write(const at::Tensor& mapped, const void* begin, int64_t nbytes) {
   Entry e{};
   int64_t off = 0;
   if (nbytes < kAllocateMin || !range_entry(mapped, begin, nbytes, &e, &off) || !e.allocate) return false;
-  FdGuard fd{::open(e.info.filename.c_str(), O_WRONLY | O_CLOEXEC)};
-  if (fd.fd < 0) return false;  // renamed or removed since: the stores still reach the mapping
+  FdGuard fd{open_mapped_for_write(e)};
+  if (fd.fd < 0) return false;  // renamed, removed or replaced since: the stores still reach the mapping
   return allocate_range(fd.fd, e, e.info.file_offset + off, nbytes);
 }
 

@@ -11,8 +11,11 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <random>
 #include <thread>
 #include <unordered_set>
 
@@ -220,18 +223,11 @@ FileKind kind_of(const struct stat& st) {
   if (S_ISLNK(st.st_mode)) return FileKind::Symlink;
   return FileKind::Other;
 }
-//! The kind of `p`, following symlinks (a dangling one is Missing).
-FileKind stat_kind(const std::string& p, int64_t* size = nullptr) {
+//! The kind of `rel` below the directory `dfd` (AT_FDCWD: a path) itself (Symlink for a symlink), or of its
+//! target when `follow` (a dangling symlink is then Missing).
+FileKind entry_kind_at(int dfd, const std::string& rel, bool follow, int64_t* size = nullptr) {
   struct stat st;
-  if (::stat(p.c_str(), &st) != 0) return FileKind::Missing;
-  if (size) *size = static_cast<int64_t>(st.st_size);
-  return kind_of(st);
-}
-//! The kind of `p` itself (Symlink for a symlink), or of its target when `follow`.
-FileKind entry_kind(const std::string& p, bool follow, int64_t* size = nullptr) {
-  if (follow) return stat_kind(p, size);
-  struct stat st;
-  if (::lstat(p.c_str(), &st) != 0) return FileKind::Missing;
+  if (::fstatat(dfd, rel.c_str(), &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) != 0) return FileKind::Missing;
   if (size) *size = static_cast<int64_t>(st.st_size);
   return kind_of(st);
 }
@@ -245,14 +241,16 @@ FileKind entry_kind(const std::string& p, bool follow, int64_t* size = nullptr) 
 
 //! Reads a whole regular file; nullopt if it does not exist. Never blocks on a fifo (the type is checked
 //! before the non-blocking open and again on the fd). BackendError on other I/O errors.
-std::optional<std::string> read_whole(const std::string& p, bool follow) {
-  FileKind k = entry_kind(p, follow);
+//! `rel` is opened below the directory `dfd` (AT_FDCWD: a path); `p` names it in messages.
+std::optional<std::string> read_whole_at(int dfd, const std::string& rel, const std::string& p, bool follow) {
+  FileKind k = entry_kind_at(dfd, rel, follow);
   if (k == FileKind::Missing) return std::nullopt;
   if (k == FileKind::Symlink) refuse_symlink(p);
   if (k != FileKind::Regular) refuse_not_regular(p);
-  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW));
+  int fd = ::openat(dfd, rel.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW));
   if (fd < 0) {
     if (errno == ELOOP && !follow) refuse_symlink(p);
+    if (errno == ENOENT) return std::nullopt;  // removed since the check
     throw BackendError("cannot open '" + p + "' for reading: " + std::strerror(errno));
   }
   struct Closer {
@@ -309,21 +307,41 @@ int64_t read_stack_dim(const JsonValue& meta, const std::string& file) {
   return v->as_int();
 }
 
+//! "/proc/self/fd/<fd>[/rel]": the path of something below an open directory, for realpath
+std::string fd_path(int fd, const std::string& rel = ".") {
+  return "/proc/self/fd/" + std::to_string(fd) + (rel == "." ? std::string() : "/" + rel);
+}
+
 struct Reader {
   ReadOptions opt;
+  std::shared_ptr<const DirHandle> dir;  //!< the root, held open: every path below it is opened relative to it
+  std::string root_path;                 //!< what the root was opened as (the prefix of every path read)
   std::string root_real;  //!< realpath of the root (checked below it when symlinks are refused)
   int depth = 0;
   static constexpr int kMaxDepth = 128;
 
+  int fd() const { return dir->fd(); }
+  //! `p` (root_path or a path joined below it) relative to the root: "." for the root itself
+  std::string rel(const std::string& p) const {
+    if (p == root_path) return ".";
+    const size_t n = root_path.size() + (root_path.back() == '/' ? 0 : 1);
+    return p.size() > n && p.compare(0, root_path.size(), root_path) == 0 ? p.substr(n) : p;
+  }
+
+  std::optional<std::string> read_text(const std::string& p) { return read_whole_at(fd(), rel(p), p, opt.follow_symlinks); }
+
   std::optional<JsonValue::Bytes> read_bytes_file(const std::string& p) {
-    auto s = read_whole(p, opt.follow_symlinks);
+    auto s = read_text(p);
     if (!s) return std::nullopt;
     return JsonValue::Bytes{std::move(*s)};
   }
 
+  //! The kind of `p` below the root, of its target when `follow`.
+  FileKind kind_at_follow(const std::string& p, bool follow) { return entry_kind_at(fd(), rel(p), follow); }
+
   //! The kind of `p` below the root: a refused symlink is a FormatError.
   FileKind kind(const std::string& p, int64_t* size = nullptr) {
-    FileKind k = entry_kind(p, opt.follow_symlinks, size);
+    FileKind k = entry_kind_at(fd(), rel(p), opt.follow_symlinks, size);
     if (k == FileKind::Symlink) refuse_symlink(p);
     return k;
   }
@@ -358,7 +376,7 @@ struct Reader {
   //! read are single path components and each one is checked with lstat).
   void check_inside(const std::string& path) {
     if (opt.follow_symlinks || root_real.empty() || root_real == "/") return;
-    char* r = ::realpath(path.c_str(), nullptr);
+    char* r = ::realpath(fd_path(fd(), rel(path)).c_str(), nullptr);
     if (r == nullptr) return;  // reported by the reads that follow
     const std::string real(r);
     std::free(r);
@@ -373,7 +391,7 @@ struct Reader {
       ~DepthGuard() { --d; }
     } guard{depth};
     if (depth == 1) {
-      if (char* r = ::realpath(path.c_str(), nullptr)) {
+      if (char* r = ::realpath(fd_path(fd()).c_str(), nullptr)) {
         root_real = r;
         std::free(r);
       }
@@ -382,9 +400,9 @@ struct Reader {
     }
 
     const std::string meta_path = join(path, "meta.json");
-    auto text = read_whole(meta_path, opt.follow_symlinks);
+    auto text = read_text(meta_path);
     if (!text) {
-      if (stat_kind(path) != FileKind::Directory) throw FormatError("'" + path + "' is not a directory");
+      if (entry_kind_at(fd(), rel(path), true) != FileKind::Directory) throw FormatError("'" + path + "' is not a directory");
       throw FormatError("missing meta.json in '" + path + "'");
     }
     JsonValue meta;
@@ -397,6 +415,8 @@ struct Reader {
 
     DirNode node;
     node.path = path;
+    node.root = dir;
+    node.rel = rel(path);
     const JsonValue* type = meta.find("_type");
     if (type != nullptr && !type->is_string()) bad(meta_path, "\"_type\" must be a string, found " + describe(*type));
     // A missing _type: a TD-like node (Python would refuse it; we read what is there).
@@ -474,17 +494,20 @@ struct Reader {
   //! v0.3 trees list no {"type"} entries: every sub-directory holding a meta.json is a child.
   void read_v03_children(DirNode& node) {
     std::vector<std::string> names;
-    if (DIR* d = ::opendir(node.path.c_str())) {
+    const int dfd = ::openat(fd(), node.rel.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR* d = dfd < 0 ? nullptr : ::fdopendir(dfd);
+    if (d == nullptr && dfd >= 0) ::close(dfd);
+    if (d != nullptr) {
       while (dirent* de = ::readdir(d)) {
         std::string n = de->d_name;
         if (n == "." || n == "..") continue;
         const std::string p = join(node.path, n);
-        FileKind k = entry_kind(p, opt.follow_symlinks);
-        if (k == FileKind::Symlink && stat_kind(p) == FileKind::Directory) {  // would be a child: refused
+        FileKind k = kind_at_follow(p, opt.follow_symlinks);
+        if (k == FileKind::Symlink && kind_at_follow(p, true) == FileKind::Directory) {  // would be a child: refused
           ::closedir(d);
           refuse_symlink(p);
         }
-        if (k == FileKind::Directory && stat_kind(join(p, "meta.json")) == FileKind::Regular) names.push_back(n);
+        if (k == FileKind::Directory && kind_at_follow(join(p, "meta.json"), true) == FileKind::Regular) names.push_back(n);
       }
       ::closedir(d);
     }
@@ -562,8 +585,8 @@ struct Reader {
     if (!name) return missing(node, "sizes file", leaf.key, encode_key(leaf.key) + ".shape.memmap");
     leaf.shape_file = *name;
     const std::string file = join(node.path, *name);
-    at::Tensor sizes = map_file(file, at::kLong, {n, ndim}, /*writable=*/false, 0,
-                                opt.follow_symlinks);  // checks the size first
+    at::Tensor sizes = map_file_at(fd(), rel(file), file, at::kLong, {n, ndim}, /*writable=*/false, 0,
+                                   opt.follow_symlinks);  // checks the size first
     leaf.nested_sizes.assign(static_cast<size_t>(n), std::vector<int64_t>(static_cast<size_t>(ndim)));
     const int64_t* p = sizes.data_ptr<int64_t>();
     int64_t total = 0;
@@ -641,24 +664,62 @@ struct Reader {
 
 }  // namespace
 
-DirNode read_dir(const std::string& path, const ReadOptions& options) {
-  Reader r;
-  r.opt = options;
-  return r.read(path);
+DirHandle::~DirHandle() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
-at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable, const ReadOptions& options) {
+bool DirHandle::still_at(const std::string& path) const {
+  struct stat mine, now;
+  if (::fstat(fd_, &mine) != 0 || mine.st_nlink == 0) return false;
+  return ::stat(path.c_str(), &now) == 0 && now.st_dev == mine.st_dev && now.st_ino == mine.st_ino;
+}
+
+std::shared_ptr<const DirHandle> open_dir(const std::string& path) {
+  const int fd = ::open(path.empty() ? "" : path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) throw FormatError("'" + path + "' is not a directory");
+    throw BackendError("cannot open the directory '" + path + "': " + std::strerror(errno));
+  }
+  return std::make_shared<const DirHandle>(fd);
+}
+
+DirNode read_dir(const std::string& path, const ReadOptions& options) { return read_dir(open_dir(path), path, options); }
+
+DirNode read_dir(const std::shared_ptr<const DirHandle>& dir, const std::string& path, const ReadOptions& options) {
+  if (!dir) throw ValueError("read_dir: no directory");
+  Reader r;
+  r.opt = options;
+  r.dir = dir;
+  r.root_path = path.empty() ? std::string(".") : path;
+  return r.read(r.root_path);
+}
+
+namespace {
+//! map_leaf through `dfd` (AT_FDCWD: `dir` is a path): `rel_dir` is the node's directory below dfd
+at::Tensor map_leaf_at(int dfd, const std::string& rel_dir, const std::string& dir, const LeafMeta& leaf,
+                       bool writable, const ReadOptions& options) {
   std::vector<int64_t> shape = leaf.is_nested ? std::vector<int64_t>{leaf.numel()} : leaf.shape;
   if (leaf.numel() == 0) return at::empty(shape, at::TensorOptions().dtype(leaf.dtype));
   const std::string name = leaf.file.empty() ? encode_key(leaf.key) + ".memmap" : leaf.file;
   const std::string file = join(dir, name);
-  switch (entry_kind(file, options.follow_symlinks)) {
+  const std::string rel = rel_dir == "." ? name : join(rel_dir, name);
+  switch (entry_kind_at(dfd, rel, options.follow_symlinks)) {
     case FileKind::Missing: throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is missing");
     case FileKind::Symlink: refuse_symlink(file);
     case FileKind::Regular: break;
     default: throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is not a regular file");
   }
-  return map_file(file, leaf.dtype, shape, writable, 0, options.follow_symlinks);
+  return map_file_at(dfd, rel, file, leaf.dtype, shape, writable, 0, options.follow_symlinks);
+}
+}  // namespace
+
+at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable, const ReadOptions& options) {
+  return map_leaf_at(AT_FDCWD, dir, dir, leaf, writable, options);
+}
+
+at::Tensor map_leaf(const DirNode& node, const LeafMeta& leaf, bool writable, const ReadOptions& options) {
+  if (!node.root) return map_leaf(node.path, leaf, writable, options);
+  return map_leaf_at(node.root->fd(), node.rel, node.path, leaf, writable, options);
 }
 
 std::vector<at::Tensor> map_nested_leaf(const std::string& dir, const LeafMeta& leaf, bool writable,
@@ -956,8 +1017,147 @@ void write_tree(const std::string& dir, const DirNode& node, const LeafProvider&
 
 void copy_tree(const DirNode& src, const std::string& dir) {
   write_tree(dir, src, [](const DirNode& node, const LeafMeta& leaf) {
-    return map_leaf(node.path, leaf, /*writable=*/false);
+    return map_leaf(node, leaf, /*writable=*/false);
   });
+}
+
+// ------------------------------------------------------------------------------------------ staged saves
+namespace {
+
+//! (parent, ".<base>.td-stage.") of a prefix; an empty tag when it has no sibling to stage in
+std::pair<std::string, std::string> stage_tag(const std::string& prefix) {
+  std::string p = prefix;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  std::string parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+  const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
+  if (base.empty() || base == "." || base == ".." || base == "/") return {parent, ""};
+  return {parent, "." + base + ".td-stage."};
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+//! an OFD write lock on the whole file, without waiting: false when another open file description holds one
+bool try_lock(int fd) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  return ::fcntl(fd, F_OFD_SETLK, &fl) == 0;
+}
+
+//! whether `path` still names the file open as `fd` (not unlinked or replaced since it was opened)
+bool same_file(int fd, const std::string& path) {
+  struct stat a, b;
+  return ::fstat(fd, &a) == 0 && ::lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+//! `fd` (open on `lock`) locked and still named `lock`: the writer it belonged to is gone
+bool lock_abandoned(int fd, const std::string& lock) { return fd >= 0 && try_lock(fd) && same_file(fd, lock); }
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::string random_hex() {
+  static std::atomic<uint64_t> counter{0};
+  uint64_t r = 0;
+  try {
+    std::random_device rd;
+    r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  } catch (const std::exception&) {
+  }
+  r ^= (counter.fetch_add(1) + 1) * 0x9E3779B97F4A7C15ull;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
+  return buf;
+}
+
+}  // namespace
+
+size_t remove_abandoned_stages(const std::string& prefix) {
+  const auto [parent, tag] = stage_tag(prefix);
+  if (tag.empty()) return 0;
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(parent.c_str())) {
+    while (dirent* de = ::readdir(d)) {
+      const std::string n = de->d_name;
+      if (n.compare(0, tag.size(), tag) == 0) names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::unordered_set<std::string> present(names.begin(), names.end());
+  size_t removed = 0;
+  for (const std::string& n : names) {
+    const bool is_lock = ends_with(n, ".lock");
+    // a staging directory, the ".old" directory of a two-rename switch, or a lock file left without either
+    const std::string stage = is_lock ? n.substr(0, n.size() - 5) : ends_with(n, ".old") ? n.substr(0, n.size() - 4) : n;
+    if (is_lock && (present.count(stage) || present.count(stage + ".old"))) continue;  // handled with its directory
+    const std::string lock = join(parent, stage + ".lock");
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;  // no lock file: an older version's, or one being removed: cannot be proven dead
+    if (lock_abandoned(fd, lock)) {
+      if (!is_lock) {
+        remove_tree(join(parent, n));
+        ++removed;
+      }
+      struct stat st;
+      if (::lstat(join(parent, stage).c_str(), &st) != 0 && ::lstat(join(parent, stage + ".old").c_str(), &st) != 0)
+        ::unlink(lock.c_str());
+    }
+    ::close(fd);
+  }
+  return removed;
+}
+
+StagingDir::StagingDir(const std::string& prefix) {
+  const auto [parent, tag] = stage_tag(prefix);
+  if (tag.empty()) return;  // no sibling to stage in: in place
+  // a prefix under directories that do not exist yet: they are created, as upstream's memmap_ (os.makedirs)
+  std::error_code ec;
+  if (!std::filesystem::exists(parent, ec)) {
+    std::filesystem::create_directories(parent, ec);
+    if (ec) throw BackendError("cannot create the directory '" + parent + "': " + ec.message());
+  }
+  remove_abandoned_stages(prefix);
+  // the lock file first, locked, then the directory: a staging directory never exists unlocked while its writer
+  // lives. A cleaner may take a fresh lock file in the moment before it is locked: then another name is tried.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const std::string stage = join(parent, tag + std::to_string(::getpid()) + "." + random_hex());
+    const std::string lock = stage + ".lock";
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+      if (errno == EACCES || errno == EPERM || errno == EROFS) return;  // read-only parent: in place
+      if (errno == EEXIST) continue;
+      throw BackendError("cannot create the lock file '" + lock + "': " + std::strerror(errno));
+    }
+    if (!try_lock(fd) || !same_file(fd, lock)) {
+      ::close(fd);
+      continue;
+    }
+    if (::mkdir(stage.c_str(), 0755) != 0) {
+      const int err = errno;
+      ::unlink(lock.c_str());
+      ::close(fd);
+      if (err == EEXIST) continue;
+      if (err == EACCES || err == EPERM || err == EROFS) return;
+      throw BackendError("cannot create the staging directory '" + stage + "': " + std::strerror(err));
+    }
+    path_ = stage;
+    lock_fd_ = fd;
+    return;
+  }
+  throw BackendError("cannot create a staging directory beside '" + prefix + "': every name tried was taken");
+}
+
+StagingDir::~StagingDir() {
+  if (lock_fd_ < 0) return;
+  remove_tree(path_);
+  remove_tree(path_ + ".old");
+  ::unlink((path_ + ".lock").c_str());
+  ::close(lock_fd_);  // releases the lock
 }
 
 }  // namespace tensordict::backends

@@ -104,9 +104,50 @@ struct Prepared {
     return t.index(index);
   }
 
+  //! reserves the bytes of each row along dim 0 of `t` listed in `rows` (any int64 tensor; negative rows wrap,
+  //! rows out of range are left to the write's own check); a run of one row is reserved once
+  static void reserve_rows(const at::Tensor& t, const at::Tensor& rows) {
+    if (t.dim() == 0 || t.size(0) == 0) return;
+    const int64_t row_span = backends::span_bytes(t.select(0, 0));
+    const int64_t stride = t.stride(0) * static_cast<int64_t>(t.element_size());
+    if (row_span <= 0 || stride < 0) return;
+    const at::Tensor r = rows.to(at::kCPU, at::kLong).contiguous();
+    const char* base = static_cast<const char*>(t.data_ptr());
+    const int64_t* p = r.data_ptr<int64_t>();
+    const int64_t n = t.size(0);
+    int64_t prev = -1;
+    for (int64_t k = 0; k < r.numel(); ++k) {
+      const int64_t row = p[k] < 0 ? p[k] + n : p[k];
+      if (row == prev || row < 0 || row >= n) continue;
+      backends::reserve_for_store(t, base + row * stride, row_span);
+      prev = row;
+    }
+  }
+
+  //! the rows along dim 0 a general index writes (its first element that indexes dim 0: an int, a slice, an
+  //! index tensor, or a mask over the leading dims: the rows where it selects anything); undefined when they
+  //! cannot be told from that element
+  at::Tensor general_rows(const at::Tensor& t) const {
+    for (const auto& e : index) {
+      if (e.is_none() || e.is_boolean()) continue;  // a new dim: the next element indexes dim 0
+      if (e.is_integer()) return at::tensor({e.integer()}, at::kLong);
+      if (e.is_slice()) return at::arange(t.size(0), at::kLong).slice(0, e.slice().start(), e.slice().stop(), e.slice().step());
+      if (!e.is_tensor() || !e.tensor().defined()) return {};
+      const at::Tensor& i = e.tensor();
+      if (i.scalar_type() == at::kBool) {
+        if (i.dim() == 0) return {};
+        // one pass over the mask: the rows holding a selected element
+        return at::nonzero(i.reshape({i.size(0), -1}).any(1)).view({-1});
+      }
+      return i.reshape({-1});
+    }
+    return {};
+  }
+
   //! reserves the file blocks of the rows this index writes in `t`, a leaf of a memory-mapped TensorDict, so that
   //! a full disk is a BackendError before any store instead of a SIGBUS (backends' reserve_for_store). A general
-  //! index (a mask, several index tensors) reserves nothing: the stores allocate as they go
+  //! index (a mask over several dims, several index tensors, a slice then a mask) reserves the rows along dim 0
+  //! its first element selects; a direct store into a leaf (td.get("x")[i] = v) passes here not at all
   void reserve(const at::Tensor& t) const {
     if (!backends::made_here(t) || !backends::reserves_stores(t) || t.numel() == 0) return;
     switch (kind) {
@@ -115,18 +156,10 @@ struct Prepared {
       case Kind::Slice:
         if (sl.length > 0) backends::reserve_for_store(t.slice(0, sl.start, sl.start + (sl.length - 1) * sl.step + 1));
         return;
-      case Kind::Take: {
-        // each row's bytes: the first row's span, offset by the row
-        const int64_t row_span = backends::span_bytes(t.select(0, 0));
-        const int64_t stride = t.stride(0) * static_cast<int64_t>(t.element_size());
-        if (row_span <= 0 || stride < 0) return;
-        const at::Tensor rows = take.to(at::kCPU, at::kLong).contiguous();
-        const char* base = static_cast<const char*>(t.data_ptr());
-        const int64_t* r = rows.data_ptr<int64_t>();
-        for (int64_t k = 0; k < rows.numel(); ++k) backends::reserve_for_store(t, base + r[k] * stride, row_span);
+      case Kind::Take: reserve_rows(t, take); return;  // each row's bytes: the first row's span, offset by the row
+      case Kind::General:
+        if (const at::Tensor rows = general_rows(t); rows.defined()) reserve_rows(t, rows);
         return;
-      }
-      case Kind::General: return;
     }
   }
 

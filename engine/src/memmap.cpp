@@ -57,13 +57,14 @@ struct LeafJob {
 //! (renameat2 RENAME_EXCHANGE over an existing directory), so that a writer killed at any moment leaves
 //! `prefix` holding the old save or the new one, never a mix (tests/api/test_faults.cpp). Files of the old
 //! directory that the new save does not write (stale leaves, a user's own files) are hard-linked into the
-//! staging directory first, as an in-place save would have left them. Staging directories of dead writers
-//! are removed by the next save of the same prefix. When the parent directory is not writable the save is
-//! written in place (the old behaviour).
+//! staging directory first, as an in-place save would have left them. The staging directory is held by a lock
+//! for its life (backends::StagingDir): the next save of the same prefix removes only staging directories whose
+//! lock it can take (their writer died), never a live writer's in another PID namespace or on another host. When
+//! the parent directory is not writable the save is written in place (the old behaviour).
+//! durable: every leaf file and meta.json is fsynced before the rename, and the parent directory after it.
 class StagedSave {
  public:
-  explicit StagedSave(const std::string& prefix);
-  ~StagedSave();
+  StagedSave(const std::string& prefix, bool durable);
   StagedSave(const StagedSave&) = delete;
   StagedSave& operator=(const StagedSave&) = delete;
   //! the path inside the staging directory for a path below prefix (itself when not staged)
@@ -73,7 +74,10 @@ class StagedSave {
   void commit();
 
  private:
-  std::string prefix_, stage_;
+  std::string prefix_;
+  backends::StagingDir dir_;
+  std::string stage_;
+  bool durable_;
   bool committed_ = false;
 };
 
@@ -116,6 +120,7 @@ class MappedInodes {
 struct WritePlan {
   MappedInodes inodes;
   const StagedSave* stage = nullptr;
+  bool durable = false;  //!< MemmapOptions::durable: leaf files fsynced once written
   std::vector<LeafJob> leaves;
   std::vector<std::pair<std::string, std::shared_ptr<DirNode>>> metas;  // post-order: children first
   //! where a path below the prefix is written
@@ -128,8 +133,6 @@ std::string strip_slashes(const std::string& path) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   return p;
 }
-
-bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 //! links (or, for symlinks, recreates) every entry of `old_dir` missing from `new_dir`, recursively
 void link_missing(const fs::path& old_dir, const fs::path& new_dir) {
@@ -158,44 +161,8 @@ void link_missing(const fs::path& old_dir, const fs::path& new_dir) {
   }
 }
 
-StagedSave::StagedSave(const std::string& prefix) : prefix_(strip_slashes(prefix)) {
-  const fs::path p(prefix_);
-  fs::path parent = p.parent_path();
-  if (parent.empty()) parent = ".";
-  const std::string base = p.filename().string();
-  if (base.empty() || base == "." || base == "..") return;  // no sibling to stage in: in place
-  const std::string tag = "." + base + ".td-stage.";
-  std::error_code ec;
-  // a prefix under directories that do not exist yet: they are created, as upstream's memmap_ (os.makedirs)
-  if (!fs::exists(parent, ec)) {
-    fs::create_directories(parent, ec);
-    if (ec) throw BackendError("cannot create the directory '" + parent.string() + "': " + ec.message());
-  }
-  // staging directories left by writers that died (their pid is gone)
-  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.compare(0, tag.size(), tag) != 0) continue;
-    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + tag.size()));
-    if (!process_alive(pid)) {
-      std::error_code e2;
-      fs::remove_all(it->path(), e2);
-    }
-  }
-  static std::atomic<uint64_t> counter{0};
-  const std::string stage =
-      (parent / (tag + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)))).string();
-  if (::mkdir(stage.c_str(), 0755) != 0) {
-    if (errno == EACCES || errno == EPERM || errno == EROFS) return;  // read-only parent: in place
-    throw BackendError("cannot create the staging directory '" + stage + "': " + std::strerror(errno));
-  }
-  stage_ = stage;
-}
-
-StagedSave::~StagedSave() {
-  if (stage_.empty() || committed_) return;
-  std::error_code ec;
-  fs::remove_all(stage_, ec);  // a failed save leaves the old directory as it was
-}
+StagedSave::StagedSave(const std::string& prefix, bool durable)
+    : prefix_(strip_slashes(prefix)), dir_(prefix_), stage_(dir_.path()), durable_(durable) {}
 
 std::string StagedSave::at(const std::string& final_path) const {
   if (stage_.empty()) return final_path;
@@ -220,16 +187,25 @@ void StagedSave::commit() {
         throw BackendError("cannot switch the staged save '" + stage_ + "' in for '" + prefix_ +
                            "': " + std::strerror(errno));
       // a filesystem without RENAME_EXCHANGE: two renames (prefix is briefly absent, never a mix)
-      const std::string old = stage_ + ".old";
-      if (::rename(prefix_.c_str(), old.c_str()) != 0 || ::rename(stage_.c_str(), prefix_.c_str()) != 0)
+      const std::string old = stage_ + ".old";  // removed with the staging directory
+      if (::rename(prefix_.c_str(), old.c_str()) != 0)
         throw BackendError("cannot switch the staged save '" + stage_ + "' in for '" + prefix_ +
                            "': " + std::strerror(errno));
-      fs::remove_all(old, ec);
-    } else {
-      fs::remove_all(stage_, ec);  // now the old directory
+      if (::rename(stage_.c_str(), prefix_.c_str()) != 0) {
+        const int err = errno;
+        ::rename(old.c_str(), prefix_.c_str());  // the old save back under its name
+        throw BackendError("cannot switch the staged save '" + stage_ + "' in for '" + prefix_ +
+                           "': " + std::strerror(err));
+      }
     }
   }
   committed_ = true;
+  // the old directory (now at the staging name) is removed by dir_ once the new one is in: a load holding it
+  // open reads it whole or sees its files go and starts again on the new one
+  if (durable_) {
+    const std::string parent = fs::path(prefix_).parent_path().string();
+    backends::sync_path(parent.empty() ? "." : parent, /*directory=*/true);
+  }
   backends::rename_mapped_files(stage_, prefix_);
 }
 
@@ -365,7 +341,7 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
   return node;
 }
 
-void run_leaf_job(LeafJob& job) {
+void write_leaf_job(LeafJob& job) {
   const at::Tensor& t = job.source;
   if (job.reuse) {
     backends::flush(t);
@@ -390,9 +366,15 @@ void run_leaf_job(LeafJob& job) {
   }
 }
 
-void run_jobs(std::vector<LeafJob>& jobs, int64_t num_threads) {
+//! writes a leaf; durable: then fsyncs its file (meta.json files are always fsynced: backends' atomic_write)
+void run_leaf_job(LeafJob& job, bool durable) {
+  write_leaf_job(job);
+  if (durable && job.source.numel() > 0) backends::sync_path(job.path, /*directory=*/false);
+}
+
+void run_jobs(std::vector<LeafJob>& jobs, int64_t num_threads, bool durable) {
   if (num_threads <= 1 || jobs.size() < 2) {
-    for (auto& j : jobs) run_leaf_job(j);
+    for (auto& j : jobs) run_leaf_job(j, durable);
     return;
   }
   std::atomic<size_t> next{0};
@@ -401,7 +383,7 @@ void run_jobs(std::vector<LeafJob>& jobs, int64_t num_threads) {
   auto work = [&] {
     for (size_t i = next++; i < jobs.size(); i = next++) {
       try {
-        run_leaf_job(jobs[i]);
+        run_leaf_job(jobs[i], durable);
       } catch (...) {
         std::lock_guard<std::mutex> g(err_mu);
         if (!first_error) first_error = std::current_exception();
@@ -507,8 +489,6 @@ Entry entry_from_child(const DirNode& child, const TensorDictImpl& parent, const
   throw FormatError("unknown node kind in '" + child.path + "'");
 }
 
-bool writable_file(const std::string& path) { return ::access(path.c_str(), W_OK) == 0; }
-
 void build_from_node(TensorDictImpl& impl, const DirNode& node, const BatchSize& parent_batch,
                      const LoadOptions& o) {
   if (node.kind == NodeKind::TensorClass || node.kind == NodeKind::Other) {
@@ -542,9 +522,9 @@ void build_from_node(TensorDictImpl& impl, const DirNode& node, const BatchSize&
         throw TypeError("'" + node.path + "': the nested (ragged) tensor leaf '" + de.key +
                         "' is not supported yet");
       }
-      std::string file = de.leaf.file.empty() ? "" : join_path(node.path, de.leaf.file);
-      bool w = o.writable() && !file.empty() && writable_file(file);
-      at::Tensor t = backends::map_leaf(node.path, de.leaf, w, read_options(o));
+      // a writable load maps every leaf shared or fails naming the file (upstream's PermissionError): a private
+      // copy-on-write map of a file this process may not write would take writes and lose them
+      at::Tensor t = backends::map_leaf(node, de.leaf, o.writable(), read_options(o));
       if (impl.device && t.device() != *impl.device) t = t.to(*impl.device);
       BatchSize shape(t.sizes().begin(), t.sizes().end());
       if (shape.size() < impl.batch_size.size() ||
@@ -583,8 +563,31 @@ LazyStackedTensorDict lazy_from_node(const DirNode& root, const LoadOptions& o) 
   return LazyStackedTensorDict(std::move(members), root.stack_dim);
 }
 
-TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
-  DirNode root = backends::read_dir(prefix, read_options(o));
+//! Reads `prefix` and builds what it holds with `build`, all through one open directory (read_dir keeps it open
+//! and map_leaf maps every leaf from it), so a load racing a save into the same prefix sees one whole save. A
+//! save that switches its directory in meanwhile and removes the old one can make the read fail (a file gone):
+//! when the prefix no longer names the directory read, the load starts again on the new one, a bounded number
+//! of times, then fails with a FormatError saying so.
+template <class Build>
+auto load_one_save(const std::string& prefix, const LoadOptions& o, const Build& build)
+    -> decltype(build(std::declval<const DirNode&>())) {
+  constexpr int kAttempts = 20;
+  for (int attempt = 1;; ++attempt) {
+    const auto dir = backends::open_dir(prefix);
+    try {
+      return build(backends::read_dir(dir, prefix, read_options(o)));
+    } catch (const Error& e) {
+      if (dir->still_at(prefix)) throw;  // the directory read is still the prefix: a real error
+      if (attempt == kAttempts) {
+        throw FormatError("'" + prefix + "' was replaced by other saves " + std::to_string(kAttempts) +
+                          " times while it was being loaded (another process keeps saving into it); the last " +
+                          "attempt failed with: " + e.what());
+      }
+    }
+  }
+}
+
+TensorDict build_tree(const std::string& prefix, const DirNode& root, const LoadOptions& o) {
   if (root.kind == NodeKind::LazyStackedTensorDict) {
     throw TypeError("'" + prefix + "' holds a LazyStackedTensorDict: load it with LazyStackedTensorDict::load_memmap");
   }
@@ -600,6 +603,10 @@ TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
   // sub-TensorDicts of a tensorclass record live under _tensordict/
   td.lock_();
   return td;
+}
+
+TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
+  return load_one_save(prefix, o, [&](const DirNode& root) { return build_tree(prefix, root, o); });
 }
 
 }  // namespace
@@ -633,11 +640,12 @@ TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& 
     return *this;
   }
   check_prefix(prefix, options);
-  StagedSave stage(prefix);
+  StagedSave stage(prefix, options.durable());
   WritePlan plan;
   plan.stage = &stage;
+  plan.durable = options.durable();
   plan_tree(*d(), prefix, options, /*like=*/false, /*replace=*/true, plan);
-  run_jobs(plan.leaves, options.num_threads());
+  run_jobs(plan.leaves, options.num_threads(), plan.durable);
   for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
   stage.commit();
   for (auto& j : plan.leaves)
@@ -691,11 +699,12 @@ TensorDict TensorDict::memmap_like(const std::string& prefix, const MemmapOption
     return out;
   }
   check_prefix(prefix, options);
-  StagedSave stage(prefix);
+  StagedSave stage(prefix, options.durable());
   WritePlan plan;
   plan.stage = &stage;
+  plan.durable = options.durable();
   plan_tree(*out.impl(), prefix, options, /*like=*/true, /*replace=*/true, plan);
-  run_jobs(plan.leaves, options.num_threads());
+  run_jobs(plan.leaves, options.num_threads(), plan.durable);
   for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
   stage.commit();
   for (auto& j : plan.leaves)
@@ -877,14 +886,15 @@ LazyStackedTensorDict& LazyStackedTensorDict::memmap_(const std::string& prefix,
 }
 
 LazyStackedTensorDict LazyStackedTensorDict::load_memmap(const std::string& prefix, const LoadOptions& options) {
-  DirNode root = backends::read_dir(prefix, read_options(options));
-  if (root.kind != NodeKind::LazyStackedTensorDict) {
-    throw TypeError("'" + prefix + "' holds a " + std::string(backends::node_kind_name(root.kind)) +
-                    ", not a LazyStackedTensorDict");
-  }
-  LazyStackedTensorDict lazy = lazy_from_node(root, options);
-  report_warnings(root, options);
-  return lazy;
+  return load_one_save(prefix, options, [&](const DirNode& root) {
+    if (root.kind != NodeKind::LazyStackedTensorDict) {
+      throw TypeError("'" + prefix + "' holds a " + std::string(backends::node_kind_name(root.kind)) +
+                      ", not a LazyStackedTensorDict");
+    }
+    LazyStackedTensorDict lazy = lazy_from_node(root, options);
+    report_warnings(root, options);
+    return lazy;
+  });
 }
 
 bool is_lazy_stack_dir(const std::string& prefix) {

@@ -109,6 +109,32 @@ BOOST_AUTO_TEST_CASE(pwrite_into_mapping_writes_long_unaligned_views_whole) {
   BOOST_TEST(!be::pwrite_into_mapping(m.narrow(0, start, len), src.narrow(0, 0, len - 1)));
 }
 
+BOOST_AUTO_TEST_CASE(pwrite_into_mapping_never_writes_a_file_renamed_over_the_mapped_one) {
+  // the mapped file's name now leads to another file (renamed over it, as a later save switches a directory
+  // in): pwrite_into_mapping writes nothing by that name and says so, the caller's stores reach the mapping (the
+  // map path's fallback, engine/src/map.cpp), and the replacing file keeps its bytes
+  td_test::TempDir tmp;
+  const std::string f = tmp / "leaf.memmap";
+  const std::string other = tmp / "other.memmap";
+  const int64_t rows = 128 * 1024, cols = 4;  // 2 MiB of int32: past allocate_for_write's 256 KiB floor
+  be::write_file(f, at::zeros({rows, cols}, at::kInt));
+  at::Tensor m = be::map_file(f, at::kInt, {rows, cols}, /*writable=*/true);
+  be::write_file(other, at::full({rows, cols}, 5, at::kInt));
+  const std::string before = td_test::read_file(other);
+  BOOST_REQUIRE(::rename(other.c_str(), f.c_str()) == 0);
+  const at::Tensor src = at::arange(100000 * cols, at::kInt).view({100000, cols});
+  at::Tensor view = m.narrow(0, 7, 100000);
+  BOOST_TEST(!be::allocate_for_write(view));
+  if (!be::pwrite_into_mapping(view, src)) view.copy_(src);  // the map path: stores through the mapping
+  BOOST_TEST(view.equal(src));
+  BOOST_TEST((m.narrow(0, 0, 7) == 0).all().item<bool>());
+  BOOST_TEST(td_test::read_file(f) == before);  // the replacing file: untouched
+  // the name removed: nothing to write by name either
+  BOOST_REQUIRE(::unlink(f.c_str()) == 0);
+  BOOST_TEST(!be::pwrite_into_mapping(view, src));
+  BOOST_TEST(!td_test::exists(f));
+}
+
 BOOST_AUTO_TEST_CASE(pwrite_into_mapping_writes_one_view_at_a_time_per_mapping) {
   // two threads writing views of one mapping take turns view by view (not 256 KiB piece by piece): when both
   // write the same 3 MiB range, it ends up wholly one writer's, never a mix, round after round; disjoint views

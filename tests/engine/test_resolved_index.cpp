@@ -69,6 +69,45 @@ BOOST_AUTO_TEST_CASE(rows_and_row_ranges) {
   BOOST_TEST(picked.rows() == std::vector<int64_t>({7, 7, 7, 7, 7, 7, 1, 1, 1}));
 }
 
+BOOST_AUTO_TEST_CASE(stepped_slice_whose_range_is_not_a_multiple_of_the_step) {
+  // one stepped slice over a range the step does not divide: ceil((stop - start) / step) rows, the last one
+  // short of stop (Slice(1, 10, 4) over 10 rows: 1, 5, 9; Slice(0, 7, 3): 0, 3, 6), as torch counts them
+  const BatchSize bs{10, 2};
+  struct Case {
+    Slice s;
+    std::vector<int64_t> rows;
+  };
+  const std::vector<Case> cases = {{Slice(1, 10, 4), {1, 5, 9}},
+                                   {Slice(0, 7, 3), {0, 3, 6}},
+                                   {Slice(2, 9, 3), {2, 5, 8}},
+                                   {Slice(0, 10, 3), {0, 3, 6, 9}},
+                                   {Slice(8, None, 5), {8}},
+                                   {Slice(3, 100, 4), {3, 7}}};
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(index_repr({c.s})) {
+      const ResolvedIndex r = ResolvedIndex::resolve(bs, {c.s});
+      const int64_t n = static_cast<int64_t>(c.rows.size());
+      BOOST_TEST(r.result_batch() == BatchSize({n, 2}));
+      BOOST_TEST(r.numel() == n * 2);
+      BOOST_TEST(r.positions().equal(grid(bs).index({c.s})));
+      std::vector<int64_t> want;
+      for (int64_t row : c.rows) want.insert(want.end(), {row, row});
+      BOOST_TEST(r.rows() == want);
+      if (n > 1) BOOST_TEST(!r.row_range().has_value());  // not a run of consecutive rows
+      const auto plan = r.row_plan();
+      BOOST_TEST(plan.rows.vec() == c.rows);
+      BOOST_TEST((plan.in_order && !plan.all && plan.per_row == 2));
+      // take and put of a leaf agree with torch on the same rows
+      const at::Tensor leaf = at::arange(20, at::kFloat).view({10, 2});
+      BOOST_TEST(r.take(leaf).equal(leaf.index({c.s})));
+      at::Tensor dst = at::zeros({10, 2});
+      r.put(dst, at::ones({n, 2}));
+      BOOST_TEST(dst.sum().item<double>() == 2.0 * n);
+      for (int64_t row : c.rows) BOOST_TEST(dst[row].eq(1).all().item<bool>());
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(repeated_row_selections_share_one_plan_per_thread) {
   // td[i] / td[a:b:s] again and again (a write loop) resolves to the same positions and the same row plan on
   // one thread: the row list is shared (RowList::same), so the stores' memos of checks and layouts hold.

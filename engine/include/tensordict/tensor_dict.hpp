@@ -44,10 +44,14 @@ struct MemmapOptions {
   TD_ARG(bool, existsok) = true;
   //! from_schema(storage="memmap"): the directory
   TD_ARG(std::string, prefix) = "";
+  //! memmap_ / memmap / save / memmap_like: fsync every leaf file and meta.json before the save is switched in,
+  //! and the parent directory after (engine/README.md, "Saving memmap directories"). Off by default, as upstream
+  TD_ARG(bool, durable) = false;
 };
 
 struct LoadOptions {
-  //! map leaves with MAP_SHARED when the files are writable (writes reach the files); false: private
+  //! map leaves with MAP_SHARED (writes reach the files); a leaf this process may not write is then a BackendError
+  //! naming it (upstream's PermissionError). false: private copy-on-write mappings (writes never reach the files)
   TD_ARG(bool, writable) = true;
   //! read through symlinked leaf files, meta.json files and sub-directories below the prefix, wherever
   //! they point (the prefix itself may always be a symlink). Default: FormatError naming the link, since

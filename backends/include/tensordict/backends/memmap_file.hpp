@@ -36,9 +36,17 @@ struct MappingInfo {
 //! socket is refused without blocking. follow_symlinks=false: a symlink at `path` is refused (O_NOFOLLOW).
 //! Throws ValueError (negative dim/offset, byte size overflow, not a regular file, refused symlink),
 //! FormatError naming the file with expected vs actual size if the file is too short,
-//! BackendError for OS failures (missing file, permission denied, mmap failure), with errno's text.
+//! BackendError for OS failures (missing file, mmap failure), with errno's text; writable=true on a file this
+//! process may not open for writing (EACCES, EPERM, EROFS) is a BackendError naming the file, never a fallback to
+//! a private mapping whose writes would be lost.
 at::Tensor map_file(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape, bool writable,
                     int64_t offset = 0, bool follow_symlinks = true);
+
+//! map_file() of `rel` opened relative to the directory `dirfd` (openat; AT_FDCWD: the working directory), named
+//! `path` in messages and in mapping_of(): a loader that holds its directory open reads every leaf from that one
+//! directory even when its name is switched to another directory meanwhile (memmap_format.hpp, read_dir).
+at::Tensor map_file_at(int dirfd, const std::string& rel, const std::string& path, at::ScalarType dtype,
+                       at::IntArrayRef shape, bool writable, int64_t offset = 0, bool follow_symlinks = true);
 
 //! Creates (or truncates) `path` as a sparse zero-filled file of `nbytes` bytes with ftruncate: no data
 //! is written and no RAM is used until pages are touched. Existing contents are discarded, so the file
@@ -88,9 +96,16 @@ void flush(const at::Tensor& t);
 //! sees the bytes (one page cache). The view's file blocks are allocated first (allocate_for_write), so a
 //! full disk is reported before a byte is written. `src` must have dst's shape; it is converted to dst's dtype. Returns
 //! false, having written nothing, when dst is not such a view (private, anonymous, not mapped here, not
-//! contiguous) or the shapes differ; BackendError when the file cannot be written.
+//! contiguous), the shapes differ, or the mapped file's name no longer leads to the mapped file (removed, or
+//! another file renamed over it: checked by device and inode, so the other file is never written; the caller
+//! stores through the mapping instead); BackendError when the file cannot be written.
 //! Thread-safety: as for any write to those bytes (disjoint views may be written concurrently).
 bool pwrite_into_mapping(const at::Tensor& dst, const at::Tensor& src);
+
+//! fsync(2) of the file or directory `path` (opened read-only for it): its data and metadata reach the disk.
+//! BackendError naming it when it cannot be opened or the fsync fails; for a directory, a file system that refuses
+//! fsync on directories (EINVAL) is not an error.
+void sync_path(const std::string& path, bool directory);
 
 //! Allocates the file blocks behind the bytes [begin, begin + nbytes) of `mapped`'s storage, a writable file
 //! mapping made here, ahead of stores or a pwrite that fill them: fallocate(FALLOC_FL_KEEP_SIZE) of that range.

@@ -82,6 +82,28 @@ struct LeafMeta {
 
 struct DirNode;
 
+//! A directory held open (O_DIRECTORY) while a tree is read from it and its leaves are mapped: every meta.json,
+//! pickle, sizes and leaf file is opened relative to it (openat), so what is read comes from that one directory
+//! even when another process switches a new save in under its name meanwhile (engine's staged saves exchange
+//! directories with one rename). Closed when the last node holding it goes.
+class DirHandle {
+ public:
+  explicit DirHandle(int fd) : fd_(fd) {}
+  ~DirHandle();
+  DirHandle(const DirHandle&) = delete;
+  DirHandle& operator=(const DirHandle&) = delete;
+  int fd() const { return fd_; }
+  //! whether `path` still names this directory (same device and inode, not removed): false once a save has
+  //! switched another directory in under that name
+  bool still_at(const std::string& path) const;
+
+ private:
+  int fd_;
+};
+//! Opens the directory `path` (a symlink to a directory is followed). FormatError when it is missing or not a
+//! directory, BackendError on other failures.
+std::shared_ptr<const DirHandle> open_dir(const std::string& path);
+
 //! An entry of a node, in meta.json order: a tensor leaf or a child collection (sub-directory).
 struct DirEntry {
   std::string key;   //!< original key
@@ -110,6 +132,10 @@ struct DirNode {
   std::optional<JsonValue::Bytes> pickle;  //!< raw other.pickle / pickle.pkl bytes; carried, never executed
   JsonValue meta;                          //!< the parsed meta.json, verbatim (null for in-memory nodes)
   std::vector<std::string> warnings;       //!< what was skipped as Python would skip it
+  //! the directory the tree was read through (read_dir) and this node's path relative to it ("." for the root):
+  //! map_leaf(node, ...) opens the node's files there. Null for a node built in memory.
+  std::shared_ptr<const DirHandle> root;
+  std::string rel;
 
   const DirEntry* find(const std::string& key) const;
   //! Appends a leaf entry (name = encode_key(key) + ".memmap" unless leaf.file is set).
@@ -143,13 +169,22 @@ struct ReadOptions {
 //! missing non-empty leaf file (unless options.allow_missing), a symlink below `path` (unless
 //! options.follow_symlinks; `path` itself may be one) and anything that is not a regular file or directory.
 //! Does not map anything (leaf sizes are checked with stat).
+//! The directory is opened once (open_dir) and everything below it is read relative to that descriptor, which
+//! the returned nodes keep (DirNode::root): map_leaf(node, ...) maps from the same directory, so a tree read
+//! while another process switches a new save in under `path` is wholly the old save, or fails (the old
+//! directory's files removed meanwhile) with a FormatError or BackendError; DirHandle::still_at(path) then tells
+//! that the directory was switched (a caller may read again).
 DirNode read_dir(const std::string& path, const ReadOptions& options = {});
+//! read_dir through a directory already open (`dir`, opened from `path`; `path` names it in messages).
+DirNode read_dir(const std::shared_ptr<const DirHandle>& dir, const std::string& path, const ReadOptions& options = {});
 
 //! Maps a leaf of the node read from directory `dir` (map_file; see memmap_file.hpp for `writable`).
 //! An empty leaf without a file gives an ordinary empty tensor. Nested leaves: the flat 1-D data of all
 //! components (see map_nested_leaf). Throws FormatError if the file is missing, too short, not a regular
 //! file, or a symlink (unless options.follow_symlinks).
 at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable, const ReadOptions& options = {});
+//! map_leaf of a leaf of `node`, through the directory the node was read from (DirNode::root) when it has one.
+at::Tensor map_leaf(const DirNode& node, const LeafMeta& leaf, bool writable, const ReadOptions& options = {});
 //! A nested leaf's components: views of one mapping, shaped by leaf.nested_sizes.
 std::vector<at::Tensor> map_nested_leaf(const std::string& dir, const LeafMeta& leaf, bool writable,
                                         const ReadOptions& options = {});
@@ -185,5 +220,38 @@ using LeafProvider = std::function<at::Tensor(const DirNode& node, const LeafMet
 void write_tree(const std::string& dir, const DirNode& node, const LeafProvider& provider);
 //! write_tree with the data of a tree read by read_dir: copies it to `dir` in v0.14 layout.
 void copy_tree(const DirNode& src, const std::string& dir);
+
+// ------------------------------------------------------------------------------------------ staged saves
+//! The staging directory of a save into `prefix` (engine's memmap_ writes a save there, then switches it in with
+//! one rename): a sibling "<parent>/.<base>.td-stage.<pid>.<random>" beside its lock file "<that>.lock", on which
+//! the writer holds an OFD write lock (fcntl F_OFD_SETLK, whole file) from before the directory exists until
+//! after it is gone. The kernel releases the lock when the writer dies, however it dies, and the lock names no
+//! pid: whether a staging directory is abandoned is told by trying its lock, which holds across PID namespaces
+//! and, on a file system shared by several hosts, across hosts (NFS passes OFD locks to the server as byte-range
+//! locks; flock is emulated the same way there). Creating one first removes the abandoned staging directories of
+//! the same prefix (remove_abandoned_stages).
+class StagingDir {
+ public:
+  //! the parent directory is created when missing; path() is empty when the prefix has no sibling to stage in
+  //! (".", "..", "/") or the parent may not be written (EACCES, EPERM, EROFS: the caller writes in place).
+  //! BackendError on other failures.
+  explicit StagingDir(const std::string& prefix);
+  //! removes whatever is at path() still (the old directory a rename exchanged in, or a failed save), then the
+  //! lock file, and releases the lock
+  ~StagingDir();
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int lock_fd_ = -1;
+};
+//! Removes each staging directory of `prefix` whose lock can be taken (its writer is gone, in whatever namespace
+//! or host it ran) and the lock files left without a directory; returns how many directories were removed. A
+//! staging directory whose lock is held is another writer's save in progress and stays; one without a lock file
+//! (written by an older version, whose writer cannot be told alive) stays too: nothing is removed that is not
+//! provably abandoned.
+size_t remove_abandoned_stages(const std::string& prefix);
 
 }  // namespace tensordict::backends
