@@ -31,7 +31,7 @@ constexpr int64_t kObs = 8;
 at::Tensor obs_of(int64_t i) { return at::arange(kObs, at::kFloat) / kObs + static_cast<float>(i); }
 
 int producer(uint16_t port, int64_t k, int64_t producers) {
-  Store store = Store::connect("127.0.0.1", port);
+  Store store = Store::connect("127.0.0.1", port);  // the owner's token: TENSORDICT_STORE_TOKEN
   const int64_t rows = store.batch_size().at(0);
   const std::string key = "producer_" + std::to_string(k);
   store.add_key(key, at::zeros({rows}, at::kByte));  // through the owner's store actor
@@ -47,14 +47,21 @@ int producer(uint16_t port, int64_t k, int64_t producers) {
   return 0;
 }
 
-pid_t spawn_producer(uint16_t port, int64_t k, int64_t producers) {
+//! a producer with the store's token in its environment (never on its command line)
+pid_t spawn_producer(uint16_t port, int64_t k, int64_t producers, const std::string& token) {
   std::vector<std::string> args = {"/proc/self/exe", "--producer", std::to_string(port), std::to_string(k),
                                    std::to_string(producers)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = 0;
-  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+  std::vector<std::string> env = {"TENSORDICT_STORE_TOKEN=" + token};
+  for (char** e = environ; e && *e; ++e)
+    if (std::string(*e).rfind("TENSORDICT_STORE_TOKEN=", 0) != 0) env.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data()) != 0) {
     std::perror("posix_spawn");
     std::exit(1);
   }
@@ -99,7 +106,7 @@ int main(int argc, char** argv) {
     Store store = Store::open(buf);
     const uint16_t port = store.publish();
     std::vector<pid_t> pids;
-    for (int64_t k = 0; k < producers; ++k) pids.push_back(spawn_producer(port, k, producers));
+    for (int64_t k = 0; k < producers; ++k) pids.push_back(spawn_producer(port, k, producers, store.token()));
     for (size_t k = 0; k < pids.size(); ++k) {
       int status = 0;
       ::waitpid(pids[k], &status, 0);

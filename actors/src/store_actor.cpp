@@ -1,6 +1,13 @@
 #include "tensordict/actors/store_actor.hpp"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 #include <caf/io/all.hpp>
 
@@ -41,6 +48,14 @@ void check_new_key(const TensorDict& td, const NestedKey& key, const BatchSize& 
   }
 }
 
+//! bytes the file system holding `path` still gives an unprivileged writer; -1 when statvfs fails
+int64_t free_bytes_at(const std::string& path) {
+  struct statvfs st;
+  if (::statvfs(path.c_str(), &st) != 0) return -1;
+  const unsigned long long b = static_cast<unsigned long long>(st.f_bavail) * st.f_frsize;
+  return b > static_cast<unsigned long long>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(b);
+}
+
 //! stores hand out locked snapshots, like load_memmap / share_memory_ (keys can't be added behind the
 //! actor's back; rows are writable)
 TensorDict relock(TensorDict td) {
@@ -78,6 +93,7 @@ class MemmapStore final : public StoreBackend {
     td_ = relock(next);
   }
   StorageSpec spec() const override { return StorageSpec::of(td_, "the store"); }
+  int64_t space_left() const override { return free_bytes_at(td_.memmap_prefix()); }
   void close() override { flush(); }
 
  private:
@@ -117,6 +133,7 @@ class SharedStore final : public StoreBackend {
   void flush() override {}    // shared memory: nothing to write back
   void refresh() override {}  // the owner's structure is the truth; clients re-open the handle
   StorageSpec spec() const override { return StorageSpec::of(td_, "the store"); }
+  int64_t space_left() const override { return free_bytes_at("/dev/shm"); }  // where new segments go
   void close() override {}
 
  private:
@@ -136,8 +153,45 @@ const store_rows& checked_rows(const store_rows& rows, bool write) {
 struct StoreState {
   std::shared_ptr<StoreBackend> backend;
   std::shared_ptr<StoreShared> shared;
+  StoreGuard guard;
   int64_t version = 0;
 };
+
+//! a new leaf's bytes against the configured maximum and the space left, before anything is made:
+//! ValueError (over store.max_key_bytes) or BackendError (more than the free space), naming the key
+void check_key_space(const StoreState& st, const NestedKey& key, const BatchSize& shape, at::ScalarType dtype) {
+  for (int64_t d : shape)
+    if (d <= 0) return;  // empty (nothing to store) or negative (the backend refuses it with its own error)
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  bool overflow = false;
+  for (int64_t d : shape) {
+    if (bytes > INT64_MAX / d) {
+      overflow = true;
+      break;
+    }
+    bytes *= d;
+  }
+  const std::string size = overflow ? std::string("more than 2^63 bytes") : std::to_string(bytes) + " bytes";
+  if (st.guard.max_key_bytes > 0 && (overflow || bytes > st.guard.max_key_bytes)) {
+    throw ValueError("add_key: " + key.repr() + " of shape " + shape_str(shape) + " needs " + size +
+                     ", more than the store's limit of " + std::to_string(st.guard.max_key_bytes) +
+                     " bytes (config store.max_key_bytes)");
+  }
+  const int64_t left = st.backend->space_left();
+  if (left >= 0 && (overflow || bytes > left)) {
+    throw BackendError("add_key: " + key.repr() + " of shape " + shape_str(shape) + " needs " + size + ", but only " +
+                       std::to_string(left) + " bytes are left for the " + st.backend->kind() +
+                       " store; nothing was added");
+  }
+}
+
+//! a == b without an early exit (a token compared byte by byte leaks nothing through timing)
+bool same_token(const std::string& a, const std::string& b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = static_cast<unsigned char>(diff | (a[i] ^ b[i]));
+  return diff == 0;
+}
 
 store_response info(StoreState& st) {
   store_response r;
@@ -174,6 +228,7 @@ StoreResult apply(StoreState& st, const store_request& req, store_call* call) {
         if (!d) throw TypeError("add_key: unknown dtype '" + req.dtype + "' (expected e.g. \"torch.float32\")");
         dtype = *d;
       }
+      check_key_space(st, key, shape, dtype);
       st.backend->add_key(key, shape, dtype, data);
       republish(st);
       res.td = st.backend->td();
@@ -216,10 +271,11 @@ store_response error_response(const map_detail::CarriedError& e) {
 class StoreActor final : public HotActor {
  public:
   StoreActor(caf::actor_config& cfg, std::chrono::microseconds spin, std::shared_ptr<StoreBackend> backend,
-             std::shared_ptr<StoreShared> shared)
+             std::shared_ptr<StoreShared> shared, StoreGuard guard)
       : HotActor(cfg, spin) {
     state_.backend = std::move(backend);
     state_.shared = shared;
+    state_.guard = std::move(guard);
     std::weak_ptr<StoreShared> weak = shared;
     caf::abstract_actor::attach_functor([weak](const caf::error& reason) {
       if (auto s = weak.lock()) {
@@ -232,6 +288,19 @@ class StoreActor final : public HotActor {
     bool running = true;
     std::vector<store_call_ptr> batch;
     auto on_remote = [&](store_atom, const store_request& req) -> store_response {
+      // another node (or an anonymous sender, whose node is unknown) must show the store's token; the actors
+      // of this process need none
+      const caf::strong_actor_ptr& sender = current_sender();
+      if ((!sender || sender->node() != system().node()) && !same_token(req.token, state_.guard.token)) {
+        logger()->warn("store: refused a request from another process: {}",
+                       req.token.empty() ? "no token" : "wrong token");
+        return error_response({ErrorCode::Backend,
+                               std::string("store: access refused: the request carries ") +
+                                   (req.token.empty() ? "no store token" : "a wrong store token") +
+                                   " (give the owner's Store::token() to Store::connect, or set "
+                                   "TENSORDICT_STORE_TOKEN); nothing was done",
+                               -1});
+      }
       // another process: it may not close the owner's store (its own close just disconnects)
       if (static_cast<StoreOp>(req.op) == StoreOp::Close) {
         return error_response({ErrorCode::Value, "store: only the owner closes a store; a client disconnects", -1});
@@ -243,6 +312,7 @@ class StoreActor final : public HotActor {
       }
     };
     auto on_exit = [&](caf::exit_msg& m) {
+      if (m.source && m.source.node() != system().node()) return;  // only this process stops its store
       fail_state(m.reason);
       running = false;
     };
@@ -381,10 +451,34 @@ void StoreShared::fail_all(const std::string& why) {
   for (const auto& c : calls) c->reply.set_error(map_detail::CarriedError{ErrorCode::Backend, "store: " + why, -1});
 }
 
+std::string new_store_token() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  while (fd >= 0 && got < sizeof bytes) {
+    const ssize_t n = ::read(fd, bytes + got, sizeof bytes - got);
+    if (n > 0) got += static_cast<size_t>(n);
+    else if (!(n < 0 && errno == EINTR)) break;
+  }
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (got < sizeof bytes) {
+    throw BackendError("store: cannot draw a token from /dev/urandom: " +
+                       std::string(fd < 0 || err ? std::strerror(err) : "short read"));
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
 caf::actor spawn_store_actor(caf::actor_system& system, std::shared_ptr<StoreBackend> backend,
-                             std::shared_ptr<StoreShared> shared, std::chrono::microseconds spin) {
+                             std::shared_ptr<StoreShared> shared, std::chrono::microseconds spin, StoreGuard guard) {
   shared->publish(backend->td(), 0);
-  return system.spawn<StoreActor>(spin, std::move(backend), std::move(shared));
+  return system.spawn<StoreActor>(spin, std::move(backend), std::move(shared), std::move(guard));
 }
 
 StoreResult store_call_blocking(const caf::actor& actor, StoreShared& shared, store_call_ptr call,
@@ -448,16 +542,22 @@ std::shared_ptr<StoreClient> StoreClient::open(std::shared_ptr<Runtime> rt, std:
   std::shared_ptr<StoreClient> c(new StoreClient());
   c->rt_ = std::move(rt);
   c->kind_ = backend->kind();
+  c->token_ = new_store_token();
+  StoreGuard guard{c->token_, c->rt_->config().store_max_key_bytes};
   c->actor_ = spawn_store_actor(c->rt_->system(), std::move(backend), c->shared_,
-                                std::chrono::microseconds(c->rt_->config().actor_spin_us));
+                                std::chrono::microseconds(c->rt_->config().actor_spin_us), std::move(guard));
   return c;
 }
 
 std::shared_ptr<StoreClient> StoreClient::connect(std::shared_ptr<Runtime> rt, const std::string& host,
-                                                  uint16_t port) {
+                                                  uint16_t port, const std::string& token) {
   std::shared_ptr<StoreClient> c(new StoreClient());
   c->rt_ = std::move(rt);
   c->remote_ = true;
+  c->token_ = token;
+  if (c->token_.empty()) {
+    if (const char* env = std::getenv("TENSORDICT_STORE_TOKEN")) c->token_ = env;
+  }
   auto a = c->rt_->system().middleman().remote_actor(host, port);
   if (!a) {
     throw BackendError("store: cannot connect to " + host + ":" + std::to_string(port) + ": " +
@@ -466,6 +566,7 @@ std::shared_ptr<StoreClient> StoreClient::connect(std::shared_ptr<Runtime> rt, c
   c->actor_ = *a;
   store_request req;
   req.op = static_cast<int32_t>(StoreOp::Info);
+  req.token = c->token_;
   c->adopt_remote(store_request_blocking(c->rt_->system(), c->actor_, req, c->rt_->request_timeout()));
   return c;
 }
@@ -493,7 +594,9 @@ StoreResult StoreClient::call(const store_request& req, store_rows rows, const a
   if (remote_) {
     if (closed_) throw BackendError("store: the client is closed");
     StoreResult res;
-    res.response = store_request_blocking(rt_->system(), actor_, req, rt_->request_timeout());
+    store_request with_token = req;
+    with_token.token = token_;
+    res.response = store_request_blocking(rt_->system(), actor_, with_token, rt_->request_timeout());
     return res;
   }
   auto c = std::make_shared<store_call>();

@@ -1,5 +1,13 @@
 #include "tensordict/store.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 #include "tensordict/actors/runtime.hpp"
 #include "tensordict/actors/store_actor.hpp"
 #include "tensordict/backends/memmap_format.hpp"
@@ -43,8 +51,48 @@ Store Store::open_memmap(const std::string& prefix, const std::shared_ptr<Engine
   return open(TensorDict::load_memmap(prefix, LoadOptions().writable(true)), engine);
 }
 
+Store Store::connect(const std::string& host, uint16_t port, const std::string& token,
+                     const std::shared_ptr<Engine>& engine) {
+  return Store(actors::StoreClient::connect(runtime_of(engine), host, port, token));
+}
+
 Store Store::connect(const std::string& host, uint16_t port, const std::shared_ptr<Engine>& engine) {
-  return Store(actors::StoreClient::connect(runtime_of(engine), host, port));
+  return Store(actors::StoreClient::connect(runtime_of(engine), host, port, ""));
+}
+
+std::string Store::token() const { return client_->token(); }
+
+void Store::save_token(const std::string& path) const {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw BackendError("Store::save_token: cannot create " + tmp + ": " + std::strerror(errno));
+  const std::string text = client_->token() + "\n";
+  const bool ok = ::fchmod(fd, 0600) == 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int err = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = ok ? errno : err;
+    ::unlink(tmp.c_str());
+    throw BackendError("Store::save_token: cannot write " + path + ": " + std::strerror(e));
+  }
+}
+
+std::string Store::load_token(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) throw BackendError("Store::load_token: cannot open " + path + ": " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || (st.st_mode & 077) != 0 || st.st_uid != ::geteuid()) {
+    ::close(fd);
+    throw ValueError("Store::load_token: " + path +
+                     " must be a file of this user that nobody else may read or write (mode 0600)");
+  }
+  char buf[128];
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  std::string token = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.empty()) throw ValueError("Store::load_token: " + path + " holds no token");
+  return token;
 }
 
 std::string Store::kind() const { return client_->kind(); }

@@ -27,11 +27,13 @@ backends::RedisOptions backend_options(const RedisOptions& o, const Config& cfg)
   b.db(o.db() >= 0 ? o.db() : static_cast<int>(cfg.redis_db));
   b.unix_socket(o.unix_socket());
   b.prefix(o.prefix().empty() ? cfg.redis_prefix : o.prefix());
-  b.password(o.password());
+  b.user(o.user());
+  b.password(o.password());  // empty: the environment's (backends::redis_env_credentials)
   b.td_id(o.td_id());
   b.retries(o.retries());
   b.retry_delay_ms(o.retry_delay_ms());
   b.connect_timeout_ms(o.connect_timeout_ms());
+  b.command_timeout_ms(o.timeout_ms() >= 0 ? o.timeout_ms() : static_cast<int>(cfg.redis_timeout_ms));
   return b;
 }
 
@@ -87,8 +89,12 @@ JsonValue RedisOptions::fields() const {
   o.emplace_back("db", JsonValue(static_cast<int64_t>(db())));
   o.emplace_back("unix_socket", JsonValue(unix_socket()));
   o.emplace_back("prefix", JsonValue(prefix()));
+  // in-process only (from_schema's creator reads them back): storage specs come from the store's
+  // spec_fields(), which never hold the user nor the password
+  o.emplace_back("user", JsonValue(user()));
   o.emplace_back("password", JsonValue(password()));
   o.emplace_back("td_id", JsonValue(td_id()));
+  o.emplace_back("timeout_ms", JsonValue(static_cast<int64_t>(timeout_ms())));
   if (device()) o.emplace_back("device", JsonValue(device()->str()));
   return JsonValue::object(std::move(o));
 }
@@ -101,8 +107,112 @@ RedisOptions RedisOptions::from_fields(const JsonValue& f) {
     return v && v->is_int() ? static_cast<int>(v->as_int()) : dflt;
   };
   o.host(str("host")).port(num("port", 0)).db(num("db", -1)).unix_socket(str("unix_socket")).prefix(str("prefix"));
-  o.password(str("password")).td_id(str("td_id"));
+  o.user(str("user")).password(str("password")).td_id(str("td_id")).timeout_ms(num("timeout_ms", -1));
   if (!str("device").empty()) o.device(parse_device(str("device"), "RedisOptions"));
+  return o;
+}
+
+std::string redact_url(const std::string& url) { return backends::redact_redis_url(url); }
+
+namespace {
+
+std::string percent_decode(const std::string& s, const std::string& url) {
+  auto hex = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    if (i + 2 >= s.size() || hex(s[i + 1]) < 0 || hex(s[i + 2]) < 0)
+      throw ValueError("Redis URL '" + redact_url(url) + "': a '%' not followed by two hex digits");
+    out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+    i += 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+RedisOptions RedisOptions::from_url(const std::string& url) {
+  const std::string shown = redact_url(url);
+  const std::string usage = " (expected redis://[user[:password]@]HOST:PORT/DB?prefix=P&td_id=ID&timeout=SECONDS)";
+  if (url.rfind("redis://", 0) != 0) throw ValueError("'" + shown + "' is not a redis:// URL" + usage);
+  std::string rest = url.substr(8), query;
+  RedisOptions o;
+  std::string userinfo;
+  bool has_userinfo = false;
+  // the userinfo ends at the last '@' before the query ('/' may be part of a password; '?' must be %3F)
+  if (auto at = rest.substr(0, rest.find('?')).rfind('@'); at != std::string::npos) {
+    userinfo = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+    has_userinfo = true;
+  }
+  if (auto q = rest.find('?'); q != std::string::npos) {
+    query = rest.substr(q + 1);
+    rest.resize(q);
+  }
+  std::string db;
+  if (auto slash = rest.find('/'); slash != std::string::npos) {
+    db = rest.substr(slash + 1);
+    rest.resize(slash);
+  }
+  if (has_userinfo) {
+    if (auto colon = userinfo.find(':'); colon != std::string::npos) {
+      o.user(percent_decode(userinfo.substr(0, colon), url));
+      o.password(percent_decode(userinfo.substr(colon + 1), url));
+    } else {
+      o.password(percent_decode(userinfo, url));  // "redis://secret@host", as redis-cli reads it
+    }
+  }
+  std::string host = rest, port;
+  if (auto colon = rest.rfind(':'); colon != std::string::npos && rest.find(']') == std::string::npos) {
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+  }
+  auto number = [&](const std::string& s, const char* what, int64_t max) {
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 9 || std::stoll(s) > max)
+      throw ValueError("'" + shown + "': bad " + what + usage);
+    return static_cast<int>(std::stoll(s));
+  };
+  if (host.find_first_of("@:/ ") != std::string::npos) throw ValueError("'" + shown + "': bad host" + usage);
+  o.host(host);
+  if (!port.empty()) o.port(number(port, "port", 65535));
+  if (!db.empty()) o.db(number(db, "db", 1 << 30));
+  size_t pos = 0;
+  while (pos <= query.size() && !query.empty()) {
+    size_t amp = query.find('&', pos);
+    std::string kv = query.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
+    pos = amp == std::string::npos ? query.size() + 1 : amp + 1;
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    const std::string k = kv.substr(0, eq);
+    const std::string v = eq == std::string::npos ? "" : percent_decode(kv.substr(eq + 1), url);
+    if (k == "prefix") {
+      o.prefix(v);
+    } else if (k == "td_id") {
+      o.td_id(v);
+    } else if (k == "password") {
+      o.password(v);
+    } else if (k == "user") {
+      o.user(v);
+    } else if (k == "timeout") {
+      char* end = nullptr;
+      const double secs = v.empty() ? -1 : std::strtod(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size() || !(secs >= 0) || secs > 86400)
+        throw ValueError("'" + shown + "': bad timeout '" + v + "' (seconds, 0 to 86400; 0: none)");
+      const int ms = static_cast<int>(secs * 1000 + 0.5);
+      o.timeout_ms(secs > 0 && ms == 0 ? 1 : ms);
+    } else {
+      throw ValueError("'" + shown + "': unknown parameter '" + k.substr(0, 64) +
+                       "' (expected prefix, td_id, timeout, user, password)");
+    }
+  }
   return o;
 }
 

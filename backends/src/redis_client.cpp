@@ -8,11 +8,17 @@ extern "C" {
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "tensordict/errors.hpp"
@@ -66,6 +72,43 @@ RedisReply convert(const redisReply* r) {
   return out;
 }
 
+//! "5 s", "0.5 s", "1.25 s"
+std::string seconds_text(int ms) {
+  std::string s = std::to_string(ms / 1000);
+  int frac = ms % 1000;
+  if (frac != 0) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, ".%03d", frac);
+    std::string f = buf;
+    while (f.back() == '0') f.pop_back();
+    s += f;
+  }
+  return s + " s";
+}
+
+const char* const kNoReply = "no reply from ";
+
+std::string env_suffix(const std::string& endpoint) {
+  std::string out;
+  for (char c : endpoint) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return out;
+}
+
+std::string env_or_empty(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  return v ? std::string(v) : std::string();
+}
+
+//! the credentials this process authenticated with, per endpoint (for its worker processes' environment)
+struct CredentialRegistry {
+  std::mutex mu;
+  std::map<std::string, RedisCredentials> by_endpoint;
+};
+CredentialRegistry& credential_registry() {
+  static CredentialRegistry r;
+  return r;
+}
+
 struct ReplyFree {
   void operator()(void* r) const {
     if (r) freeReplyObject(r);
@@ -73,6 +116,70 @@ struct ReplyFree {
 };
 
 }  // namespace
+
+std::string redis_password_env_name(const std::string& endpoint) {
+  return "TENSORDICT_REDIS_PASSWORD_" + env_suffix(endpoint);
+}
+std::string redis_user_env_name(const std::string& endpoint) { return "TENSORDICT_REDIS_USER_" + env_suffix(endpoint); }
+
+RedisCredentials redis_env_credentials(const std::string& endpoint) {
+  RedisCredentials c;
+  c.password = env_or_empty(redis_password_env_name(endpoint));
+  if (!c.password.empty()) {
+    c.user = env_or_empty(redis_user_env_name(endpoint));
+    return c;
+  }
+  c.password = env_or_empty("TENSORDICT_REDIS_PASSWORD");
+  c.user = env_or_empty("TENSORDICT_REDIS_USER");
+  return c;
+}
+
+std::vector<std::string> redis_child_environment() {
+  std::lock_guard<std::mutex> lock(credential_registry().mu);
+  std::vector<std::string> out;
+  for (const auto& kv : credential_registry().by_endpoint) {
+    out.push_back(redis_password_env_name(kv.first) + "=" + kv.second.password);
+    out.push_back(redis_user_env_name(kv.first) + "=" + kv.second.user);
+  }
+  return out;
+}
+
+std::string redact_secret(std::string text, const std::string& secret) {
+  if (secret.empty()) return text;
+  for (size_t at = text.find(secret); at != std::string::npos; at = text.find(secret, at + 3))
+    text.replace(at, secret.size(), "***");
+  return text;
+}
+
+std::string redact_redis_url(const std::string& url) {
+  std::string out = url;
+  // "user:password@": up to the last '@' of the text (a password may hold '/', '?' or '#' unencoded; a query
+  // value holding '@' then hides more than needed, never less)
+  const size_t scheme = out.find("://");
+  const size_t start = scheme == std::string::npos ? 0 : scheme + 3;
+  const size_t at = out.rfind('@');
+  if (scheme != std::string::npos && at != std::string::npos && at >= start) {
+    const size_t colon = out.find(':', start);
+    if (colon != std::string::npos && colon < at && out.find_first_of("@/?#", start) > colon) {
+      out.replace(colon + 1, at - colon - 1, "***");  // the user name stays
+    } else {
+      out.replace(start, at - start, "***");  // "redis://secret@host": a lone userinfo is the password
+    }
+  }
+  // query parameters named password (any case)
+  for (size_t q = out.find_first_of("?&"); q != std::string::npos; q = out.find('&', q + 1)) {
+    const size_t eq = out.find('=', q + 1);
+    const size_t amp = out.find('&', q + 1);
+    if (eq == std::string::npos || (amp != std::string::npos && amp < eq)) continue;
+    std::string name = out.substr(q + 1, eq - q - 1);
+    for (auto& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (name == "password" || name == "pass" || name == "pw") {
+      const size_t stop = amp == std::string::npos ? out.size() : amp;
+      out.replace(eq + 1, stop - eq - 1, "***");
+    }
+  }
+  return out;
+}
 
 [[noreturn]] void redis_reply_error(const RedisReply& reply, const std::string& context) {
   const std::string& t = reply.str;
@@ -83,7 +190,14 @@ struct ReplyFree {
   throw BackendError(msg);
 }
 
-RedisClient::RedisClient(RedisConnectOptions options) : options_(std::move(options)) { ensure_connected(); }
+RedisClient::RedisClient(RedisConnectOptions options) : options_(std::move(options)) {
+  if (options_.password.empty()) {
+    RedisCredentials env = redis_env_credentials(endpoint());
+    options_.password = env.password;
+    if (options_.user.empty()) options_.user = env.user;
+  }
+  ensure_connected();
+}
 
 RedisClient::~RedisClient() { disconnect(); }
 
@@ -108,7 +222,7 @@ void RedisClient::connect_once() {
   if (c->err) {
     std::string why = c->errstr;
     redisFree(c);
-    throw BackendError("cannot connect to Redis at " + endpoint() + ": " + why);
+    throw BackendError(redact_secret("cannot connect to Redis at " + endpoint() + ": " + why, options_.password));
   }
   if (options_.command_timeout_ms > 0) redisSetTimeout(c, to_timeval(options_.command_timeout_ms));
   if (options_.unix_socket.empty()) redisEnableKeepAlive(c);
@@ -116,7 +230,10 @@ void RedisClient::connect_once() {
   ++connections_;
   // handshake in one round trip: AUTH, SELECT, PING (PING reveals a server that needs a password)
   std::vector<RedisCommand> hello;
-  if (!options_.password.empty()) hello.push_back(RedisCommand{"AUTH", options_.password});
+  if (!options_.password.empty()) {
+    hello.push_back(options_.user.empty() ? RedisCommand{"AUTH", options_.password}
+                                          : RedisCommand{"AUTH", options_.user, options_.password});
+  }
   if (options_.db != 0) hello.push_back(RedisCommand{"SELECT", std::to_string(options_.db)});
   hello.push_back(RedisCommand{"PING"});
   std::vector<const RedisCommand*> ptrs;
@@ -132,12 +249,21 @@ void RedisClient::connect_once() {
     if (!replies[i].is_error()) continue;
     disconnect();
     const std::string& what = hello[i].at(0);
-    if (what == "AUTH" || replies[i].str.rfind("NOAUTH", 0) == 0 || replies[i].str.rfind("WRONGPASS", 0) == 0)
-      throw BackendError("authentication failed at Redis " + endpoint() + ": " + replies[i].str);
+    const std::string text = redact_secret(replies[i].str, options_.password);
+    if (what == "AUTH" || text.rfind("NOAUTH", 0) == 0 || text.rfind("WRONGPASS", 0) == 0) {
+      throw BackendError("authentication failed at Redis " + endpoint() +
+                         (options_.user.empty() ? std::string() : " as user '" + options_.user + "'") + ": " + text +
+                         (options_.password.empty() ? " (no password given: pass one in the options or the URL, or "
+                                                      "set TENSORDICT_REDIS_PASSWORD)"
+                                                    : ""));
+    }
     if (what == "SELECT")
-      throw BackendError("cannot select db " + std::to_string(options_.db) + " at Redis " + endpoint() + ": " +
-                         replies[i].str);
-    throw BackendError("Redis at " + endpoint() + " refused the connection: " + replies[i].str);
+      throw BackendError("cannot select db " + std::to_string(options_.db) + " at Redis " + endpoint() + ": " + text);
+    throw BackendError("Redis at " + endpoint() + " refused the connection: " + text);
+  }
+  if (!options_.password.empty()) {
+    std::lock_guard<std::mutex> lock(credential_registry().mu);
+    credential_registry().by_endpoint[endpoint()] = RedisCredentials{options_.user, options_.password};
   }
 }
 
@@ -150,8 +276,9 @@ void RedisClient::ensure_connected() {
       return;
     } catch (const BackendError& e) {
       std::string m = e.message();
-      // a refused password will not get better by retrying
-      if (m.find("authentication failed") != std::string::npos || i + 1 >= attempts) {
+      // a refused password will not get better by retrying, and a silent server would multiply the wait
+      if (m.find("authentication failed") != std::string::npos || m.find(kNoReply) != std::string::npos ||
+          i + 1 >= attempts) {
         if (i > 0) throw BackendError(m + " (after " + std::to_string(i + 1) + " attempts)");
         throw;
       }
@@ -163,8 +290,17 @@ void RedisClient::ensure_connected() {
 void RedisClient::lost(const std::string& what, const std::string& reason) {
   std::string why = !reason.empty() ? reason : ctx_ && ctx_->err ? std::string(ctx_->errstr) : std::string("connection closed");
   disconnect();
-  throw BackendError("connection to Redis at " + endpoint() + " lost during " + what + ": " + why +
-                     " (the request may not have been applied; the next call reconnects)");
+  throw BackendError(redact_secret("connection to Redis at " + endpoint() + " lost during " + what + ": " + why +
+                                       " (the request may not have been applied; the next call reconnects)",
+                                   options_.password));
+}
+
+void RedisClient::silent(const std::string& what) {
+  disconnect();
+  throw BackendError(std::string("Redis: ") + kNoReply + endpoint() + " within " +
+                     seconds_text(options_.command_timeout_ms) + " (during " + what +
+                     "; the reply timeout counts from the last byte received; the request may not have been "
+                     "applied; the next call reconnects)");
 }
 
 std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisCommand*>& cmds) {
@@ -187,7 +323,9 @@ std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisComm
       }
       if (n < 0 && errno == EINTR) continue;
       int err = n < 0 ? errno : EPIPE;
-      lost(first(), err == EAGAIN || err == EWOULDBLOCK ? std::string("send timed out") : std::strerror(err));
+      lost(first(), err == EAGAIN || err == EWOULDBLOCK
+                        ? "the server took no data for " + seconds_text(options_.command_timeout_ms)
+                        : std::string(std::strerror(err)));
     }
     sdsfree(ctx_->obuf);
     ctx_->obuf = sdsempty();
@@ -196,9 +334,14 @@ std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisComm
   out.reserve(cmds.size());
   for (size_t i = 0; i < cmds.size(); ++i) {
     void* raw = nullptr;
+    errno = 0;
     if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
+      const int err = errno;
       if (raw) freeReplyObject(raw);
-      lost(cmds[i]->size() ? cmds[i]->at(0) : "a request");
+      const std::string what = cmds[i]->size() ? cmds[i]->at(0) : "a request";
+      // SO_RCVTIMEO expired on one read(): nothing arrived for command_timeout_ms
+      if (ctx_->err == REDIS_ERR_IO && (err == EAGAIN || err == EWOULDBLOCK)) silent(what);
+      lost(what);
     }
     std::unique_ptr<void, ReplyFree> guard(raw);
     out.push_back(convert(static_cast<redisReply*>(raw)));
@@ -218,7 +361,10 @@ std::vector<RedisReply> RedisClient::pipeline(const std::vector<RedisCommand>& c
 RedisReply RedisClient::command(const RedisCommand& cmd) {
   ensure_connected();
   std::vector<RedisReply> r = roundtrip({&cmd});
-  if (r[0].is_error()) redis_reply_error(r[0], "Redis " + endpoint() + " " + (cmd.size() ? cmd.at(0) : ""));
+  if (r[0].is_error()) {
+    r[0].str = redact_secret(r[0].str, options_.password);
+    redis_reply_error(r[0], "Redis " + endpoint() + " " + (cmd.size() ? cmd.at(0) : ""));
+  }
   return std::move(r[0]);
 }
 

@@ -1,6 +1,7 @@
 #include "tensordict/backends/redis_store.hpp"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/Device.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -148,6 +149,26 @@ void check_leaf_path(const LeafPath& path) {
   }
 }
 
+//! a stored __device__: "" (None) or what str(torch.device) prints; FormatError naming the store and the key
+void check_redis_device(const std::string& text, const std::string& store, const std::string& key) {
+  if (text.empty()) return;
+  bool ok = text.size() <= 64;
+  if (ok) {
+    try {
+      c10::Device d(text);
+      ok = d.str() == text;  // "cpu", "cuda:0"; not " cpu" or "cuda:00"
+    } catch (const c10::Error&) {
+      ok = false;
+    }
+  }
+  if (!ok) {
+    std::string shown;
+    for (char c : text.substr(0, 64)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
+    throw FormatError(store + ": field " + key + " holds '" + shown + (text.size() > 64 ? "...'" : "'") +
+                      ", not a device (expected \"\" or a device such as \"cpu\", \"cuda:0\")");
+  }
+}
+
 std::vector<int64_t> std_shape(at::IntArrayRef s) { return std::vector<int64_t>(s.begin(), s.end()); }
 
 std::string shape_str(const std::vector<int64_t>& s) { return redis_shape_text(s); }
@@ -161,6 +182,7 @@ RedisConnectOptions RedisOptions::connect_options() const {
   c.port = port_;
   c.unix_socket = unix_socket_;
   c.db = db_;
+  c.user = user_;
   c.password = password_;
   c.connect_timeout_ms = connect_timeout_ms_;
   c.command_timeout_ms = command_timeout_ms_;
@@ -861,8 +883,9 @@ std::shared_ptr<LeafStore> create_redis_store(const RedisOptions& options, const
 std::shared_ptr<LeafStore> open_redis_store(const RedisOptions& options) {
   if (options.td_id().empty()) throw ValueError("opening a Redis store needs its td_id");
   auto store = std::make_shared<RedisStore>(options);
-  std::vector<RedisReply> r = store->client().pipeline(
-      {RedisCommand{"GET", store->key("__batch_size__")}, RedisCommand{"GET", store->key("__type__")}});
+  std::vector<RedisReply> r = store->client().pipeline({RedisCommand{"GET", store->key("__batch_size__")},
+                                                        RedisCommand{"GET", store->key("__type__")},
+                                                        RedisCommand{"GET", store->key("__device__")}});
   if (r[0].is_nil()) {
     if (r[1].is_string() && r[1].str == "lazy_stack")
       throw KeyError("td_id '" + options.td_id() + "' (prefix '" + options.prefix() +
@@ -872,6 +895,8 @@ std::shared_ptr<LeafStore> open_redis_store(const RedisOptions& options) {
   }
   if (r[0].is_error()) redis_reply_error(r[0], store->key("__batch_size__"));
   parse_redis_shape(r[0].str, store->key("__batch_size__"));
+  if (r[2].is_error()) redis_reply_error(r[2], store->key("__device__"));
+  if (!r[2].is_nil()) check_redis_device(r[2].str, store->describe(), store->key("__device__"));
   return store;
 }
 
@@ -897,11 +922,7 @@ std::shared_ptr<LeafStore> open_redis_store(const JsonValue& spec, const std::st
   str("prefix", [&](const std::string& s) { o.prefix(s); });
   str("td_id", [&](const std::string& s) { o.td_id(s); });
   if (o.td_id().empty()) throw ValueError("a Redis storage spec needs a 'td_id'");
-  if (!password.empty()) {
-    o.password(password);
-  } else if (const char* env = std::getenv("TENSORDICT_REDIS_PASSWORD")) {
-    o.password(env);
-  }
+  o.password(password);  // empty: the client takes the environment's (redis_env_credentials)
   return open_redis_store(o);
 }
 

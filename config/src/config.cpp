@@ -46,6 +46,8 @@ const std::map<std::string, Field>& fields() {
       {"redis.port", {Kind::Int, &Config::redis_port}},
       {"redis.db", {Kind::Int, &Config::redis_db}},
       {"redis.prefix", {Kind::String, nullptr, nullptr, &Config::redis_prefix}},
+      {"redis.timeout_ms", {Kind::Int, &Config::redis_timeout_ms}},
+      {"store.max_key_bytes", {Kind::Int, &Config::store_max_key_bytes}},
       {"log.level", {Kind::String, nullptr, nullptr, &Config::log_level}},
       {"request_timeout_ms", {Kind::Int, &Config::request_timeout_ms}},
       {"facade_spin_us", {Kind::Int, &Config::facade_spin_us}},
@@ -189,6 +191,11 @@ void Config::validate() const {
     throw ValueError("config key 'redis.port': expected 1..65535, got " + std::to_string(redis_port));
   }
   non_negative("redis.db", redis_db);
+  if (redis_timeout_ms < 0 || redis_timeout_ms > 86400000) {
+    throw ValueError("config key 'redis.timeout_ms': expected 0..86400000 (0: no timeout), got " +
+                     std::to_string(redis_timeout_ms));
+  }
+  non_negative("store.max_key_bytes", store_max_key_bytes);
   static const char* levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool ok = false;
   for (auto l : levels) ok = ok || log_level == l;

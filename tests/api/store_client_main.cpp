@@ -1,19 +1,28 @@
 // td_store_client: the other process of tests/api/test_store.cpp.
-//   add <port> <index> <begin> <end>   connect to 127.0.0.1:<port>, add key "k<index>" = full([rows, 2], index)
+//   add <port> <index> <begin> <end>   connect to 127.0.0.1:<port> (the store's token from the environment,
+//                                      TENSORDICT_STORE_TOKEN), add key "k<index>" = full([rows, 2], index)
 //                                      through the owner's actor, write rows [begin, end) of "x" = index + 1
 //                                      directly into the mapping; exit 0
 //   own_add <prefix> <key>             open the memmap directory as a store of its own, add <key> = ones, close
-//   serve <prefix> <portfile>          open the directory as a store, publish it, write the port into
-//                                      <portfile>, then wait (at most 120 s) to be killed
+//   serve <prefix> <portfile>          open the directory as a store, publish it, write its token into
+//                                      <portfile>.token (mode 0600) and then the port into <portfile>, then
+//                                      wait (at most 120 s) to be killed
 //   fill <spec> <first> <count> <stride> [<progress file>]
 //                                      open the storage by its storage spec (memmap, shared, redis, ...) and
 //                                      write rows first, first + stride, ... (count of them) one call per row:
 //                                      obs = full([8], r), id = r, sum = 8 r (tests/api/test_load.cpp);
 //                                      every 1000 rows the number written goes into <progress file>
+//   add_big <prefix|shared> <key> <bytes> <report>
+//                                      open the memmap directory as a store (made first, x [64, 4] float32,
+//                                      when missing; for "shared", a new shared store x [64, 4]), add <key> = zeros([64, bytes / 64]) uint8, and write
+//                                      into <report>: the error ("<what()>") or "added", then a line per
+//                                      leaf key of the store afterwards and, for a directory, "files:" and
+//                                      the files in it (tests/api/test_store.cpp: a small tmpfs)
 // Exit codes: 0 ok, 2 usage, 3 a tensordict error (printed on stderr).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -65,9 +74,37 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    if (mode == "add_big" && argc == 6) {
+      const std::string where = argv[2];
+      TensorDict shared = TensorDict::undefined();
+      if (where == "shared") {
+        shared = TensorDict(BatchSize{64});
+        shared.set("x", at::zeros({64, 4}));
+        shared.share_memory_();
+      }
+      if (where != "shared" && !std::filesystem::exists(where))
+        TensorDict::from_schema({{"x", {{4}, at::kFloat}}}, {64}, "memmap", MemmapOptions().prefix(where));
+      Store store = where == "shared" ? Store::open(shared) : Store::open_memmap(where);
+      std::ofstream out(argv[5]);
+      try {
+        store.add_key(argv[3], {64, std::stoll(argv[4]) / 64}, at::kByte);
+        out << "added\n";
+      } catch (const Error& e) {
+        out << e.what() << "\n";
+      }
+      for (const auto& k : store.keys()) out << "key " << k.repr() << "\n";
+      if (where != "shared") {
+        out << "files:";
+        for (const auto& f : std::filesystem::directory_iterator(where)) out << " " << f.path().filename().string();
+        out << "\n";
+      }
+      store.close();
+      return 0;
+    }
     if (mode == "serve" && argc == 4) {
       Store store = Store::open_memmap(argv[2]);
       const uint16_t port = store.publish();
+      store.save_token(std::string(argv[3]) + ".token");
       const std::string tmp = std::string(argv[3]) + ".tmp";
       {
         std::ofstream out(tmp);
@@ -82,6 +119,6 @@ int main(int argc, char** argv) {
     return 3;
   }
   std::fprintf(stderr, "usage: td_store_client add <port> <index> <begin> <end> | own_add <prefix> <key> | "
-                       "serve <prefix> <portfile> | fill <spec> <first> <count> <stride> [<progress file>]\n");
+                       "serve <prefix> <portfile> | add_big <prefix|shared> <key> <bytes> <report> | fill <spec> <first> <count> <stride> [<progress file>]\n");
   return 2;
 }

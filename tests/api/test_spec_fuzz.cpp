@@ -324,4 +324,61 @@ BOOST_AUTO_TEST_CASE(a_device_this_process_cannot_use_is_a_value_error_where_it_
   BOOST_TEST(ok.get("x").device().is_cpu());
 }
 
+BOOST_AUTO_TEST_CASE(credentials_in_urls_and_specs_never_appear_in_an_error) {
+  // a password-protected server; every password tried holds the marker "S3cr", so no message may hold it
+  const std::string secret = "Fz-S3cr-et-91c2";
+  testutil::RedisServer server(testutil::RedisServerOptions{"", secret, false});
+  const std::string port = std::to_string(server.port());
+  TensorDictStore rs = TensorDictStore::from_tensordict(sample(6), RedisOptions().port(server.port()).password(secret));
+  const std::string spec_text = StorageSpec::of(rs).dump();
+  BOOST_TEST(spec_text.find("S3cr") == std::string::npos, spec_text);
+  BOOST_TEST(rs.address().find("S3cr") == std::string::npos);
+  std::mt19937_64 rng(20261126);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  const std::vector<std::string> passwords = {secret, secret + "x", "wrong-S3cr-1", "S3cr", "S3cr%zz", "S3cr%40x",
+                                              "S3cr@at", "S3cr/slash", "S3cr%3Fq", "S3cr&amp"};
+  std::vector<std::string> messages;
+  int opened = 0, untyped = 0;
+  auto attempt = [&](const std::function<void()>& f) {
+    try {
+      f();
+      ++opened;
+    } catch (const Error& e) {
+      messages.push_back(e.what());
+    } catch (const std::exception& e) {
+      ++untyped;
+      messages.push_back(e.what());
+    }
+  };
+  for (int i = 0; i < 400; ++i) {
+    const std::string pw = passwords[pick(passwords.size())];
+    const std::string user = std::vector<std::string>{"", "default", "nobody"}[pick(3)];
+    // a URL from parts: credentials where they go and where they do not
+    const std::string auth = std::vector<std::string>{"", ":" + pw + "@", user + ":" + pw + "@", pw + "@",
+                                                      ":" + pw + ":x@"}[pick(5)];
+    const std::string p = std::vector<std::string>{port, port, "1", "99999", "x", ""}[pick(6)];
+    const std::string db = std::vector<std::string>{"0", "0", "1", "x", "-1", ""}[pick(6)];
+    const std::string q = std::vector<std::string>{"td_id=" + rs.td_id(), "td_id=" + rs.td_id() + "&password=" + pw,
+                                                   "password=" + pw + "&timeout=x", "bogus=1&password=" + pw,
+                                                   "td_id=nope&password=" + pw, "timeout=3&user=" + user}[pick(6)];
+    const std::string url = "redis://" + auth + "127.0.0.1" + (p.empty() ? "" : ":" + p) + (db.empty() ? "" : "/" + db) + "?" + q;
+    attempt([&] {
+      RedisOptions o = RedisOptions::from_url(url);
+      TensorDictStore::from_store(o.td_id().empty() ? "missing" : o.td_id(), o.retries(1).connect_timeout_ms(500)).to_tensordict();
+    });
+    // a spec carrying credentials (other processes never get them this way, but a hand-written spec may)
+    JsonValue spec = JsonValue::parse(spec_text);
+    auto& obj = spec.as_object();
+    obj.emplace_back("password", JsonValue(pw));
+    if (pick(2)) obj.emplace_back("user", JsonValue(user));
+    if (pick(3) == 0) obj.emplace_back("port", JsonValue(pick(2) ? 1 : 70000));
+    attempt([&] { open_storage(StorageSpec::parse(spec.dump())).to_tensordict(); });
+  }
+  BOOST_TEST_MESSAGE("credentials: " << opened << " opened, " << messages.size() << " errors");
+  BOOST_TEST(untyped == 0);
+  BOOST_TEST(opened > 0);
+  BOOST_TEST(messages.size() > 100u);
+  for (const auto& m : messages) BOOST_TEST(m.find("S3cr") == std::string::npos, m);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,7 +1,10 @@
 // Store: memmap and shared-memory stores behind their store actor. Rows go straight to memory; add_key,
 // flush, refresh go through the actor (one message per call); other processes connect over the middleman
 // on 127.0.0.1 (td_store_client, path in TD_STORE_CLIENT_EXE) and map the same storage.
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +18,10 @@
 #include "engine/fixtures.hpp"
 #include "engine/zoo.hpp"
 #include "process_util.hpp"
+
+#include <caf/io/all.hpp>
+
+#include "tensordict/actors/runtime.hpp"
 #include "tensordict/actors/store_actor.hpp"
 #include "tensordict/index_math.hpp"
 #include "tensordict/tensordict.hpp"
@@ -41,6 +48,53 @@ TensorDict make_buffer(const std::string& dir) {
 
 //! fork + exec td_store_client with `args`
 pid_t run_client(const std::vector<std::string>& args) { return testutil::spawn_exec(TD_STORE_CLIENT_EXE, args); }
+
+//! fork + exec td_store_client with `args` and TENSORDICT_STORE_TOKEN=`token` in its environment only
+pid_t run_client_with_token(const std::vector<std::string>& args, const std::string& token) {
+  return testutil::spawn([&] {
+    ::setenv("TENSORDICT_STORE_TOKEN", token.c_str(), 1);
+    std::vector<std::string> all = {TD_STORE_CLIENT_EXE};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    return 97;
+  });
+}
+
+//! td_store_client `args` run in a mount namespace of its own where a `kib` KiB tmpfs is mounted at `dir`
+//! (as root: unshare(CLONE_NEWNS); otherwise inside a new user namespace, as api.faults does); exit codes 90-93
+//! are setup failures
+pid_t run_client_on_small_fs(const std::string& dir, int kib, const std::vector<std::string>& args) {
+  return testutil::spawn([&]() -> int {
+    if (::geteuid() != 0) {
+      const uid_t uid = ::geteuid();
+      const gid_t gid = ::getegid();
+      if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return 90;
+      std::ofstream("/proc/self/setgroups") << "deny";
+      std::ofstream("/proc/self/uid_map") << "0 " << uid << " 1";
+      std::ofstream("/proc/self/gid_map") << "0 " << gid << " 1";
+    } else if (::unshare(CLONE_NEWNS) != 0) {
+      return 91;
+    }
+    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 92;
+    const std::string opts = "size=" + std::to_string(kib) + "k";
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) return 93;
+    std::vector<std::string> all = {TD_STORE_CLIENT_EXE};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    return 97;
+  });
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 std::shared_ptr<Engine> engine_with_timeout(int64_t ms) {
   return std::make_shared<Engine>(Config::load("{\"request_timeout_ms\": " + std::to_string(ms) + "}"));
@@ -399,10 +453,21 @@ BOOST_AUTO_TEST_CASE(processes_connect_add_keys_and_fill_rows) {
   std::vector<pid_t> pids;
   for (int i = 0; i < kClients; ++i) {
     const int64_t per = kRows / kClients;
-    pids.push_back(run_client({"add", std::to_string(port), std::to_string(i), std::to_string(i * per),
-                               std::to_string((i + 1) * per)}));
+    pids.push_back(run_client_with_token({"add", std::to_string(port), std::to_string(i), std::to_string(i * per),
+                                          std::to_string((i + 1) * per)},
+                                         store.token()));
   }
+  // without the store's token, or with another: refused (exit 3: a tensordict error), nothing added
+  std::string wrong = store.token();
+  wrong[0] = wrong[0] == 'a' ? 'b' : 'a';
+  const pid_t no_token = run_client({"add", std::to_string(port), "8", "0", "0"});
+  const pid_t bad_token = run_client_with_token({"add", std::to_string(port), "9", "0", "0"}, wrong);
   for (pid_t p : pids) BOOST_TEST(testutil::wait_child(p) == 0);
+  BOOST_TEST(testutil::wait_child(no_token) == 3);
+  BOOST_TEST(testutil::wait_child(bad_token) == 3);
+  BOOST_TEST(!store.td().contains("k8"));
+  BOOST_TEST(!store.td().contains("k9"));
+  BOOST_TEST(store.td().keys().size() == static_cast<size_t>(2 + kClients));  // x, obs + one per client
   // the owner's actor added every key: its snapshot has them without a refresh
   TensorDict td = store.td();
   for (int i = 0; i < kClients; ++i) {
@@ -422,8 +487,8 @@ BOOST_AUTO_TEST_CASE(processes_connect_to_a_shared_store) {
   buf.share_memory_();
   Store store = Store::open(buf);
   const uint16_t port = store.publish();
-  pid_t a = run_client({"add", std::to_string(port), "0", "0", "32"});
-  pid_t b = run_client({"add", std::to_string(port), "1", "32", "64"});
+  pid_t a = run_client_with_token({"add", std::to_string(port), "0", "0", "32"}, store.token());
+  pid_t b = run_client_with_token({"add", std::to_string(port), "1", "32", "64"}, store.token());
   BOOST_TEST(testutil::wait_child(a) == 0);
   BOOST_TEST(testutil::wait_child(b) == 0);
   TensorDict td = store.td();
@@ -447,7 +512,44 @@ BOOST_AUTO_TEST_CASE(a_dropped_connection_is_a_backend_error) {
   }
   BOOST_REQUIRE(port > 0);
   auto engine = engine_with_timeout(600000);  // a hang would hit the ctest timeout, not pass
-  Store client = Store::connect("127.0.0.1", static_cast<uint16_t>(port), engine);
+  // the token: in a file only its owner may read
+  struct stat st;
+  BOOST_REQUIRE(::stat((portfile + ".token").c_str(), &st) == 0);
+  BOOST_TEST((st.st_mode & 0777) == 0600u);
+  const std::string token = Store::load_token(portfile + ".token");
+  BOOST_TEST(token.size() == 32u);
+  ::chmod((portfile + ".token").c_str(), 0644);
+  BOOST_TEST(throws_with<ValueError>([&] { Store::load_token(portfile + ".token"); }, {"0600"}));
+  // no token, a wrong one: refused, with a clear error that does not show the right one
+  std::string wrong = token;
+  wrong[5] = wrong[5] == '0' ? '1' : '0';
+  BOOST_TEST(throws_with<BackendError>([&] { Store::connect("127.0.0.1", static_cast<uint16_t>(port), engine); },
+                                       {"access refused", "no store token", "TENSORDICT_STORE_TOKEN"}));
+  BOOST_TEST(throws_with<BackendError>([&] { Store::connect("127.0.0.1", static_cast<uint16_t>(port), wrong, engine); },
+                                       {"access refused", "wrong store token"}));
+  {  // a hand-made AddKey from this process (another node) with a wrong token changes nothing
+    auto& sys = engine->runtime()->system();
+    auto remote = sys.middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(port));
+    BOOST_REQUIRE(static_cast<bool>(remote));
+    actors::store_request add;
+    add.op = static_cast<int32_t>(actors::StoreOp::AddKey);
+    add.key = {"intruder"};
+    add.dtype = "torch.float32";
+    add.shape = {kRows};
+    add.token = wrong;
+    std::string m;
+    try {
+      actors::store_request_blocking(sys, *remote, add, std::chrono::seconds(60));
+    } catch (const BackendError& e) {
+      m = e.what();
+    }
+    BOOST_TEST(m.find("access refused") != std::string::npos, m);
+    BOOST_TEST(m.find(token) == std::string::npos);
+    BOOST_TEST(!TensorDict::load_memmap(dir.path + "/buf").contains("intruder"));
+    BOOST_TEST(!fs::exists(dir.path + "/buf/intruder.memmap"));
+  }
+  Store client = Store::connect("127.0.0.1", static_cast<uint16_t>(port), token, engine);
+  BOOST_TEST(client.token() == token);
   BOOST_TEST(client.is_remote());
   client.add_key("before", at::ones({kRows}));
   BOOST_TEST(client.td().get("before").equal(at::ones({kRows})));
@@ -458,7 +560,7 @@ BOOST_AUTO_TEST_CASE(a_dropped_connection_is_a_backend_error) {
   BOOST_TEST(throws_with<ValueError>([&] { client.client()->call(close_req); }, {"only the owner closes"}));
   client.add_key("still_served", at::zeros({kRows}));  // the owner still serves
   {
-    Store second = Store::connect("127.0.0.1", static_cast<uint16_t>(port), engine);
+    Store second = Store::connect("127.0.0.1", static_cast<uint16_t>(port), token, engine);
     BOOST_TEST(second.td().contains("before"));  // the owner's structure, mapped here
     second.close();
     BOOST_TEST(throws_with<BackendError>([&] { second.flush(); }, {"closed"}));
@@ -469,6 +571,56 @@ BOOST_AUTO_TEST_CASE(a_dropped_connection_is_a_backend_error) {
   // the mapping stays: rows written before the owner died are on disk
   client.td().get("before")[0].fill_(9.0);
   BOOST_TEST(TensorDict::load_memmap(dir.path + "/buf").get("before")[0].item<float>() == 9.0f);
+}
+
+BOOST_AUTO_TEST_CASE(add_key_beyond_the_configured_maximum_is_refused) {
+  TempDir dir("store");
+  auto engine = std::make_shared<Engine>(Config::load(R"({"store": {"max_key_bytes": 400}})"));
+  Store store = Store::open(make_buffer(dir.path + "/buf"), engine);
+  const uint16_t port = store.publish();
+  // 64 x 4 float32 = 1024 bytes: over the limit, from this process and from another one
+  BOOST_TEST(throws_with<ValueError>([&] { store.add_key("big", {kRows, 4}, at::kFloat); },
+                                     {"'big'", "1024 bytes", "400", "store.max_key_bytes"}));
+  const pid_t client = run_client_with_token({"add", std::to_string(port), "7", "0", "0"}, store.token());  // 64 x 2 f32: 512 bytes
+  BOOST_TEST(testutil::wait_child(client) == 3);
+  store.add_key("small", {kRows}, at::kFloat);  // 256 bytes: fine
+  BOOST_TEST(store.td().contains("small"));
+  BOOST_TEST(!store.td().contains("big"));
+  BOOST_TEST(!store.td().contains("k7"));
+  TensorDict fresh = TensorDict::load_memmap(dir.path + "/buf");
+  BOOST_TEST(!fresh.contains("big"));
+  BOOST_TEST(!fs::exists(dir.path + "/buf/big.memmap"));
+  BOOST_TEST(!fs::exists(dir.path + "/buf/k7.memmap"));
+  store.close();
+}
+
+BOOST_AUTO_TEST_CASE(add_key_beyond_the_free_space_is_refused_and_changes_nothing) {
+  TempDir dir("store");
+  // memmap: the buffer lives on a 1 MiB tmpfs; a 4 MiB key does not fit, a 64 KiB one does
+  fs::create_directories(dir.path + "/small");
+  const std::string buf = dir.path + "/small/buf";
+  const std::string report = dir.path + "/report";
+  pid_t p = run_client_on_small_fs(dir.path + "/small", 1024,
+                                   {"add_big", buf, "huge", std::to_string(4 << 20), report});
+  BOOST_TEST(testutil::wait_child(p) == 0);
+  std::string text = read_text(report);
+  BOOST_TEST(text.find("BackendError") != std::string::npos, text);
+  BOOST_TEST(text.find("'huge'") != std::string::npos, text);
+  BOOST_TEST(text.find(std::to_string(4 << 20) + " bytes") != std::string::npos, text);
+  BOOST_TEST(text.find("left") != std::string::npos, text);
+  BOOST_TEST(text.find("key 'huge'") == std::string::npos, text);
+  BOOST_TEST(text.find("huge.memmap") == std::string::npos, text);
+  BOOST_TEST(text.find("key 'x'") != std::string::npos, text);
+  // shared: /dev/shm is a 1 MiB tmpfs in the child's namespace
+  fs::remove(report);
+  p = run_client_on_small_fs("/dev/shm", 1024, {"add_big", "shared", "huge", std::to_string(4 << 20), report});
+  BOOST_TEST(testutil::wait_child(p) == 0);
+  text = read_text(report);
+  BOOST_TEST(text.find("BackendError") != std::string::npos, text);
+  BOOST_TEST(text.find("'huge'") != std::string::npos, text);
+  BOOST_TEST(text.find("left") != std::string::npos, text);
+  BOOST_TEST(text.find("key 'huge'") == std::string::npos, text);
+  BOOST_TEST(text.find("key 'x'") != std::string::npos, text);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

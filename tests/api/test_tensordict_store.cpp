@@ -1,13 +1,21 @@
 // TensorDictStore: Redis stores as TensorDicts behind their store actor, against a real redis-server.
+#include <dirent.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <boost/test/unit_test.hpp>
 
+#include "api/loader_fns.hpp"
+#include "api/map_process_fns.hpp"
 #include "api/remote_fixtures.hpp"
 #include "engine/fixtures.hpp"
 #include "redis_server.hpp"
 #include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/backends/redis_client.hpp"
 #include "tensordict/index_math.hpp"
 #include "tensordict/tensordict.hpp"
 
@@ -17,6 +25,52 @@ using namespace at::indexing;
 using remote_fixtures::indices;
 using remote_fixtures::same;
 using remote_fixtures::sample;
+
+namespace {
+
+//! the command lines (NULs as spaces) of this process's children
+std::vector<std::string> children_cmdlines() {
+  std::vector<std::string> out;
+  const pid_t self = ::getpid();
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in("/proc/" + name + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != self) continue;
+    std::ifstream cmd("/proc/" + name + "/cmdline");
+    std::string text((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    for (auto& c : text) c = c == '\0' ? ' ' : c;
+    out.push_back(text);
+  }
+  ::closedir(d);
+  return out;
+}
+
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no exception";
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
 
 BOOST_AUTO_TEST_SUITE(tensordict_store)
 
@@ -240,6 +294,106 @@ BOOST_AUTO_TEST_CASE(non_tensors_whole_per_row_and_refused) {
   TensorDict two({{"x", at::zeros({2, 2})}}, {2, 2});
   two.set("s", Entry(NonTensorStack({JsonValue("a"), JsonValue("b"), JsonValue("c"), JsonValue("d")}, {2, 2})));
   BOOST_CHECK_THROW(TensorDictStore::from_tensordict(two, o), NotImplementedError);
+}
+
+BOOST_AUTO_TEST_CASE(credentials_by_url_acl_user_and_environment_never_printed) {
+  const std::string pw = "Td-S3cret-4411", bob_pw = "Bob-S3cret-2k";
+  testutil::RedisServer server(testutil::RedisServerOptions{"", pw, false});
+  const std::string port = std::to_string(server.port());
+  {
+    backends::RedisConnectOptions c;
+    c.port = server.port();
+    c.password = pw;
+    backends::RedisClient admin(c);
+    admin.command(backends::RedisCommand{"ACL", "SETUSER", "bob", "on", ">" + bob_pw, "~*", "&*", "+@all"});
+  }
+  TensorDict td = loader_test::dataset(16);
+  // redis://user:password@host:port/db
+  TensorDictStore a = TensorDictStore::from_tensordict(
+      td, RedisOptions::from_url("redis://bob:" + bob_pw + "@127.0.0.1:" + port + "/0?timeout=2.5"));
+  BOOST_TEST(a.to_tensordict().equal(td));
+  BOOST_TEST(a.address() == "redis://127.0.0.1:" + port + "/0?prefix=tensordict&td_id=" + a.td_id());
+  // redis://:password@ (the default user), and the old password= query form
+  for (const std::string& url : {"redis://:" + pw + "@127.0.0.1:" + port + "/0?td_id=" + a.td_id(),
+                                 "redis://127.0.0.1:" + port + "/0?td_id=" + a.td_id() + "&password=" + pw}) {
+    RedisOptions o = RedisOptions::from_url(url);
+    BOOST_TEST(TensorDictStore::from_store(o.td_id(), o).to_tensordict().equal(td));
+  }
+  // the environment, when nothing is given
+  ::setenv("TENSORDICT_REDIS_PASSWORD", pw.c_str(), 1);
+  BOOST_TEST(TensorDictStore::from_store(a.td_id(), RedisOptions().port(server.port())).to_tensordict().equal(td));
+  ::unsetenv("TENSORDICT_REDIS_PASSWORD");
+  // a wrong password: a clear error without it
+  const std::string wrong = "Wrong-S3cret-x";
+  std::string m = error_of<BackendError>([&] {
+    RedisOptions o = RedisOptions::from_url("redis://bob:" + wrong + "@127.0.0.1:" + port + "/0?td_id=" + a.td_id());
+    TensorDictStore::from_store(o.td_id(), o);
+  });
+  BOOST_TEST(has(m, "authentication failed"), m);
+  BOOST_TEST(!has(m, "S3cret"), m);
+  // malformed URLs: ValueError, the password hidden
+  for (const std::string& url : {"redis://bob:" + bob_pw + "@127.0.0.1:99999/0", "redis://:" + bob_pw + "@127.0.0.1:x/0",
+                                 "redis://127.0.0.1/0?password=" + bob_pw + "&bogus=1",
+                                 "redis://:" + bob_pw + "%zz@127.0.0.1/0", "redis://h/0?password=" + bob_pw + "&timeout=-1"}) {
+    m = error_of<ValueError>([&] { RedisOptions::from_url(url); });
+    BOOST_TEST(!has(m, "S3cret"), m);
+    BOOST_TEST(!has(m, "no exception"), url);
+  }
+  BOOST_TEST(redact_url("redis://bob:" + bob_pw + "@h:1/0") == "redis://bob:***@h:1/0");
+}
+
+BOOST_AUTO_TEST_CASE(worker_processes_get_the_password_through_their_environment_only) {
+  const std::string pw = "Wk-S3cret-5150";
+  testutil::RedisServer server(testutil::RedisServerOptions{"", pw, false});
+  map_process_test::register_fns();
+  loader_test::register_fns();
+  const int64_t n = 256;
+  TensorDict td = loader_test::dataset(n);
+  // the password given in the options only: the workers have no other way to learn it than their environment
+  BOOST_REQUIRE(std::getenv("TENSORDICT_REDIS_PASSWORD") == nullptr);
+  TensorDictStore src = TensorDictStore::from_tensordict(td, RedisOptions().port(server.port()).password(pw));
+  BOOST_TEST(StorageSpec::of(src).dump().find(pw) == std::string::npos);
+  // a DataLoader with 2 worker processes (a slow transform: their command lines are read while they run)
+  std::vector<std::string> cmdlines;
+  int64_t rows = 0;
+  bool all_match = true;
+  {
+    DataLoader loader(src, LoaderOptions().batch_size(16).transform_name("ld_slow").worker_processes(2).worker_executable(
+                               TD_LOADER_WORKER_EXE));
+    for (TensorDict b : loader) {
+      rows += b.batch_size()[0];
+      all_match = all_match && loader_test::rows_match(b);
+      for (auto& c : children_cmdlines()) cmdlines.push_back(c);
+    }
+  }
+  BOOST_TEST(rows == n);
+  BOOST_TEST(all_match);
+  // a map with 2 worker processes, its children's command lines read from another thread while it runs
+  fixtures::TempDir out_dir("td-store-map");
+  TensorDict out = zeros_like(td);
+  out.memmap_(out_dir / "out");
+  std::atomic<bool> done{false};
+  std::vector<std::string> map_cmdlines;
+  std::thread watcher([&] {
+    while (!done) {
+      for (auto& c : children_cmdlines()) map_cmdlines.push_back(c);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  std::string map_error;
+  try {
+    src.map("mp_slow", MapOptions().worker_processes(2).worker_executable(TD_MAP_WORKER_EXE).chunksize(32).out(out));
+  } catch (const std::exception& e) {
+    map_error = e.what();
+  }
+  done = true;
+  watcher.join();
+  BOOST_TEST(map_error.empty(), map_error);
+  BOOST_TEST(out.equal(map_process_test::affine(td)));
+  cmdlines.insert(cmdlines.end(), map_cmdlines.begin(), map_cmdlines.end());
+  BOOST_TEST_MESSAGE(cmdlines.size() << " command lines of worker processes read while they ran");
+  BOOST_TEST(!cmdlines.empty());
+  for (const auto& c : cmdlines) BOOST_TEST(!has(c, pw), c);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

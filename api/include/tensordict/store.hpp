@@ -4,7 +4,11 @@
 //! `set_`, `td()`: no actor hop), while what must be serialised goes to the actor as ONE message per call —
 //! adding a key (new leaf file + atomic meta.json rewrite, or a new shared-memory segment), flush, refresh.
 //! Another process `connect`s to a store that was `publish`ed on 127.0.0.1 and maps the same storage
-//! (zero-copy); its add_key goes to the owner's actor, so concurrent producers never lose a key.
+//! (zero-copy); its add_key goes to the owner's actor, so concurrent producers never lose a key. Every store
+//! has a random token (128 bits, `token()`): another process must show it (`connect(host, port, token)`, or the
+//! environment variable TENSORDICT_STORE_TOKEN, or a file `save_token` wrote with mode 0600), else each of its
+//! requests is refused with a BackendError and nothing is done. A new key is checked against the space left
+//! (the directory's file system, or /dev/shm) and the config's store.max_key_bytes before anything is made.
 //!
 //!   auto buf = TensorDict::from_schema(schema, {n}, "memmap", MemmapOptions().prefix(dir));
 //!   tensordict::Store store = tensordict::Store::open(buf);
@@ -34,9 +38,16 @@ class Store {
   static Store open(const TensorDict& td, const std::shared_ptr<Engine>& engine = nullptr);
   //! a store over the memmap directory `prefix` (loaded writable)
   static Store open_memmap(const std::string& prefix, const std::shared_ptr<Engine>& engine = nullptr);
-  //! connects to a store another process published on host:port and maps its storage here (zero-copy);
-  //! BackendError when nothing listens there or it does not answer within request_timeout_ms
+  //! connects to a store another process published on host:port and maps its storage here (zero-copy), showing
+  //! the owner's `token()`; BackendError when nothing listens there, it does not answer within
+  //! request_timeout_ms, or it refuses the token
+  static Store connect(const std::string& host, uint16_t port, const std::string& token,
+                       const std::shared_ptr<Engine>& engine = nullptr);
+  //! as above, the token read from the environment variable TENSORDICT_STORE_TOKEN
   static Store connect(const std::string& host, uint16_t port, const std::shared_ptr<Engine>& engine = nullptr);
+  //! a token save_token wrote: ValueError when the file can be read or written by anyone but its owner (this
+  //! user), BackendError when it cannot be read
+  static std::string load_token(const std::string& path);
 
   //! the store as a TensorDict (upstream's store-backed TensorDict): every operation works on it. Reads and
   //! row writes go straight to the storage (zero-copy views of the current snapshot); setting a key the
@@ -81,8 +92,13 @@ class Store {
   TensorDict read(const std::vector<NestedKey>& keys, const Index& index) const;
   void write(const Index& index, const TensorDict& value) const;
 
-  //! listens on 127.0.0.1:`port` (0: any free port) for connect(); returns the port
+  //! listens on 127.0.0.1:`port` (0: any free port) for connect(); returns the port. Clients need token().
   uint16_t publish(uint16_t port = 0) const;
+  //! the store's token (32 hex digits; a client's: the one it connected with). A secret: hand it to the
+  //! processes you trust through their environment (TENSORDICT_STORE_TOKEN) or save_token, never a command line
+  std::string token() const;
+  //! writes token() into a new file `path` with mode 0600 (written beside it, then renamed); BackendError
+  void save_token(const std::string& path) const;
   //! flushes and stops the actor (owner) or disconnects (client); later actor calls raise BackendError,
   //! direct row access on snapshots taken before stays valid
   void close() const;

@@ -31,6 +31,11 @@ struct RedisOptions : StorageOptions {
   TD_ARG(std::string, unix_socket) = "";
   //! the key namespace ("tensordict" by default, as Python)
   TD_ARG(std::string, prefix) = "";
+  //! an ACL user (AUTH user password); empty: the default user
+  TD_ARG(std::string, user) = "";
+  //! empty: TENSORDICT_REDIS_PASSWORD (or the per-endpoint variable, backends/redis_client.hpp). Never printed:
+  //! not in address(), messages, logs, nor in the storage spec other processes get (they read the environment,
+  //! which td.map and the DataLoader's worker processes are given)
   TD_ARG(std::string, password) = "";
   //! the store's id (empty: a new uuid4 for a new store)
   TD_ARG(std::string, td_id) = "";
@@ -38,6 +43,9 @@ struct RedisOptions : StorageOptions {
   TD_ARG(int, retries) = 3;
   TD_ARG(int, retry_delay_ms) = 100;
   TD_ARG(int, connect_timeout_ms) = 2000;
+  //! a server that sends no byte for this long fails the call ("no reply from HOST:PORT within T s"); a long
+  //! reply that keeps arriving is never cut. Negative: the config's redis.timeout_ms (5000); 0: no timeout
+  TD_ARG(int, timeout_ms) = -1;
   TD_ARG(std::optional<at::Device>, device) = std::nullopt;
   //! the engine whose actor system runs the store actor (null: the default engine)
   TD_ARG(std::shared_ptr<Engine>, engine) = nullptr;
@@ -45,7 +53,14 @@ struct RedisOptions : StorageOptions {
  public:
   JsonValue fields() const override;
   static RedisOptions from_fields(const JsonValue& fields);
+  //! "redis://[[user][:password]@][host][:port][/db][?prefix=P&td_id=ID&timeout=SECONDS&password=PW&user=U]"
+  //! (the standard Redis URL; parts left out take the config's values; user, password and the query values are
+  //! percent-decoded). ValueError for anything else, its text with the secrets hidden (redact_url)
+  static RedisOptions from_url(const std::string& url);
 };
+
+//! a redis:// URL with its password hidden ("user:***@", "password=***"), for messages and logs
+std::string redact_url(const std::string& url);
 
 class TensorDictStore : public TensorDict {
  public:
@@ -75,7 +90,8 @@ class TensorDictStore : public TensorDict {
   void set_tensorclass(const std::string& class_path) const;
 
   const std::string& td_id() const;
-  //! "redis://HOST:PORT/DB?prefix=P&td_id=ID" (what tdx accepts)
+  //! "redis://HOST:PORT/DB?prefix=P&td_id=ID" (what tdx and RedisOptions::from_url accept); never holds the
+  //! user nor the password
   std::string address() const;
   //! disconnects; every handle and view over the store raises BackendError afterwards (the data stays)
   void close() const;

@@ -36,6 +36,12 @@ struct Config {
   int64_t redis_port = 6379;
   int64_t redis_db = 0;
   std::string redis_prefix = "tensordict";
+  //! redis.timeout_ms: a Redis server that sends no byte for this long fails the call with "no reply from
+  //! HOST:PORT within T s" (a long reply that keeps arriving is never cut); 0: wait forever
+  int64_t redis_timeout_ms = 5000;
+  //! store.max_key_bytes: the largest leaf a Store's add_key creates (remote clients included); 0: no limit
+  //! beyond the free space of the file system (memmap) or of /dev/shm (shared), which is always checked
+  int64_t store_max_key_bytes = 0;
   // log.*
   std::string log_level = "warn";
   int64_t request_timeout_ms = 30000;

@@ -27,6 +27,9 @@
 //!   R -> S  (store_atom, store_request) -> store_response          inspectable: what another process may
 //!           ask. Data never travels in messages across processes: the response carries the storage
 //!           handle (memmap directory or share_handle() bytes) and the client maps it, zero-copy.
+//!           A request from another node (or with no sender) must carry the store's token (store_request::
+//!           token, the owner's Store::token()); S refuses any other with a BackendError and applies nothing.
+//!           Requests from this process's own actors need none.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -131,11 +134,12 @@ struct store_request {
   std::vector<std::string> key;  // AddKey
   std::string dtype;             // AddKey: "torch.float32"
   std::vector<int64_t> shape;    // AddKey: batch size + feature shape
+  std::string token;             // the store's token (required from another process)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_request& x) {
-  return f(caf::meta::type_name("tensordict::store_request"), x.op, x.key, x.dtype, x.shape);
+  return f(caf::meta::type_name("tensordict::store_request"), x.op, x.key, x.dtype, x.shape, x.token);
 }
 
 //! inspectable response: ok, or the error (code + bare message) the store raised

@@ -55,6 +55,8 @@ class StoreBackend {
   virtual void refresh() = 0;
   //! the storage spec another process opens (open_storage): memmap directory or shared-memory handle
   virtual StorageSpec spec() const = 0;
+  //! bytes a new leaf may still take (the free space of the directory's file system, or of /dev/shm); -1: unknown
+  virtual int64_t space_left() const { return -1; }
   virtual void close() = 0;
 };
 
@@ -95,10 +97,22 @@ class StoreShared {
   BatchStats stats_;
 };
 
+//! what a store actor checks beyond its backend
+struct StoreGuard {
+  //! requests from another node (or with no sender) must carry it; empty: such requests are all refused
+  std::string token;
+  //! the largest new leaf add_key creates (config store.max_key_bytes); 0: no limit but the space left
+  int64_t max_key_bytes = 0;
+};
+
+//! a new store token: 128 random bits from /dev/urandom as 32 hex digits (BackendError when it cannot be read)
+std::string new_store_token();
+
 //! spawns the store actor for `backend` (a HotActor: a thread of its own, spinning `spin` on its empty
 //! mailbox before it blocks); it publishes its first snapshot into `shared` before this returns
 caf::actor spawn_store_actor(caf::actor_system& system, std::shared_ptr<StoreBackend> backend,
-                             std::shared_ptr<StoreShared> shared, std::chrono::microseconds spin);
+                             std::shared_ptr<StoreShared> shared, std::chrono::microseconds spin,
+                             StoreGuard guard = {});
 
 //! one in-process request through `shared`'s actor: spins `spin`, then blocks until `timeout`;
 //! rethrows the store's error with its type; BackendError when the actor is gone or does not reply
@@ -116,10 +130,13 @@ class Runtime;
 //! client in another process connected through the middleman, with its own mapping of the storage
 class StoreClient {
  public:
-  //! spawns the store actor for `backend` on rt's system
+  //! spawns the store actor for `backend` on rt's system, with a new token (new_store_token) and the config's
+  //! store.max_key_bytes
   static std::shared_ptr<StoreClient> open(std::shared_ptr<Runtime> rt, std::shared_ptr<StoreBackend> backend);
-  //! connects to a published store actor and maps its storage (BackendError when unreachable)
-  static std::shared_ptr<StoreClient> connect(std::shared_ptr<Runtime> rt, const std::string& host, uint16_t port);
+  //! connects to a published store actor and maps its storage (BackendError when unreachable, or refused: a
+  //! missing or wrong token). An empty `token` is read from the environment variable TENSORDICT_STORE_TOKEN.
+  static std::shared_ptr<StoreClient> connect(std::shared_ptr<Runtime> rt, const std::string& host, uint16_t port,
+                                              const std::string& token = "");
   //! the owner stops its actor (no flush: close() flushes); a client just drops its proxy
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
@@ -128,6 +145,8 @@ class StoreClient {
   bool remote() const { return remote_; }
   const std::string& kind() const { return kind_; }
   const caf::actor& actor() const { return actor_; }
+  //! the store's token (the owner's; a client's is the one it connected with)
+  const std::string& token() const { return token_; }
   TensorDict snapshot() const { return shared_->snapshot(); }
   int64_t version() const { return shared_->version(); }
   StoreShared::BatchStats batch_stats() const { return shared_->batch_stats(); }
@@ -147,6 +166,7 @@ class StoreClient {
   bool remote_ = false;
   bool closed_ = false;
   std::string kind_;
+  std::string token_;
   std::vector<uint16_t> ports_;
   std::mutex mu_;  // remote refresh / publish / close
 };

@@ -1,7 +1,11 @@
 #pragma once
 //! RedisClient: one blocking connection to a Redis (or Redis-compatible) server over hiredis 0.14.
-//! - connect over TCP (host/port) or a unix socket, AUTH with a password, SELECT a db, with a connect timeout
-//!   and a command timeout (a reply that does not come in time drops the connection);
+//! - connect over TCP (host/port) or a unix socket, AUTH with a password (and an ACL user), SELECT a db, with a
+//!   connect timeout and a reply timeout: "no byte received within T" (hiredis' timeout is per read() call, so a
+//!   long reply that keeps arriving is never cut); a server that stays silent for T is a BackendError "no reply
+//!   from HOST:PORT within T s", raised once (never retried: a silent server would multiply the wait);
+//! - credentials: given, else from the environment (redis_env_credentials); never part of a message: every
+//!   text this layer builds goes through redact_secret, and URLs through redact_redis_url;
 //! - command(argv), pipeline(commands) (all commands appended, then all replies read: ONE round trip) and
 //!   transaction(commands) (MULTI ... EXEC in one pipeline);
 //! - replies are owned, binary-safe values (RedisReply); no hiredis type appears in this header.
@@ -100,9 +104,10 @@ struct RedisConnectOptions {
   int port = 6379;
   std::string unix_socket;  //!< non-empty: connect to this socket instead of host:port
   int db = 0;
-  std::string password;        //!< non-empty: AUTH on every (re)connect
+  std::string user;            //!< an ACL user (AUTH user password); empty: the default user
+  std::string password;        //!< non-empty: AUTH on every (re)connect; empty: redis_env_credentials()
   int connect_timeout_ms = 2000;
-  int command_timeout_ms = 30000;  //!< 0: none
+  int command_timeout_ms = 5000;  //!< no byte received for this long: BackendError "no reply ..."; 0: none
   int retries = 3;                 //!< connection attempts of a (re)connect
   int retry_delay_ms = 100;        //!< between attempts
 };
@@ -137,6 +142,7 @@ class RedisClient {
   void ensure_connected();
   void connect_once();
   [[noreturn]] void lost(const std::string& what, const std::string& reason = "");
+  [[noreturn]] void silent(const std::string& what);
   std::vector<RedisReply> roundtrip(const std::vector<const RedisCommand*>& cmds);
 
   RedisConnectOptions options_;
@@ -145,6 +151,29 @@ class RedisClient {
   std::vector<size_t> argvlen_;
   int64_t connections_ = 0;
 };
+
+//! credentials of a Redis endpoint ("host:port" or the socket path) from the environment: the variables of that
+//! endpoint (TENSORDICT_REDIS_PASSWORD_<ENDPOINT>, TENSORDICT_REDIS_USER_<ENDPOINT>, every character of the
+//! endpoint other than a letter or digit written '_': TENSORDICT_REDIS_PASSWORD_127_0_0_1_6379), else
+//! TENSORDICT_REDIS_PASSWORD / TENSORDICT_REDIS_USER. Empty fields when none is set.
+struct RedisCredentials {
+  std::string user;
+  std::string password;
+};
+RedisCredentials redis_env_credentials(const std::string& endpoint);
+//! the environment variable names of an endpoint's credentials (see redis_env_credentials)
+std::string redis_password_env_name(const std::string& endpoint);
+std::string redis_user_env_name(const std::string& endpoint);
+//! "NAME=value" entries that give a worker process this process's Redis credentials: for every endpoint this
+//! process authenticated to, its per-endpoint variables. A process that starts workers (td.map, DataLoader) puts
+//! them in the child's environment before exec, never on its command line.
+std::vector<std::string> redis_child_environment();
+
+//! `text` with every occurrence of `secret` (when non-empty) replaced by "***"
+std::string redact_secret(std::string text, const std::string& secret);
+//! a redis:// URL with its secrets hidden: the password of "user:password@" and the value of a "password=" query
+//! parameter become "***" (any other text is returned as it is)
+std::string redact_redis_url(const std::string& url);
 
 //! throws the error of an error reply: ValueError when the caller's arguments are at fault (too large
 //! a value, offset out of range), else BackendError; `context` prefixes Redis's text

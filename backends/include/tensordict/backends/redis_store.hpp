@@ -33,10 +33,11 @@ struct RedisOptions {
   int db_ = 0;
   std::string unix_socket_;  //!< non-empty: used instead of host:port
   std::string prefix_ = "tensordict";
-  std::string password_;  //!< never part of spec_fields(); see open_redis_store(spec)
+  std::string user_;      //!< an ACL user (with password_); never part of spec_fields()
+  std::string password_;  //!< never part of spec_fields() nor of a message; empty: the environment's (RedisClient)
   std::string td_id_;     //!< empty: create_redis_store draws a new uuid4
   int connect_timeout_ms_ = 2000;
-  int command_timeout_ms_ = 30000;
+  int command_timeout_ms_ = 5000;  //!< no byte received for this long: BackendError "no reply from ..."; 0: none
   int retries_ = 3;
   int retry_delay_ms_ = 100;
 
@@ -51,6 +52,7 @@ struct RedisOptions {
   TD_REDIS_OPT(int, db)
   TD_REDIS_OPT(std::string, unix_socket)
   TD_REDIS_OPT(std::string, prefix)
+  TD_REDIS_OPT(std::string, user)
   TD_REDIS_OPT(std::string, password)
   TD_REDIS_OPT(std::string, td_id)
   TD_REDIS_OPT(int, connect_timeout_ms)
@@ -152,10 +154,12 @@ class RedisStore : public LeafStore {
 //! options.td_id() is empty. Existing keys of that td_id are kept (as in Python).
 std::shared_ptr<LeafStore> create_redis_store(const RedisOptions& options, const std::vector<int64_t>& batch_size,
                                               const std::string& device = "");
-//! an existing store: KeyError naming the td_id when its __batch_size__ is missing (a lazy-stack store says so)
+//! an existing store: KeyError naming the td_id when its __batch_size__ is missing (a lazy-stack store says so);
+//! FormatError naming the store and the field when __batch_size__ or __device__ ("" or a device such as "cpu",
+//! "cuda:0") holds something else
 std::shared_ptr<LeafStore> open_redis_store(const RedisOptions& options);
 //! from spec_fields() of another process: {"host","port","db","unix_socket","prefix","td_id"}. The password is
-//! never in a spec: it is `password` when given, else the environment variable TENSORDICT_REDIS_PASSWORD.
+//! never in a spec: it is `password` when given, else the environment's (redis_env_credentials).
 std::shared_ptr<LeafStore> open_redis_store(const JsonValue& spec_fields, const std::string& password = "");
 //! the td_id of a Redis store (ValueError for another kind of store)
 std::string redis_store_td_id(const LeafStore& store);
