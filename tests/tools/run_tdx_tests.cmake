@@ -12,6 +12,11 @@
 #   - Redis: a redis-server of its own (loopback, random port, stopped by its pid) loaded with python-store.rdb:
 #     dump --json of each fixture store == its expected leaves, info, verify, convert store <-> memmap / h5,
 #     memmap -> a new store (address printed), a damaged store fails verify
+#   - safety (issue 33): a failed convert --force leaves DST byte for byte (memmap directory, .h5, Redis store) and
+#     nothing beside it; an .h5 held open "r+" by another process is refused; a failed convert into a new store
+#     leaves no key; X.H5 is an HDF5 file; a full stdout fails; --edgeitems is validated; dump --json of a
+#     sparse 1 GiB leaf stays under 400 MB of RSS; keys with escapes print escaped; unreadable leaf / meta.json
+#     and a declared 16 TiB dataset are reported by verify; no password is echoed (HDF5 files: tdx_h5_helper.py)
 #   - the fixture tree (file list and every file's SHA-256) is unchanged afterwards: tdx never writes what it reads
 # A torch-linked process takes ~0.6 s to start; the script starts tdx about 100 times.
 cmake_minimum_required(VERSION 3.19)  # string(JSON)
@@ -442,6 +447,211 @@ check("NOT v_rc EQUAL 0 AND v_out MATCHES \"PROBLEM\"" "verify on a truncated HD
 run_tdx(c convert "${WORK_DIR}/truncated.h5" "${WORK_DIR}/from_truncated" --quiet)
 check("NOT c_rc EQUAL 0" "convert from a truncated HDF5 file exits 0")
 
+# ---------------------------------------------------------------------------------------- safety (issue 33)
+# python3 with h5py (Debian python3-h5py) writes the HDF5 files below and holds one open for writing
+set(_py "")
+foreach(_cand python3 /usr/bin/python3)
+  execute_process(COMMAND ${_cand} -c "import h5py" RESULT_VARIABLE _r OUTPUT_QUIET ERROR_QUIET)
+  if(_r EQUAL 0)
+    set(_py ${_cand})
+    break()
+  endif()
+endforeach()
+if(NOT _py)
+  fail("python3 with h5py not found: the HDF5 safety checks need it (apt-get install python3-h5py)")
+endif()
+set(_helper "${CMAKE_CURRENT_LIST_DIR}/tdx_h5_helper.py")
+set(_sf "${WORK_DIR}/safety")
+file(MAKE_DIRECTORY "${_sf}")
+# no sibling (.NAME.tdx-convert.*) left in DIR
+function(check_no_stage dir label)
+  file(GLOB _left LIST_DIRECTORIES true "${dir}/.*tdx-convert*")
+  check("\"${_left}\" STREQUAL \"\"" "${label}: the convert left '${_left}' behind")
+endfunction()
+# contains(<text> <needle> <var>): TRUE when text holds needle (no regex)
+function(contains text needle var)
+  string(FIND "${text}" "${needle}" _pos)
+  if(_pos GREATER -1)
+    set(${var} TRUE PARENT_SCOPE)
+  else()
+    set(${var} FALSE PARENT_SCOPE)
+  endif()
+endfunction()
+
+# (1) --force onto an existing .h5 whose copy fails (b_nested's "a/b" has no HDF5 name): DST byte for byte
+run_tdx(c convert "${PW}/a_flat" "${_sf}/old.h5" --quiet)
+file(SHA256 "${_sf}/old.h5" _before)
+run_tdx(c convert "${PW}/b_nested" "${_sf}/old.h5" --quiet --force)
+check("NOT c_rc EQUAL 0 AND c_err MATCHES \"a/b\"" "convert --force b_nested onto an .h5: ${c_rc} '${c_err}'")
+file(SHA256 "${_sf}/old.h5" _after)
+check("_before STREQUAL _after" "a failed convert --force changed the existing .h5")
+check_no_stage("${_sf}" "failed convert --force onto an .h5")
+run_tdx(v verify "${_sf}/old.h5")
+check("v_rc EQUAL 0 AND v_out MATCHES \"^OK: 3 leaves\"" "the .h5 after a failed --force: ${v_rc} '${v_out}${v_err}'")
+# a --force that succeeds replaces it (the new leaves, nothing left beside it)
+file(READ "${PW}/j_memmap_like.expected.json" _exp)
+run_tdx(c convert "${PW}/j_memmap_like" "${_sf}/old.h5" --quiet --force)
+check("c_rc EQUAL 0" "convert --force j_memmap_like onto an .h5: ${c_rc} '${c_err}'")
+run_tdx(d dump "${_sf}/old.h5" --json)
+if(d_rc EQUAL 0)
+  cmp_dump("j_memmap_like -> --force .h5" "${d_out}" "${_exp}" LEAVES)
+else()
+  fail("dump of the replaced .h5: ${d_rc} '${d_err}'")
+endif()
+check_no_stage("${_sf}" "convert --force onto an .h5")
+# ... and onto an existing memmap directory (the copy of a_flat replaces j_memmap_like's)
+run_tdx(c convert "${PW}/j_memmap_like" "${_sf}/old.mm" --quiet)
+run_tdx(c convert "${PW}/a_flat" "${_sf}/old.mm" --quiet --force)
+check("c_rc EQUAL 0" "convert --force onto a memmap directory: ${c_rc} '${c_err}'")
+file(READ "${PW}/a_flat.expected.json" _exp)
+run_tdx(d dump "${_sf}/old.mm" --json)
+if(d_rc EQUAL 0)
+  cmp_dump("a_flat -> --force memmap dir" "${d_out}" "${_exp}" TRUE)
+else()
+  fail("dump of the replaced directory: ${d_rc} '${d_err}'")
+endif()
+check_no_stage("${_sf}" "convert --force onto a memmap directory")
+
+# (1) an .h5 held open for writing by another process ("r+", HDF5's lock): --force refuses, its rows stay
+if(_py)
+  run_tdx(c convert "${PW}/a_flat" "${_sf}/held.h5" --quiet)
+  file(REMOVE "${_sf}/ready" "${_sf}/stop")
+  execute_process(COMMAND sh -c "\"$0\" \"$1\" hold \"$2\" \"$3\" \"$4\" > \"$5\" 2>&1 & echo $!"
+                          "${_py}" "${_helper}" "${_sf}/held.h5" "${_sf}/ready" "${_sf}/stop" "${_sf}/holder.log"
+                  OUTPUT_VARIABLE _hpid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  foreach(_w RANGE 1 300)
+    if(EXISTS "${_sf}/ready")
+      break()
+    endif()
+    execute_process(COMMAND ${CMAKE_COMMAND} -E sleep 0.1)
+  endforeach()
+  check("EXISTS \"${_sf}/ready\"" "the HDF5 holder did not start (see ${_sf}/holder.log)")
+  run_tdx(c convert "${PW}/j_memmap_like" "${_sf}/held.h5" --quiet --force)
+  check("NOT c_rc EQUAL 0 AND c_err MATCHES \"open for writing\""
+        "convert --force onto an .h5 held open r+: ${c_rc} '${c_err}'")
+  check_no_stage("${_sf}" "refused convert --force onto a held .h5")
+  file(WRITE "${_sf}/stop" "")
+  foreach(_w RANGE 1 300)
+    execute_process(COMMAND kill -0 ${_hpid} RESULT_VARIABLE _alive OUTPUT_QUIET ERROR_QUIET)
+    if(NOT _alive EQUAL 0)
+      break()
+    endif()
+    execute_process(COMMAND ${CMAKE_COMMAND} -E sleep 0.1)
+  endforeach()
+  execute_process(COMMAND "${_py}" "${_helper}" row "${_sf}/held.h5" obs OUTPUT_VARIABLE _row ERROR_VARIABLE _rerr)
+  check("_row MATCHES \"^\\\\[7.0, 7.0, 7.0\\\\]\"" "the holder's row after a refused --force: '${_row}${_rerr}'")
+endif()
+
+# (13c) DST suffixes are case-insensitive: X.H5 / X.HDF5 are HDF5 files
+foreach(_n upper.H5 upper.Hdf5)
+  run_tdx(c convert "${PW}/a_flat" "${_sf}/${_n}" --quiet)
+  check("c_rc EQUAL 0 AND NOT IS_DIRECTORY \"${_sf}/${_n}\"" "convert -> ${_n}: ${c_rc} '${c_err}' (a directory?)")
+  run_tdx(i info "${_sf}/${_n}")
+  check("i_out MATCHES \"PersistentTensorDict\"" "info ${_n}: '${i_out}${i_err}'")
+endforeach()
+
+# (13a) a full stdout: non-zero, a message on stderr
+foreach(_args "info;${PW}/a_flat" "dump;${PW}/a_flat" "dump;${PW}/a_flat;--json" "verify;${PW}/a_flat")
+  execute_process(COMMAND "${TDX}" ${_args} OUTPUT_FILE /dev/full RESULT_VARIABLE _rc ERROR_VARIABLE _err)
+  check("NOT _rc EQUAL 0 AND _err MATCHES \"standard output\"" "tdx ${_args} > /dev/full: ${_rc} '${_err}'")
+endforeach()
+
+# (10) --edgeitems / --threshold validated; a huge edgeitems neither overflows nor prints more than it may
+run_tdx(e dump "${PW}/a_flat" --edgeitems -1)
+check("e_rc EQUAL 2 AND e_err MATCHES \"edgeitems\"" "dump --edgeitems -1: ${e_rc} '${e_out}${e_err}'")
+run_tdx(e dump "${PW}/a_flat" --threshold 1 --edgeitems 4611686018427387904)
+check("e_rc EQUAL 0 AND e_out MATCHES \"2.7500\" AND NOT e_out MATCHES \"[.][.][.]\""
+      "dump --edgeitems 2^62: ${e_rc} '${e_out}${e_err}'")
+
+# (10) dump --json streams: a sparse 1 GiB float32 leaf dumps with a bounded resident set
+set(_big "${_sf}/sparse_1g")
+file(MAKE_DIRECTORY "${_big}")
+file(WRITE "${_big}/meta.json" "{\"x\": {\"device\": \"cpu\", \"shape\": [268435456], \"dtype\": \"torch.float32\", \"is_nested\": false}, \"shape\": [268435456], \"device\": \"cpu\", \"_type\": \"<class 'tensordict._td.TensorDict'>\"}")
+execute_process(COMMAND truncate -s 1073741824 "${_big}/x.memmap")
+execute_process(COMMAND /usr/bin/time -f "maxrss_kb=%M" "${TDX}" dump "${_big}" --json --compact
+                OUTPUT_FILE /dev/null RESULT_VARIABLE _rc ERROR_VARIABLE _err)
+string(REGEX MATCH "maxrss_kb=([0-9]+)" _m "${_err}")
+set(_kb "${CMAKE_MATCH_1}")
+check("_rc EQUAL 0 AND _kb AND _kb LESS 409600" "dump --json of a sparse 1 GiB leaf: exit ${_rc}, max RSS ${_kb} kB (bound 400 MB): '${_err}'")
+file(REMOVE_RECURSE "${_big}")
+# and its text form reads only what it prints
+file(MAKE_DIRECTORY "${_big}")
+file(WRITE "${_big}/meta.json" "{\"x\": {\"device\": \"cpu\", \"shape\": [268435456], \"dtype\": \"torch.float32\", \"is_nested\": false}, \"shape\": [268435456], \"device\": \"cpu\", \"_type\": \"<class 'tensordict._td.TensorDict'>\"}")
+execute_process(COMMAND truncate -s 1073741824 "${_big}/x.memmap")
+execute_process(COMMAND /usr/bin/time -f "maxrss_kb=%M" "${TDX}" dump "${_big}"
+                OUTPUT_VARIABLE _out RESULT_VARIABLE _rc ERROR_VARIABLE _err)
+string(REGEX MATCH "maxrss_kb=([0-9]+)" _m "${_err}")
+set(_kb "${CMAKE_MATCH_1}")
+check("_rc EQUAL 0 AND _out MATCHES \"0[.], 0[.], 0[.],  [.][.][.], 0[.], 0[.], 0[.]\" AND _kb AND _kb LESS 409600"
+      "dump (text) of a sparse 1 GiB leaf: exit ${_rc}, max RSS ${_kb} kB: '${_out}${_err}'")
+file(REMOVE_RECURSE "${_big}")
+
+if(_py)
+  # (13b) a key holding an ANSI escape is printed escaped (\x1b) by info, dump and verify's messages
+  string(ASCII 27 _esc)
+  execute_process(COMMAND "${_py}" "${_helper}" escape "${_sf}/esc.h5")
+  run_tdx(c convert "${_sf}/esc.h5" "${_sf}/esc.mm" --quiet)
+  check("c_rc EQUAL 0" "convert of an .h5 with an escape in a key: ${c_rc} '${c_err}'")
+  foreach(_src "${_sf}/esc.h5" "${_sf}/esc.mm")
+    foreach(_cmd info dump)
+      run_tdx(o ${_cmd} "${_src}")
+      contains("${o_out}${o_err}" "${_esc}" _raw)
+      contains("${o_out}" "\\x1b[31mred" _escaped)
+      check("o_rc EQUAL 0 AND NOT _raw AND _escaped" "tdx ${_cmd} ${_src}: an escape printed raw or not at all: '${o_out}${o_err}'")
+    endforeach()
+  endforeach()
+  file(GLOB _leaf "${_sf}/esc.mm/*31mred.memmap")
+  file(REMOVE ${_leaf})
+  foreach(_cmd verify info dump)
+    run_tdx(o ${_cmd} "${_sf}/esc.mm")
+    contains("${o_out}${o_err}" "${_esc}" _raw)
+    contains("${o_out}${o_err}" "\\x1b[31mred" _escaped)
+    check("NOT _raw AND _escaped" "tdx ${_cmd} of a missing leaf with an escape: '${o_out}${o_err}'")
+  endforeach()
+
+  # (13e) verify of a declared 16 TiB (sparse) dataset: refused up front with --max-bytes named, in seconds
+  execute_process(COMMAND "${_py}" "${_helper}" huge "${_sf}/huge.h5")
+  run_tdx(v verify "${_sf}/huge.h5")
+  check("v_rc EQUAL 2 AND v_err MATCHES \"16 TiB\" AND v_err MATCHES \"--max-bytes\""
+        "verify of a 16 TiB dataset: ${v_rc} '${v_out}${v_err}'")
+  run_tdx(v verify "${_sf}/huge.h5" --max-bytes -5)
+  check("v_rc EQUAL 2 AND v_err MATCHES \"max-bytes\"" "verify --max-bytes -5: ${v_rc} '${v_err}'")
+  # a store under the limit is read, with progress on stderr when it takes several chunks
+  run_tdx(v verify "${PW}/i_h5.h5" --max-bytes 1000000)
+  check("v_rc EQUAL 0" "verify i_h5.h5 under --max-bytes: ${v_rc} '${v_out}${v_err}'")
+endif()
+
+# (13d) an unreadable leaf and an unreadable meta.json: verify names the file. As root (who reads mode 000
+# files) tdx runs as nobody (setpriv) on a copy under a directory nobody may traverse.
+set(_ur "${_sf}/unreadable")
+file(COPY "${PW}/b_nested" DESTINATION "${_ur}")
+execute_process(COMMAND chmod 000 "${_ur}/b_nested/sub/x.memmap")
+file(COPY "${PW}/a_flat" DESTINATION "${_ur}")
+execute_process(COMMAND chmod 000 "${_ur}/a_flat/meta.json")
+execute_process(COMMAND id -u OUTPUT_VARIABLE _uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+set(_as "")
+if(_uid EQUAL 0)
+  find_program(SETPRIV setpriv)
+  if(NOT SETPRIV)
+    fail("setpriv (util-linux) not found: running as root, the unreadable-file checks need it")
+  endif()
+  set(_as "${SETPRIV}" --reuid=65534 --regid=65534 --clear-groups)
+endif()
+execute_process(COMMAND ${_as} "${TDX}" verify "${_ur}/b_nested" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+check("_rc EQUAL 1 AND _out MATCHES \"sub/x.memmap.*cannot be read\"" "verify with an unreadable leaf: ${_rc} '${_out}${_err}'")
+execute_process(COMMAND ${_as} "${TDX}" verify "${_ur}/a_flat" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+check("_rc EQUAL 1 AND _out MATCHES \"a_flat/meta.json: cannot be read\" AND NOT _out MATCHES \"empty\""
+      "verify with an unreadable meta.json: ${_rc} '${_out}${_err}'")
+
+# (7) a leaf shorter than meta.json says, in a sub-TensorDict: verify reports it (nothing is mapped) and dump
+# refuses it before mapping (a FormatError, no SIGBUS)
+file(COPY "${PW}/b_nested" DESTINATION "${_sf}/short")
+file(WRITE "${_sf}/short/b_nested/sub/deeper/y.memmap" "1234")
+run_tdx(v verify "${_sf}/short/b_nested")
+check("v_rc EQUAL 1 AND v_out MATCHES \"deeper/y.memmap.*truncated\"" "verify of a short nested leaf: ${v_rc} '${v_out}'")
+run_tdx(d dump "${_sf}/short/b_nested" --json)
+check("d_rc EQUAL 2 AND d_err MATCHES \"y.memmap\"" "dump of a short nested leaf: ${d_rc} '${d_err}'")
+
 # ---------------------------------------------------------------------------------------- Redis stores
 # a real redis-server (loopback, no persistence) loaded with the Python-written python-store.rdb; it is
 # stopped by its pid before the script reports failures
@@ -581,6 +791,75 @@ if(_up)
   check("NOT e_rc EQUAL 0" "info on an unknown td_id exits 0")
   run_tdx(e info "redis://127.0.0.1:notaport/0?td_id=x")
   check("NOT e_rc EQUAL 0 AND e_err MATCHES \"port\"" "info on a bad address: ${e_rc} '${e_err}'")
+
+  # (1) a failed convert --force onto an existing directory / .h5 (a store whose first row reads but whose
+  # rows do not: the copy fails after the sibling was made): DST byte for byte, nothing left beside it
+  run_tdx(c convert "${PW}/i_h5.h5" "redis://127.0.0.1:${_port}/0?prefix=tdxtest" --quiet)
+  string(STRIP "${c_out}" _dmg)
+  string(REGEX REPLACE ".*td_id=" "" _did "${_dmg}")
+  execute_process(COMMAND "${REDIS_CLI}" -h 127.0.0.1 -p ${_port} SET "tdxtest:{${_did}}:d:obs" "12345678" OUTPUT_QUIET)
+  run_tdx(c convert "${PW}/a_flat" "${_sf}/victim.mm" --quiet)
+  run_tdx(c convert "${PW}/a_flat" "${_sf}/victim.h5" --quiet)
+  tree_digest("${_sf}/victim.mm" _before_mm)
+  file(SHA256 "${_sf}/victim.h5" _before_h5)
+  foreach(_dst "${_sf}/victim.mm" "${_sf}/victim.h5")
+    run_tdx(c convert "${_dmg}" "${_dst}" --quiet --force)
+    check("NOT c_rc EQUAL 0 AND c_err MATCHES \"obs\"" "convert --force of a damaged store onto ${_dst}: ${c_rc} '${c_err}'")
+  endforeach()
+  tree_digest("${_sf}/victim.mm" _after_mm)
+  file(SHA256 "${_sf}/victim.h5" _after_h5)
+  check("_before_mm STREQUAL _after_mm" "a failed convert --force changed the existing memmap directory")
+  check("_before_h5 STREQUAL _after_h5" "a failed convert --force changed the existing .h5 (from a store)")
+  check_no_stage("${_sf}" "failed convert --force from a damaged store")
+
+  # (2) Redis DST: a failed convert leaves no key behind (nothing printed), a failed --force leaves the store
+  function(dbsize out)
+    execute_process(COMMAND "${REDIS_CLI}" -h 127.0.0.1 -p ${_port} DBSIZE OUTPUT_VARIABLE _n OUTPUT_STRIP_TRAILING_WHITESPACE)
+    set(${out} "${_n}" PARENT_SCOPE)
+  endfunction()
+  dbsize(_keys0)
+  run_tdx(c convert "${_dmg}" "redis://127.0.0.1:${_port}/0?prefix=tdxtest" --quiet)
+  dbsize(_keys1)
+  check("NOT c_rc EQUAL 0 AND \"${c_out}\" STREQUAL \"\" AND _keys0 EQUAL _keys1"
+        "a failed convert into a new store: ${c_rc} '${c_out}' keys ${_keys0} -> ${_keys1}")
+  run_tdx(d0 dump "${_new}" --json --compact)
+  run_tdx(c convert "${_dmg}" "${_new}" --quiet --force)
+  dbsize(_keys2)
+  run_tdx(d1 dump "${_new}" --json --compact)
+  check("NOT c_rc EQUAL 0 AND d1_rc EQUAL 0 AND d0_out STREQUAL d1_out AND _keys0 EQUAL _keys2"
+        "a failed convert --force into an existing store changed it: ${c_rc} '${c_err}' dump ${d1_rc} '${d1_err}' keys ${_keys0} -> ${_keys2}")
+  # maxmemory reached while the new store is made: removed again
+  set(_mm "${_sf}/eight_mib")
+  file(MAKE_DIRECTORY "${_mm}")
+  file(WRITE "${_mm}/meta.json" "{\"x\": {\"device\": \"cpu\", \"shape\": [2097152], \"dtype\": \"torch.float32\", \"is_nested\": false}, \"shape\": [2097152], \"device\": \"cpu\", \"_type\": \"<class 'tensordict._td.TensorDict'>\"}")
+  execute_process(COMMAND truncate -s 8388608 "${_mm}/x.memmap")
+  execute_process(COMMAND "${REDIS_CLI}" -h 127.0.0.1 -p ${_port} INFO memory OUTPUT_VARIABLE _info)
+  string(REGEX MATCH "used_memory:([0-9]+)" _m "${_info}")
+  math(EXPR _limit "${CMAKE_MATCH_1} + 2097152")
+  execute_process(COMMAND "${REDIS_CLI}" -h 127.0.0.1 -p ${_port} CONFIG SET maxmemory ${_limit} OUTPUT_QUIET)
+  run_tdx(c convert "${_mm}" "redis://127.0.0.1:${_port}/0?prefix=tdxtest" --quiet)
+  run_tdx(f convert "${_mm}" "${_new}" --quiet --force)
+  execute_process(COMMAND "${REDIS_CLI}" -h 127.0.0.1 -p ${_port} CONFIG SET maxmemory 0 OUTPUT_QUIET)
+  dbsize(_keys3)
+  run_tdx(d2 dump "${_new}" --json --compact)
+  check("NOT c_rc EQUAL 0 AND c_err MATCHES \"OOM\" AND \"${c_out}\" STREQUAL \"\" AND _keys0 EQUAL _keys3"
+        "convert into a new store past maxmemory: ${c_rc} '${c_out}${c_err}' keys ${_keys0} -> ${_keys3}")
+  check("NOT f_rc EQUAL 0 AND d0_out STREQUAL d2_out"
+        "convert --force into an existing store past maxmemory changed it: ${f_rc} '${f_err}' '${d2_err}'")
+  # a --force that succeeds replaces the store under the same td_id
+  run_tdx(c convert "${PW}/a_flat" "${_new}" --quiet --force)
+  string(STRIP "${c_out}" _same)
+  check("c_rc EQUAL 0 AND _same STREQUAL _new" "convert --force into an existing store: ${c_rc} '${c_out}${c_err}'")
+  file(READ "${PW}/a_flat.expected.json" _exp)
+  run_tdx(d dump "${_new}" --json)
+  if(d_rc EQUAL 0)
+    cmp_dump("a_flat -> --force store" "${d_out}" "${_exp}" FALSE)
+  else()
+    fail("dump of the replaced store: ${d_rc} '${d_err}'")
+  endif()
+  # (secrets) a password given in the address is never echoed
+  run_tdx(e info "redis://127.0.0.1:${_port}/0?prefix=tdxtest&td_id=no-such-store&password=s3cr3t-pw")
+  check("NOT e_rc EQUAL 0 AND NOT e_err MATCHES \"s3cr3t-pw\"" "a password echoed: '${e_out}${e_err}'")
 endif()
 
 if(_rpid)  # stop by pid, wait until gone

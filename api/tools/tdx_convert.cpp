@@ -1,0 +1,422 @@
+// tdx convert: SRC -> DST (memmap directory, HDF5 file, Redis store: any pair), in row chunks of <= 64 MiB.
+// The copy never writes DST itself: it goes into a sibling (a hidden directory or .h5 file beside DST, or a
+// fresh td_id in DST's Redis database), is checked, and only then switched in with one rename (one
+// renameat2 RENAME_EXCHANGE over an existing directory, one atomic script over an existing store). A copy
+// that fails removes its sibling and leaves DST as it was; an HDF5 DST another process holds open for
+// writing is refused.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tdx_common.hpp"
+#include "tensordict/actors/progress.hpp"
+#include "tensordict/backends/redis_client.hpp"
+#include "tensordict/describe.hpp"
+#include "tensordict/engine.hpp"
+#include "tensordict/errors.hpp"
+#include "tensordict/persistent.hpp"
+
+namespace tdx {
+namespace {
+
+namespace fs = std::filesystem;
+
+//! the source of a convert: memmap directories load read-only (private mappings); lazy stacks are refused
+Input open_source(const std::string& path) {
+  const InputKind kind = input_kind(path);
+  if (kind != InputKind::Memmap) return open_store_input(path, kind);
+  check_input_dir(path);
+  if (td::is_lazy_stack_dir(path))
+    throw ToolError("'" + shown(path) + "' holds a lazy stack: convert copies TensorDicts (stack it first)");
+  Input in;
+  in.kind = kind;
+  in.td = td::TensorDict::load_memmap(path, td::LoadOptions().writable(false).on_warning([](const std::string& w) {
+    std::cerr << "tdx: warning: " << escape_text(w) << "\n";
+  }));
+  in.close = [] {};
+  return in;
+}
+
+// ------------------------------------------------------------------------------------------ Redis, raw
+//! a uuid4 (the form Python's TensorDictStore gives its td_ids)
+std::string new_td_id() {
+  unsigned char b[16];
+  std::FILE* f = std::fopen("/dev/urandom", "rb");
+  if (!f || std::fread(b, 1, sizeof b, f) != sizeof b) {
+    if (f) std::fclose(f);
+    throw ToolError("cannot read /dev/urandom for a new td_id");
+  }
+  std::fclose(f);
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);
+  char out[37];
+  std::snprintf(out, sizeof out, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return out;
+}
+
+//! a glob pattern matching `s` literally (Redis SCAN / KEYS)
+std::string glob_literal(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+//! one connection to the server of a store address, for what the store API has no call for: removing every
+//! key of a td_id and switching a new store in under an existing td_id
+class RawRedis {
+ public:
+  explicit RawRedis(const td::RedisOptions& o) {
+    const td::Config& cfg = td::Engine::default_engine()->config();
+    tdb::RedisConnectOptions c;
+    c.host = o.host().empty() ? cfg.redis_host : o.host();
+    c.port = o.port() > 0 ? o.port() : static_cast<int>(cfg.redis_port);
+    c.db = o.db() >= 0 ? o.db() : static_cast<int>(cfg.redis_db);
+    c.unix_socket = o.unix_socket();
+    c.password = o.password();
+    if (c.password.empty())
+      if (const char* env = std::getenv("TENSORDICT_REDIS_PASSWORD")) c.password = env;
+    prefix_ = o.prefix().empty() ? cfg.redis_prefix : o.prefix();
+    client_ = std::make_unique<tdb::RedisClient>(c);
+  }
+
+  //! the key prefix of a store: "P:{ID}:" (backends/redis_store.cpp, redis_key)
+  std::string key_prefix(const std::string& id) const { return prefix_ + ":{" + id + "}:"; }
+
+  //! removes every key of the store `id`; returns how many
+  int64_t remove_store(const std::string& id) {
+    int64_t removed = 0;
+    std::string cursor = "0";
+    for (int guard = 0; guard < 1000000; ++guard) {
+      tdb::RedisReply r = client_->command(
+          {"SCAN", cursor, "MATCH", glob_literal(key_prefix(id)) + "*", "COUNT", "1000"});
+      cursor = r.elements.at(0).str;
+      std::vector<std::string> del{"DEL"};
+      for (const auto& k : r.elements.at(1).elements) del.push_back(k.str);
+      if (del.size() > 1) removed += client_->command(del).integer;
+      if (cursor == "0") break;
+    }
+    return removed;
+  }
+
+  //! in one script (atomic on the server): removes every key of `old_id`, renames every key of `new_id` to
+  //! `old_id`'s names. Returns how many keys moved.
+  int64_t switch_in(const std::string& new_id, const std::string& old_id) {
+    static const char* script =
+        "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end\n"
+        "local moved = 0\n"
+        "for _, k in ipairs(redis.call('KEYS', ARGV[2])) do\n"
+        "  redis.call('RENAME', k, ARGV[3] .. string.sub(k, #ARGV[4] + 1))\n"
+        "  moved = moved + 1\n"
+        "end\n"
+        "return moved\n";
+    const std::string old_p = key_prefix(old_id), new_p = key_prefix(new_id);
+    return client_
+        ->command({"EVAL", script, "0", glob_literal(old_p) + "*", glob_literal(new_p) + "*", old_p, new_p})
+        .integer;
+  }
+
+ private:
+  std::string prefix_;
+  std::unique_ptr<tdb::RedisClient> client_;
+};
+
+// ------------------------------------------------------------------------------------------ the sibling
+enum class DstKind { Memmap, H5, Redis };
+
+//! a hidden name beside `path`, in the same directory (so that one rename switches it in)
+std::string sibling_of(const std::string& path, const std::string& suffix) {
+  fs::path p = fs::path(path).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  static std::atomic<int> counter{0};
+  const std::string name =
+      "." + p.filename().string() + ".tdx-convert." + std::to_string(::getpid()) + "." + std::to_string(counter++) + suffix;
+  return (p.parent_path().empty() ? fs::path(".") : p.parent_path()).append(name).string();
+}
+
+//! a shared flock on an existing HDF5 DST, held until it is replaced: a process holding the file open for
+//! writing (HDF5's exclusive lock: PersistentTensorDict "r+"/"w", h5py "r+") makes it fail, and while it is
+//! held no writer can open the file. Off when HDF5_USE_FILE_LOCKING=FALSE, as HDF5's own locking.
+class H5ReplaceLock {
+ public:
+  explicit H5ReplaceLock(const std::string& path) {
+    if (const char* env = std::getenv("HDF5_USE_FILE_LOCKING"); env && std::strcmp(env, "FALSE") == 0) return;
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd_ < 0) throw ToolError("'" + shown(path) + "': cannot open to replace it: " + std::strerror(errno));
+    if (::flock(fd_, LOCK_SH | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      fd_ = -1;
+      if (err == EWOULDBLOCK)
+        throw ToolError("'" + shown(path) +
+                        "' is open for writing in another process (HDF5 file lock): not replaced, nothing was changed");
+      throw ToolError("'" + shown(path) + "': cannot lock: " + std::strerror(err));
+    }
+  }
+  ~H5ReplaceLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  H5ReplaceLock(const H5ReplaceLock&) = delete;
+  H5ReplaceLock& operator=(const H5ReplaceLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+//! `stage` becomes `dst`: over an existing directory by exchange (then the old one is removed), over an
+//! existing file by rename, else by a rename that refuses to replace what appeared meanwhile
+void switch_path_in(const std::string& stage, const std::string& dst, bool replace, bool is_dir) {
+  auto fail = [&](const std::string& what) {
+    throw ToolError("cannot switch the copy in for '" + shown(dst) + "': " + what + ": " + std::strerror(errno));
+  };
+  if (!replace) {
+    if (::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE) == 0) return;
+    if (errno != EINVAL && errno != ENOSYS) fail("rename");
+    if (::link(stage.c_str(), dst.c_str()) == 0 || is_dir) {  // a filesystem without RENAME_NOREPLACE
+      if (is_dir ? ::rename(stage.c_str(), dst.c_str()) != 0 : ::unlink(stage.c_str()) != 0) fail("rename");
+      return;
+    }
+    fail("link");
+  }
+  if (!is_dir) {
+    if (::rename(stage.c_str(), dst.c_str()) != 0) fail("rename");
+    return;
+  }
+  std::error_code ec;
+  if (::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, dst.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(stage, ec);  // now the old directory
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS) fail("exchange");
+  // a filesystem without RENAME_EXCHANGE: two renames (DST is briefly absent, never a mix)
+  const std::string old = stage + ".old";
+  if (::rename(dst.c_str(), old.c_str()) != 0) fail("rename");
+  if (::rename(stage.c_str(), dst.c_str()) != 0) {
+    const int err = errno;
+    if (::rename(old.c_str(), dst.c_str()) != 0) {  // put the old one back
+    }
+    errno = err;
+    fail("rename");
+  }
+  fs::remove_all(old, ec);
+}
+
+//! what the copy must hold: every tensor leaf with its dtype and full shape, every non-tensor key
+std::map<std::string, std::string> leaf_signature(const Layout& l) {
+  std::map<std::string, std::string> out;
+  for (const auto& s : l.tensors) {
+    std::vector<int64_t> shape = s.elem;
+    if (!l.batch.empty()) shape.insert(shape.begin(), l.batch[0]);
+    out[key_str(s.key)] = short_dtype(s.dtype) + " " + shape_str(shape);
+  }
+  for (const auto& nt : l.non_tensors) out[key_str(nt.first)] = "non-tensor";
+  return out;
+}
+
+//! the copy, opened again the way tdx reads it, holds the source's leaves (dtypes and shapes)
+void check_copy(const Layout& src, const std::string& where, DstKind kind, const td::RedisOptions& ro) {
+  Input in;
+  if (kind == DstKind::Memmap) {
+    in.td = td::TensorDict::load_memmap(where, td::LoadOptions().writable(false));
+    in.close = [] {};
+  } else if (kind == DstKind::H5) {
+    in = open_store_input(where, InputKind::H5);
+  } else {
+    td::TensorDictStore s = td::TensorDictStore::from_store(ro.td_id(), ro);
+    in.td = s;
+    in.close = [s] { s.close(); };
+  }
+  const Layout got = layout_of(in.td);
+  in.close();
+  const auto want = leaf_signature(src), have = leaf_signature(got);
+  for (const auto& kv : want) {
+    auto it = have.find(kv.first);
+    if (it == have.end())
+      throw ToolError("the copy has no leaf '" + kv.first + "': nothing was replaced");
+    if (kv.second != "non-tensor" && it->second != kv.second)
+      throw ToolError("the copy's leaf '" + kv.first + "' is " + it->second + ", expected " + kv.second +
+                      ": nothing was replaced");
+  }
+}
+
+struct Copied {
+  int64_t leaves = 0, bytes = 0;
+  double secs = 0, read_s = 0, write_s = 0;
+};
+
+//! copies every row and non-tensor of `src` into the preallocated `dst`
+Copied copy_rows(const Input& src, const Layout& l, td::TensorDict& dst, DstKind kind, const std::string& dst_dir,
+                 bool quiet) {
+  using at::indexing::Slice;
+  Copied c;
+  const auto t0 = std::chrono::steady_clock::now();
+  c.bytes = l.total_bytes();
+  c.leaves = static_cast<int64_t>(l.tensors.size() + l.non_tensors.size());
+  if (!l.tensors.empty()) {
+    if (l.batch.empty()) {
+      td::TensorDict all = src.td.to_tensordict();
+      for (const auto& s : l.tensors) dst.set_(s.key, all.get(s.key));
+    } else {
+      const int64_t n = l.batch[0], step = rows_per_chunk(l);
+      const int64_t steps = (n + step - 1) / step;
+      td::actors::Progress bar(!quiet, steps, std::chrono::milliseconds(1000), "tdx convert");
+      int64_t done = 0;
+      for (int64_t a = 0; a < n; a += step) {
+        const int64_t b = std::min(n, a + step);
+        const auto r0 = std::chrono::steady_clock::now();
+        // a memmap source: the rows are a view of its mapping (copied once, by the write); a store: one read
+        td::TensorDict rows = src.td.index({Slice(a, b)});
+        if (src.kind != InputKind::Memmap) rows = rows.to_tensordict();
+        td::TensorDict tensors(rows.batch_size());
+        for (const auto& s : l.tensors) tensors.set(s.key, rows.get(s.key));
+        const auto r1 = std::chrono::steady_clock::now();
+        dst.index_put_({Slice(a, b)}, tensors);
+        c.read_s += std::chrono::duration<double>(r1 - r0).count();
+        c.write_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r1).count();
+        bar.update(++done);
+      }
+      bar.finish(true);
+    }
+  }
+  // non-tensor leaves, whole (one read each: the preview holds their first row only)
+  if (!l.non_tensors.empty()) {
+    std::vector<std::pair<td::NestedKey, td::Entry>> values;
+    for (const auto& nt : l.non_tensors) values.emplace_back(nt.first, src.td.get_entry(nt.first));
+    if (kind == DstKind::Memmap) {
+      // a memmap directory: add them and rewrite meta.json (the tensor leaves stay where they are)
+      td::TensorDict d = dst;
+      d.unlock_();
+      for (const auto& v : values) d.set(v.first, v.second);
+      d.memmap_(dst_dir, td::MemmapOptions().existsok(true));
+    } else {
+      for (const auto& v : values) dst.set(v.first, v.second);
+    }
+  }
+  c.secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return c;
+}
+
+}  // namespace
+
+int cmd_convert(const std::string& src_path, const std::string& dst_path, const ConvertOptions& o) {
+  // what DST is, and whether it may be replaced (checked before anything is read or written)
+  const PathKind pk = is_redis_address(dst_path) ? PathKind::Missing : path_kind(dst_path);
+  const DstKind kind = is_redis_address(dst_path)                                          ? DstKind::Redis
+                       : has_h5_extension(dst_path) || (pk == PathKind::File && is_hdf5_file(dst_path)) ? DstKind::H5
+                                                                                                       : DstKind::Memmap;
+  td::RedisOptions ro;
+  std::string replace_id;  // Redis: the td_id replaced (--force)
+  std::optional<H5ReplaceLock> h5_lock;
+  if (kind == DstKind::Redis) {
+    ro = parse_redis_address(dst_path);
+    replace_id = ro.td_id();
+    if (!replace_id.empty() && !o.force)
+      throw ToolError("'" + shown(dst_path) +
+                      "' names a store (td_id): convert makes a new one (leave td_id out, or --force)");
+  } else if (pk != PathKind::Missing) {
+    if (!o.force)
+      throw ToolError("'" + shown(dst_path) + "' exists (convert writes a new file or directory; --force replaces it)");
+    if (pk == PathKind::Other) throw ToolError("'" + shown(dst_path) + "' is not a file or directory");
+    if (kind == DstKind::Memmap && pk != PathKind::Directory)
+      throw ToolError("'" + shown(dst_path) + "' is a file: not replaced by a memmap directory");
+    if (kind == DstKind::H5 && pk != PathKind::File)
+      throw ToolError("'" + shown(dst_path) + "' is a directory: not replaced by an HDF5 file");
+    if (kind == DstKind::Memmap && path_kind(join_path(dst_path, "meta.json")) != PathKind::File)
+      throw ToolError("'" + shown(dst_path) + "' is a directory without meta.json: not replaced");
+    if (kind == DstKind::H5) h5_lock.emplace(dst_path);  // refused while another process writes it
+  }
+
+  Input src = open_source(src_path);
+  const Layout l = layout_of(src.td);
+  td::Schema schema;
+  for (const auto& s : l.tensors) schema.push_back({s.key, {s.elem, s.dtype}});
+
+  // the sibling: written, closed and checked before it replaces anything
+  std::string stage;
+  td::RedisOptions stage_ro = ro;
+  std::optional<RawRedis> raw;
+  if (kind == DstKind::Redis) {
+    stage_ro.td_id(new_td_id());
+    raw.emplace(ro);
+  } else {
+    stage = sibling_of(dst_path, kind == DstKind::H5 ? ".h5" : "");
+  }
+  std::function<void()> dst_close = [] {};
+  auto remove_stage = [&] {
+    try {
+      dst_close();
+    } catch (...) {
+    }
+    try {
+      if (kind == DstKind::Redis) {
+        raw->remove_store(stage_ro.td_id());
+      } else {
+        std::error_code ec;
+        fs::remove_all(stage, ec);
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "tdx: warning: could not remove the partial copy: " << escape_text(first_line(e.what())) << "\n";
+    }
+  };
+  Copied c;
+  std::string address;
+  try {
+    {
+      td::TensorDict dst;
+      if (kind == DstKind::Redis) {
+        td::TensorDictStore s = td::TensorDictStore::from_schema(schema, l.batch, stage_ro);
+        dst_close = [s] { s.close(); };
+        dst = s;
+      } else if (kind == DstKind::H5) {
+        dst = td::TensorDict::from_schema(schema, l.batch, "h5", td::H5Options().filename(stage).mode("w"));
+        td::PersistentTensorDict h5(dst);
+        dst_close = [h5] { h5.close(); };
+      } else {
+        dst = td::TensorDict::from_schema(schema, l.batch, "memmap", td::MemmapOptions().prefix(stage));
+      }
+      c = copy_rows(src, l, dst, kind, stage, o.quiet);
+      dst_close();
+      dst_close = [] {};
+    }  // a memmap copy's mappings are released here, before its directory is renamed
+    check_copy(l, stage, kind, stage_ro);
+    if (kind == DstKind::Redis) {
+      if (!replace_id.empty()) raw->switch_in(stage_ro.td_id(), replace_id);
+      td::RedisOptions final_ro = ro;
+      final_ro.td_id(replace_id.empty() ? stage_ro.td_id() : replace_id);
+      td::TensorDictStore s = td::TensorDictStore::from_store(final_ro.td_id(), final_ro);
+      address = s.address();
+      s.close();
+    } else {
+      switch_path_in(stage, dst_path, pk != PathKind::Missing, kind == DstKind::Memmap);
+    }
+  } catch (...) {
+    remove_stage();
+    throw;
+  }
+  src.close();
+  if (!address.empty()) std::cout << address << "\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%.1f MB/s", c.secs > 0 ? static_cast<double>(c.bytes) / 1e6 / c.secs : 0.0);
+  std::cerr << "tdx: converted " << count(c.leaves, "leaf", "leaves") << ", " << human_bytes(c.bytes) << " in "
+            << std::fixed << std::setprecision(3) << c.secs << " s: " << line << " (reading " << c.read_s
+            << " s, writing " << c.write_s << " s)\n";
+  return 0;
+}
+
+}  // namespace tdx
