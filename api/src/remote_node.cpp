@@ -378,6 +378,42 @@ std::vector<std::string> RemoteNode::keys() const {
   return lv ? lv->keys : std::vector<std::string>{};
 }
 
+EntryMeta RemoteNode::meta_of(const RemoteTree::Snapshot& snap, const std::string& key,
+                              const backends::LeafInfo* info) const {
+  EntryMeta m;
+  m.device = tree_->device() ? *tree_->device() : at::Device(at::kCPU);
+  const size_t level_dims = snap.batch_of(path_).size();
+  if (!info) {  // a nested level: its batch under this node's index
+    m.kind = EntryMeta::Kind::TensorDict;
+    m.shape = concat(batch_size, tail(snap.batch_of(child_path(key)), level_dims));
+  } else if (info->kind == backends::LeafKind::Tensor) {
+    m.dtype = info->dtype;
+    m.shape = concat(batch_size, tail(info->shape, level_dims));
+  } else {  // its value is read only when asked for (read())
+    m.kind = EntryMeta::Kind::NonTensor;
+    m.shape = batch_size;
+  }
+  return m;
+}
+
+std::optional<EntryMeta> RemoteNode::meta(const std::string& key) const {
+  auto snap = tree_->snapshot();
+  const LeafPath cp = child_path(key);
+  if (const backends::LeafInfo* info = snap->leaf(cp)) return meta_of(*snap, key, info);
+  if (snap->level(cp)) return meta_of(*snap, key, nullptr);
+  return std::nullopt;
+}
+
+std::vector<std::pair<std::string, EntryMeta>> RemoteNode::metas() const {
+  auto snap = tree_->snapshot();  // one structure for the whole call
+  std::vector<std::pair<std::string, EntryMeta>> out;
+  const RemoteTree::Level* lv = snap->level(path_);
+  if (!lv) return out;
+  out.reserve(lv->keys.size());
+  for (size_t i = 0; i < lv->keys.size(); ++i) out.emplace_back(lv->keys[i], meta_of(*snap, lv->keys[i], lv->infos[i]));
+  return out;
+}
+
 Entry RemoteNode::read_non_tensor(const LeafPath& path) const {
   backends::NonTensorValue v = tree_->client()->run([&](backends::LeafStore& s) { return s.read_non_tensor(path); });
   const BatchSize level = tree_->batch_of(parent_of(path));

@@ -89,6 +89,12 @@ class RemoteNode : public Node {
   std::string type_name() const override { return tree_->type_name(); }
   NodeCaps caps() const override;
   std::vector<std::string> keys() const override;
+  //! from the structure the tree holds (no request): shapes under this node's index, non-tensors without
+  //! their values
+  std::optional<EntryMeta> meta(const std::string& key) const override;
+  std::vector<std::pair<std::string, EntryMeta>> metas() const override;
+  //! lists the store again (keys another process or handle added)
+  void refresh() override { tree_->reload(); }
   std::optional<Entry> read(const std::string& key) const override;
   std::vector<Entry> read(const std::vector<std::string>& keys, const Index& index) const override;
   void put(const std::string& key, const Entry& value) override;
@@ -111,6 +117,8 @@ class RemoteNode : public Node {
   std::optional<ResolvedIndex> index_for(const RemoteTree::Snapshot& snap, const LeafPath& path) const;
   std::optional<ResolvedIndex> index_for(const LeafPath& path) const { return index_for(*tree_->snapshot(), path); }
   std::shared_ptr<RemoteNode> child(const std::string& key) const;
+  //! the meta of `key` of this level in `snap`: info is its leaf (nullptr for a nested level)
+  EntryMeta meta_of(const RemoteTree::Snapshot& snap, const std::string& key, const backends::LeafInfo* info) const;
   //! dense TensorDict of this node's values: every tensor leaf in ONE request
   TensorDict materialize(const std::vector<std::string>* only) const;
   //! the non-tensor at path, selected by this node's index

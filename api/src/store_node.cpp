@@ -39,6 +39,11 @@ class StoreNode : public Node {
     return c;
   }
   std::vector<std::string> keys() const override { return view().node()->keys(); }
+  //! the snapshot's own metas: its leaves are in memory
+  std::optional<EntryMeta> meta(const std::string& key) const override { return view().node()->meta(key); }
+  std::vector<std::pair<std::string, EntryMeta>> metas() const override { return view().node()->metas(); }
+  //! keys other processes added through the store actor
+  void refresh() override { store_.refresh(); }
   std::optional<Entry> read(const std::string& key) const override {
     std::optional<Entry> e = view().node()->read(key);
     if (e && e->is_tensordict()) return Entry(child(key));

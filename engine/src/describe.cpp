@@ -1,7 +1,6 @@
 #include "tensordict/describe.hpp"
 
 #include "tensor_dict_internal.hpp"
-#include "tree_visitor.hpp"
 
 namespace tensordict {
 namespace {
@@ -17,40 +16,44 @@ JsonValue key_list(const NestedKey& k) {
   return JsonValue(std::move(a));
 }
 
-void walk(const TensorDict& td, bool values, JsonValue::Array& subs, JsonValue::Array& leaves) {
-  detail::tree::for_each_entry(*td.impl(), [&](const detail::tree::KeyPath& p, const Entry& e) -> const TensorDictImpl* {
-    if (e.is_tensordict()) {
-      TensorDict c = e.tensordict();
-      subs.emplace_back(JsonValue::object({{"key", key_list(p.full())}, {"type", c.type_name()}, {"batch_size", int_list(c.batch_size())}}));
-      return c.impl().get();  // a node of another kind: NotImplementedError, as impl() says
+//! pre-order over the tree's metas: the structure reads no leaf; `values` reads each tensor leaf
+void walk(const TensorDict& td, const NestedKey& prefix, bool values, JsonValue::Array& subs, JsonValue::Array& leaves) {
+  const Node& node = *td.node();
+  for (const auto& km : node.metas()) {
+    const NestedKey full = prefix + NestedKey(km.first);
+    const EntryMeta& m = km.second;
+    if (m.is_tensordict()) {
+      TensorDict c = node.read(km.first)->tensordict();  // a handle, no data
+      subs.emplace_back(JsonValue::object({{"key", key_list(full)}, {"type", c.type_name()}, {"batch_size", int_list(c.batch_size())}}));
+      walk(c, full, values, subs, leaves);
+      continue;
     }
-    if (e.is_tensor()) {
-      const at::Tensor& t = e.tensor();
-      JsonValue::Object o{{"key", key_list(p.full())},
-                          {"kind", "tensor"},
-                          {"dtype", dtype_repr(t.scalar_type())},
-                          {"shape", int_list(t.sizes())}};
-      if (values) o.emplace_back("values", tensor_values(t));
+    if (m.kind == EntryMeta::Kind::Tensor) {
+      JsonValue::Object o{{"key", key_list(full)}, {"kind", "tensor"}, {"dtype", dtype_repr(m.dtype)}, {"shape", int_list(m.shape)}};
+      if (values) o.emplace_back("values", tensor_values(node.read(km.first)->tensor()));
       leaves.emplace_back(JsonValue(std::move(o)));
-    } else if (e.is_non_tensor_data()) {
-      leaves.emplace_back(JsonValue::object({{"key", key_list(p.full())},
+      continue;
+    }
+    const std::optional<Entry> e = m.value ? m.value : node.read(km.first);  // a remote node: the value alone
+    if (!e) continue;
+    if (e->is_non_tensor_data()) {
+      leaves.emplace_back(JsonValue::object({{"key", key_list(full)},
                                              {"kind", "non_tensor"},
                                              {"type", "NonTensorData"},
-                                             {"data", e.non_tensor_data().value()},
-                                             {"batch_size", int_list(e.non_tensor_data().batch_size())}}));
-    } else if (e.is_non_tensor_stack()) {
-      leaves.emplace_back(JsonValue::object({{"key", key_list(p.full())},
+                                             {"data", e->non_tensor_data().value()},
+                                             {"batch_size", int_list(e->non_tensor_data().batch_size())}}));
+    } else if (e->is_non_tensor_stack()) {
+      leaves.emplace_back(JsonValue::object({{"key", key_list(full)},
                                              {"kind", "non_tensor_stack"},
-                                             {"data", e.non_tensor_stack().tolist()},
-                                             {"batch_size", int_list(e.non_tensor_stack().batch_size())}}));
+                                             {"data", e->non_tensor_stack().tolist()},
+                                             {"batch_size", int_list(e->non_tensor_stack().batch_size())}}));
     }
-    return nullptr;
-  });
+  }
 }
 
 JsonValue structure_of(const TensorDict& td, bool values, JsonValue* leaves_out) {
   JsonValue::Array subs, leaves;
-  walk(td, values, subs, leaves);
+  walk(td, NestedKey(), values, subs, leaves);
   if (leaves_out) *leaves_out = JsonValue(std::move(leaves));
   return JsonValue::object({{"type", td.type_name()}, {"batch_size", int_list(td.batch_size())}, {"sub_tensordicts", JsonValue(std::move(subs))}});
 }

@@ -753,8 +753,8 @@ void check_index_put_dtype(const TensorDict& td, const Index& index, const at::T
     }
   }
   if (!advanced) return;
-  for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true))) {
-    const at::ScalarType dst = kv.second.tensor().scalar_type();
+  for (const auto& kv : detail::key_metas(td, KeysOptions().include_nested(true).leaves_only(true))) {  // no read
+    const at::ScalarType dst = kv.second.dtype;
     if (dst != value.scalar_type()) {
       throw RuntimeError("td[idx] = value: Index put requires the source and destination dtypes match, got " +
                          std::string(c10::toString(dst)) + " for the destination and " +

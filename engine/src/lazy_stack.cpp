@@ -107,6 +107,42 @@ std::vector<std::vector<std::string>> LazyStackNode::exclusive_keys() const {
   return out;
 }
 
+std::optional<EntryMeta> LazyStackNode::meta(const std::string& key) const {
+  if (members.empty()) return std::nullopt;
+  std::vector<EntryMeta> parts;
+  parts.reserve(members.size());
+  for (const auto& m : members) {
+    std::optional<EntryMeta> e = m.node()->meta(key);
+    if (!e) return std::nullopt;
+    parts.push_back(std::move(*e));
+  }
+  EntryMeta out = parts[0];
+  bool held = true;
+  for (const auto& p : parts) {
+    if (p.is_tensordict() != out.is_tensordict() || (!p.is_tensordict() && p.kind != out.kind)) {
+      throw TypeError("LazyStackedTensorDict: key '" + key + "' is a " + out.kind_name() + " in member 0 and a " +
+                      p.kind_name() + " in another member");
+    }
+    if (p.kind == EntryMeta::Kind::Tensor) out.dtype = at::promote_types(out.dtype, p.dtype);
+    held = held && p.value.has_value();
+    for (size_t i = 0; i < out.shape.size() && p.shape.size() == out.shape.size(); ++i)
+      if (p.shape[i] != out.shape[i]) out.shape[i] = -1;
+  }
+  out.shared = out.memmap = false;  // read() stacks the members into a new tensor
+  switch (out.kind) {
+    case EntryMeta::Kind::NonTensor:
+      out.shape = batch_size;
+      out.value = held ? read(key) : std::nullopt;  // the members hold their values: stacked in memory
+      break;
+    default:
+      if (out.is_tensordict()) out.kind = EntryMeta::Kind::LazyStack;
+      out.shape.insert(out.shape.begin() + std::min<int64_t>(stack_dim, static_cast<int64_t>(out.shape.size())),
+                       static_cast<int64_t>(members.size()));
+      break;
+  }
+  return out;
+}
+
 std::optional<Entry> LazyStackNode::read(const std::string& key) const {
   if (members.empty()) return std::nullopt;
   std::vector<Entry> parts;

@@ -27,6 +27,9 @@ struct LazyStackNode : Node {
   NodeCaps caps() const override;
   //! the sorted intersection of the members' keys
   std::vector<std::string> keys() const override;
+  //! from the members' metas: a tensor's shape with the stack dim, -1 where members differ (read() refuses
+  //! to stack those); a sub-TensorDict is a lazy stack; a non-tensor's value when every member holds it
+  std::optional<EntryMeta> meta(const std::string& key) const override;
   std::optional<Entry> read(const std::string& key) const override;
   using Node::read;
   void put(const std::string& key, const Entry& value) override;

@@ -44,6 +44,18 @@ std::string dtype_str(at::ScalarType dtype) {
   }
 }
 
+void tensor_storage_flags(const at::Tensor& t, bool owner_memmap, bool owner_shared, bool* shared, bool* memmap) {
+  *shared = t.is_cuda() || owner_shared || owner_memmap;
+  bool file_backed = false;
+  if (auto m = backends::mapping_of(t)) {
+    *shared = true;  // torch: a MapAllocator storage is_shared()
+    file_backed = !m->filename.empty();
+  } else if (t.has_storage() && at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr) {
+    *shared = true;
+  }
+  *memmap = owner_memmap || file_backed;
+}
+
 }  // namespace detail
 
 namespace {
@@ -226,18 +238,10 @@ std::string py_str(const JsonValue& v) { return v.is_string() ? v.as_string() : 
 std::string device_str(const std::optional<at::Device>& d) { return d ? d->str() : "None"; }
 
 // ---------------------------------------------------------------------------------------------- entries
-std::string tensor_repr(const at::Tensor& t, const TensorDictImpl& owner) {
-  bool shared = t.is_cuda() || owner.is_shared || owner.is_memmap;
-  bool file_backed = false;
-  if (auto m = backends::mapping_of(t)) {
-    shared = true;  // torch: a MapAllocator storage is_shared()
-    file_backed = !m->filename.empty();
-  } else if (t.has_storage() && at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr) {
-    shared = true;
-  }
-  const char* cls = (owner.is_memmap || file_backed) ? "MemoryMappedTensor" : "Tensor";
-  return std::string(cls) + "(shape=" + shape_str(t.sizes()) + ", device=" + t.device().str() +
-         ", dtype=" + detail::dtype_str(t.scalar_type()) + ", is_shared=" + (shared ? "True" : "False") + ")";
+std::string tensor_repr(const EntryMeta& m) {
+  return std::string(m.memmap ? "MemoryMappedTensor" : "Tensor") + "(shape=" + shape_str(m.shape) + ", device=" +
+         device_str(m.device) + ", dtype=" + detail::dtype_str(m.dtype) + ", is_shared=" + (m.shared ? "True" : "False") +
+         ")";
 }
 
 std::string non_tensor_data_repr(const NonTensorData& d, const std::optional<at::Device>& device) {
@@ -259,45 +263,63 @@ std::string non_tensor_stack_repr(const NonTensorStack& s, const std::optional<a
 
 std::string td_repr(const TensorDict& td);
 
-//! "key: value" lines of some keys of a lazy stack, sorted and indented as upstream's _td_fields
-std::string lazy_fields(const LazyStackNode& lz, const TensorDict& td, const std::vector<std::string>& keys) {
-  std::vector<std::string> strs;
-  for (const auto& k : keys) {
-    std::optional<Entry> first = lz.members.empty() ? std::nullopt : lz.members[0].node()->read(k);
-    std::string v;
-    if (first && first->is_tensor()) {
-      // ragged dims show as -1 (upstream get_item_shape); no stacked copy is made for the repr
-      BatchSize shape(first->tensor().sizes().begin(), first->tensor().sizes().end());
-      for (const auto& m : lz.members) {
-        at::Tensor t = m.node()->read(k)->tensor();
-        if (t.dim() != static_cast<int64_t>(shape.size())) continue;
-        for (size_t i = 0; i < shape.size(); ++i)
-          if (t.size(static_cast<int64_t>(i)) != shape[i]) shape[i] = -1;
-      }
-      shape.insert(shape.begin() + lz.stack_dim, static_cast<int64_t>(lz.members.size()));
-      const at::Tensor& t = first->tensor();
-      bool shared = t.is_cuda() || backends::mapping_of(t).has_value() ||
-                    (t.has_storage() && at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr);
-      v = std::string(backends::mapping_of(t) && !backends::mapping_of(t)->filename.empty() ? "MemoryMappedTensor"
-                                                                                            : "Tensor") +
-          "(shape=" + shape_str(shape) + ", device=" + t.device().str() + ", dtype=" +
-          detail::dtype_str(t.scalar_type()) + ", is_shared=" + (shared ? "True" : "False") + ")";
-    } else {
-      std::optional<Entry> e = td.node()->read(k);
-      if (!e) continue;
-      switch (e->kind()) {
-        case Entry::Kind::TensorDict: v = td_repr(e->tensordict()); break;
-        case Entry::Kind::NonTensorData: v = non_tensor_data_repr(e->non_tensor_data(), lz.device); break;
-        case Entry::Kind::NonTensorStack: v = non_tensor_stack_repr(e->non_tensor_stack(), lz.device); break;
-        default: v = Entry::kind_name(e->kind()); break;
-      }
-    }
-    strs.push_back(k + ": " + v);
+//! the "value" of one "key: value" line, from the key's meta: a tensor's layout is never read; a
+//! sub-TensorDict is its own repr; a non-tensor prints its value (a node that does not hold it with its
+//! structure, a remote one, reads that value alone)
+std::string field_value(const TensorDict& td, const std::string& key, const EntryMeta& m,
+                        const std::optional<at::Device>& device) {
+  if (m.kind == EntryMeta::Kind::Tensor) return tensor_repr(m);
+  if (m.is_tensordict()) return td_repr(td.node()->read(key)->tensordict());
+  const std::optional<Entry> v = m.value ? m.value : td.node()->read(key);
+  if (!v) return "None";
+  switch (v->kind()) {
+    case Entry::Kind::NonTensorData: return non_tensor_data_repr(v->non_tensor_data(), device);
+    case Entry::Kind::NonTensorStack: return non_tensor_stack_repr(v->non_tensor_stack(), device);
+    default: return Entry::kind_name(v->kind());
   }
+}
+
+//! "key: value" lines sorted (upstream sorts the whole strings, code point order) and indented as
+//! upstream's _td_fields
+std::string fields_text(std::vector<std::string> strs) {
   std::sort(strs.begin(), strs.end());
   std::string joined;
   for (size_t i = 0; i < strs.size(); ++i) joined += (i ? ",\n" : "") + strs[i];
   return py_indent("\n" + joined, std::string(4, ' '));
+}
+
+//! the field lines of some keys of a lazy stack: a tensor's shape from the members' metas, ragged dims as
+//! -1 (upstream get_item_shape); no stacked copy and no read is made for the repr
+std::string lazy_fields(const LazyStackNode& lz, const TensorDict& td, const std::vector<std::string>& keys) {
+  std::vector<std::string> strs;
+  for (const auto& k : keys) {
+    std::optional<EntryMeta> first = lz.members.empty() ? std::nullopt : lz.members[0].node()->meta(k);
+    std::string v;
+    if (first && first->kind == EntryMeta::Kind::Tensor) {
+      EntryMeta m = *first;
+      for (const auto& member : lz.members) {
+        std::optional<EntryMeta> mm = member.node()->meta(k);
+        if (!mm || mm->shape.size() != m.shape.size()) continue;
+        for (size_t i = 0; i < m.shape.size(); ++i)
+          if (mm->shape[i] != m.shape[i]) m.shape[i] = -1;
+      }
+      m.shape.insert(m.shape.begin() + lz.stack_dim, static_cast<int64_t>(lz.members.size()));
+      v = tensor_repr(m);
+    } else {
+      std::optional<EntryMeta> m = td.node()->meta(k);
+      if (!m) continue;
+      v = field_value(td, k, *m, lz.device);
+    }
+    strs.push_back(k + ": " + v);
+  }
+  return fields_text(std::move(strs));
+}
+
+//! the field lines of every key of a node, from its metas
+std::string node_fields(const TensorDict& td) {
+  std::vector<std::string> strs;
+  for (const auto& km : td.node()->metas()) strs.push_back(km.first + ": " + field_value(td, km.first, km.second, td.device()));
+  return fields_text(std::move(strs));
 }
 
 std::string lazy_repr(const TensorDict& td, const LazyStackNode& lz) {
@@ -306,29 +328,17 @@ std::string lazy_repr(const TensorDict& td, const LazyStackNode& lz) {
   std::vector<std::vector<std::string>> only = lz.exclusive_keys();
   for (size_t i = 0; i < only.size(); ++i) {
     if (only[i].empty()) continue;
-    const LazyStackNode* member_lz = detail::lazy_node(lz.members[i]);
+    const TensorDict& member = lz.members[i];
     std::string f;
-    if (member_lz) {
-      f = lazy_fields(*member_lz, lz.members[i], only[i]);
-    } else {
-      // a dense member: its own field lines for the exclusive keys
+    if (const LazyStackNode* member_lz = detail::lazy_node(member)) {
+      f = lazy_fields(*member_lz, member, only[i]);
+    } else {  // the member's own field lines for the exclusive keys
       std::vector<std::string> strs;
       for (const auto& k : only[i]) {
-        Entry e = lz.members[i].get_entry(k);
-        std::string v;
-        switch (e.kind()) {
-          case Entry::Kind::Tensor: v = tensor_repr(e.tensor(), *lz.members[i].impl()); break;
-          case Entry::Kind::TensorDict: v = td_repr(e.tensordict()); break;
-          case Entry::Kind::NonTensorData: v = non_tensor_data_repr(e.non_tensor_data(), lz.device); break;
-          case Entry::Kind::NonTensorStack: v = non_tensor_stack_repr(e.non_tensor_stack(), lz.device); break;
-          default: v = Entry::kind_name(e.kind()); break;
-        }
-        strs.push_back(k + ": " + v);
+        std::optional<EntryMeta> m = member.node()->meta(k);
+        if (m) strs.push_back(k + ": " + field_value(member, k, *m, lz.device));
       }
-      std::sort(strs.begin(), strs.end());
-      std::string joined;
-      for (size_t j = 0; j < strs.size(); ++j) joined += (j ? ",\n" : "") + strs[j];
-      f = py_indent("\n" + joined, ind);
+      f = fields_text(std::move(strs));
     }
     excl += (excl.empty() ? "" : ",\n") + std::to_string(i) + " ->" + f;
   }
@@ -349,38 +359,12 @@ std::string td_repr(const TensorDict& td) {
     return r;
   }
   if (const LazyStackNode* lz = detail::lazy_node(td)) return lazy_repr(td, *lz);
-  if (!td.is_dense()) {
-    if (auto view = td.node()->dense_view()) return td_repr(TensorDict(view));  // a store: its storage
-    // a remote node (HDF5, Redis): its values as read now, under its own class name
-    std::string r = td_repr(td.contiguous());
-    const std::string dense = "TensorDict(";
-    if (r.compare(0, dense.size(), dense) == 0) r = td.node()->type_name() + "(" + r.substr(dense.size());
-    return r;
-  }
-  const TensorDictImpl& impl = *td.impl();
-  std::vector<std::string> strs;
-  strs.reserve(impl.entries.size());
-  for (const auto& kv : impl.entries) {
-    const Entry& e = kv.second;
-    std::string v;
-    switch (e.kind()) {
-      case Entry::Kind::Tensor: v = tensor_repr(e.tensor(), impl); break;
-      case Entry::Kind::TensorDict: v = td_repr(e.tensordict()); break;
-      case Entry::Kind::NonTensorData: v = non_tensor_data_repr(e.non_tensor_data(), impl.device); break;
-      case Entry::Kind::NonTensorStack: v = non_tensor_stack_repr(e.non_tensor_stack(), impl.device); break;
-      default: v = Entry::kind_name(e.kind()); break;
-    }
-    strs.push_back(kv.first + ": " + v);
-  }
-  std::sort(strs.begin(), strs.end());  // upstream sorts the "key: value" strings (code point order)
-  std::string joined;
-  for (size_t i = 0; i < strs.size(); ++i) joined += (i ? ",\n" : "") + strs[i];
+  // any other node: its layout from its metas (a store or remote node reads no leaf), under its class name
   const std::string ind(4, ' ');
-  std::string fields = py_indent("\n" + joined, ind);
-  bool shared = impl.is_shared || (impl.device && impl.device->is_cuda());
-  return "TensorDict(\n" + py_indent("fields={" + fields + "}", ind) + ",\n" +
-         py_indent("batch_size=" + shape_str(impl.batch_size), ind) + ",\n" +
-         py_indent("device=" + device_str(impl.device), ind) + ",\n" +
+  const bool shared = td.is_shared() || (td.device() && td.device()->is_cuda());
+  return td.node()->type_name() + "(\n" + py_indent("fields={" + node_fields(td) + "}", ind) + ",\n" +
+         py_indent("batch_size=" + shape_str(td.batch_size()), ind) + ",\n" +
+         py_indent("device=" + device_str(td.device()), ind) + ",\n" +
          py_indent(std::string("is_shared=") + (shared ? "True" : "False"), ind) + ")";
 }
 

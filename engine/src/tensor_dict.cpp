@@ -115,8 +115,8 @@ Entry prepare_value(const TensorDictImpl& impl, const std::string& key, const En
 
 //! a nested key whose level `part` is a leaf: upstream raises ValueError when setting (creating the path),
 //! AttributeError when reading ('Tensor' object has no attribute ...)
-[[noreturn]] void through_leaf(const NestedKey& key, const std::string& part, const Entry& e, bool set) {
-  const std::string msg = "key " + key.repr() + ": '" + part + "' is a " + Entry::kind_name(e.kind()) +
+[[noreturn]] void through_leaf(const NestedKey& key, const std::string& part, const char* kind, bool set) {
+  const std::string msg = "key " + key.repr() + ": '" + part + "' is a " + kind +
                           ", not a TensorDict, so it cannot hold nested keys";
   if (set) throw ValueError(msg);
   throw AttributeError(msg);
@@ -134,7 +134,7 @@ TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
       e = cur->find(key[i]);
     }
     if (!e->is_tensordict()) {
-      through_leaf(key, key[i], *e, create);
+      through_leaf(key, key[i], Entry::kind_name(e->kind()), create);
     }
     TensorDict sub = e->tensordict();
     if (!sub.is_dense()) throw NotDense{};
@@ -324,6 +324,81 @@ std::vector<Entry> Node::read(const std::vector<std::string>& keys, const Index&
   return out;
 }
 
+const char* EntryMeta::kind_name() const {
+  switch (kind) {
+    case Kind::Tensor: return "Tensor";
+    case Kind::TensorDict: return "TensorDict";
+    case Kind::LazyStack: return "LazyStackedTensorDict";
+    case Kind::NonTensor: return value ? Entry::kind_name(value->kind()) : "non-tensor";
+  }
+  return "?";
+}
+
+namespace detail {
+EntryMeta entry_meta(const Entry& e, bool owner_memmap, bool owner_shared) {
+  EntryMeta m;
+  switch (e.kind()) {
+    case Entry::Kind::Tensor: {
+      const at::Tensor& t = e.tensor();
+      m.dtype = t.scalar_type();
+      m.shape.assign(t.sizes().begin(), t.sizes().end());
+      m.device = t.device();
+      tensor_storage_flags(t, owner_memmap, owner_shared, &m.shared, &m.memmap);
+      return m;
+    }
+    case Entry::Kind::TensorDict: {
+      const TensorDict td = e.tensordict();
+      m.kind = detail::lazy_node(td) ? EntryMeta::Kind::LazyStack : EntryMeta::Kind::TensorDict;
+      m.shape = td.batch_size();
+      m.device = td.device();
+      return m;
+    }
+    case Entry::Kind::NonTensorData:
+    case Entry::Kind::NonTensorStack:
+      m.kind = EntryMeta::Kind::NonTensor;
+      m.shape = e.shape();
+      m.value = e;
+      return m;
+    default: throw TypeError(std::string("no metadata for a ") + Entry::kind_name(e.kind()) + " entry");
+  }
+}
+}  // namespace detail
+
+std::optional<EntryMeta> Node::meta(const std::string& key) const {
+  std::optional<Entry> e = read(key);
+  if (!e) return std::nullopt;
+  EntryMeta m = detail::entry_meta(*e);
+  if (m.kind == EntryMeta::Kind::NonTensor) m.device = device;
+  return m;
+}
+
+std::vector<std::pair<std::string, EntryMeta>> Node::metas() const {
+  std::vector<std::pair<std::string, EntryMeta>> out;
+  for (auto& k : keys()) {
+    std::optional<EntryMeta> m = meta(k);
+    if (m) out.emplace_back(std::move(k), std::move(*m));
+  }
+  return out;
+}
+
+std::optional<EntryMeta> TensorDictImpl::meta(const std::string& key) const {
+  const Entry* e = find(key);
+  if (!e) return std::nullopt;
+  EntryMeta m = detail::entry_meta(*e, is_memmap, is_shared);
+  if (m.kind == EntryMeta::Kind::NonTensor) m.device = device;
+  return m;
+}
+
+std::vector<std::pair<std::string, EntryMeta>> TensorDictImpl::metas() const {
+  std::vector<std::pair<std::string, EntryMeta>> out;
+  out.reserve(entries.size());
+  for (const auto& kv : entries) {
+    out.emplace_back(kv.first, detail::entry_meta(kv.second, is_memmap, is_shared));
+    if (out.back().second.kind == EntryMeta::Kind::NonTensor) out.back().second.device = device;
+  }
+  return out;
+}
+
 NodeCaps TensorDictImpl::caps() const {
   NodeCaps c;
   c.zero_copy_views = true;
@@ -394,8 +469,8 @@ namespace {
 TensorDict parent_of(const TensorDict& root, const NestedKey& key, bool create) {
   TensorDict cur = root;
   for (size_t i = 0; i + 1 < key.size(); ++i) {
-    std::optional<Entry> e = cur.node()->read(key[i]);
-    if (!e) {
+    std::optional<EntryMeta> m = cur.node()->meta(key[i]);  // a leaf on the way is not read
+    if (!m) {
       if (!create) return TensorDict::undefined();
       if (cur.is_locked()) {
         throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
@@ -404,10 +479,8 @@ TensorDict parent_of(const TensorDict& root, const NestedKey& key, bool create) 
       cur = cur.node()->open_child(key[i]);
       continue;
     }
-    if (!e->is_tensordict()) {
-      detail::through_leaf(key, key[i], *e, create);
-    }
-    cur = e->tensordict();
+    if (!m->is_tensordict()) detail::through_leaf(key, key[i], m->kind_name(), create);
+    cur = cur.node()->read(key[i])->tensordict();  // a sub-TensorDict: a handle, no data
   }
   return cur;
 }
@@ -432,13 +505,30 @@ bool dense_walk(TensorDictImpl* dense, const NestedKey& key, bool create, Tensor
 
 void collect_node_keys(const TensorDict& td, const NestedKey& prefix, const KeysOptions& o,
                        std::vector<std::pair<NestedKey, Entry>>& out) {
-  for (const auto& k : td.node()->keys()) {
-    std::optional<Entry> e = td.node()->read(k);
+  const Node& node = *td.node();
+  for (auto& km : node.metas()) {  // the structure first: only the values listed are read
+    const EntryMeta& m = km.second;
+    NestedKey full = prefix + NestedKey(km.first);
+    const bool leaf = m.kind == EntryMeta::Kind::Tensor || (o.non_tensor_leaves() && m.kind == EntryMeta::Kind::NonTensor);
+    const bool listed = !o.leaves_only() || leaf;
+    if (!listed && !(o.include_nested() && m.is_tensordict())) continue;
+    std::optional<Entry> e = node.read(km.first);
     if (!e) continue;
-    NestedKey full = prefix + NestedKey(k);
     if (o.include_nested() && e->is_tensordict()) collect_node_keys(e->tensordict(), full, o, out);
-    bool leaf = e->is_tensor() || (o.non_tensor_leaves() && e->is_non_tensor());
-    if (!o.leaves_only() || leaf) out.emplace_back(std::move(full), *e);
+    if (listed) out.emplace_back(std::move(full), std::move(*e));
+  }
+}
+
+//! collect_node_keys without the values: metas only
+void collect_node_metas(const TensorDict& td, const NestedKey& prefix, const KeysOptions& o,
+                        std::vector<std::pair<NestedKey, EntryMeta>>& out) {
+  const Node& node = *td.node();
+  for (auto& km : node.metas()) {
+    EntryMeta& m = km.second;
+    NestedKey full = prefix + NestedKey(km.first);
+    if (o.include_nested() && m.is_tensordict()) collect_node_metas(node.read(km.first)->tensordict(), full, o, out);
+    const bool leaf = m.kind == EntryMeta::Kind::Tensor || (o.non_tensor_leaves() && m.kind == EntryMeta::Kind::NonTensor);
+    if (!o.leaves_only() || leaf) out.emplace_back(std::move(full), std::move(m));
   }
 }
 
@@ -600,7 +690,13 @@ int64_t TensorDict::bytes() const {
 }
 
 bool TensorDict::is_empty() const {
-  if (!dense_) return keys(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true)).empty();
+  if (!dense_) {  // the structure only: a leaf anywhere means not empty
+    for (const auto& km : node_of(node_, "is_empty").metas()) {
+      if (!km.second.is_tensordict()) return false;
+      if (!node_->read(km.first)->tensordict().is_empty()) return false;
+    }
+    return true;
+  }
   for (const auto& kv : d()->entries) {
     if (!kv.second.is_tensordict()) return false;
     if (!kv.second.tensordict().is_empty()) return false;
@@ -692,7 +788,25 @@ std::vector<NestedKey> TensorDict::keys(const KeysOptions& options) const {
     return out;
   }
   std::vector<NestedKey> out;
-  for (auto& kv : items(options)) out.push_back(std::move(kv.first));
+  bool dense_tree = dense_ != nullptr;
+  if (dense_tree) {
+    std::vector<std::pair<NestedKey, Entry>> dense_items;
+    dense_items.reserve(dense_->entries.size());
+    try {
+      collect_keys(*dense_, NestedKey(), options, dense_items);
+      out.reserve(dense_items.size());
+      for (auto& kv : dense_items) out.push_back(std::move(kv.first));
+    } catch (const detail::NotDense&) {
+      dense_tree = false;
+    }
+  }
+  if (!dense_tree) {  // another node kind in the tree: its structure through Node::meta, no data read
+    if (!node_) d("keys");
+    for (auto& km : detail::key_metas(*this, options)) out.push_back(std::move(km.first));
+  }
+  if (options.sort()) std::stable_sort(out.begin(), out.end(), [](const NestedKey& a, const NestedKey& b) {
+    return a.join(".") < b.join(".");
+  });
   return out;
 }
 
@@ -705,13 +819,42 @@ std::vector<Entry> TensorDict::values(const KeysOptions& options) const {
 bool TensorDict::contains(const NestedKey& key) const {
   if (key.empty()) return false;
   try {
-    return get_entry_opt(key).has_value();
+    if (dense_) {
+      try {
+        const TensorDictImpl* p = detail::walk(dense_, key);
+        return p && p->find(key.back());
+      } catch (const detail::NotDense&) {
+      }
+    }
+    if (!node_) d("contains");
+    return detail::meta_at(*this, key).has_value();  // the structure only: no leaf is read
   } catch (const KeyError&) {
     return false;
   } catch (const AttributeError&) {  // a level of the key is a leaf
     return false;
   }
 }
+
+namespace detail {
+
+std::optional<EntryMeta> meta_at(const TensorDict& td, const NestedKey& key) {
+  if (key.empty()) return std::nullopt;
+  TensorDict cur = td;
+  for (size_t i = 0; i + 1 < key.size(); ++i) {
+    std::optional<EntryMeta> m = cur.node()->meta(key[i]);
+    if (!m || !m->is_tensordict()) return std::nullopt;
+    cur = cur.node()->read(key[i])->tensordict();  // a sub-TensorDict: a handle, no data
+  }
+  return cur.node()->meta(key.back());
+}
+
+std::vector<std::pair<NestedKey, EntryMeta>> key_metas(const TensorDict& td, const KeysOptions& options) {
+  std::vector<std::pair<NestedKey, EntryMeta>> out;
+  collect_node_metas(td, NestedKey(), options, out);
+  return out;
+}
+
+}  // namespace detail
 
 // ============================================================================ reading
 std::optional<Entry> TensorDict::get_entry_opt(const NestedKey& key) const {
@@ -792,7 +935,32 @@ bool TensorDict::is_non_tensor(const NestedKey& key) const {
   return e && e->is_non_tensor();
 }
 
-at::Tensor TensorDict::get_at(const NestedKey& key, const Index& index) const { return get(key).index(index); }
+//! an index that selects along batch dims only, as a leaf indexes it: ints and slices, or slices and one
+//! integer index list (no None / Ellipsis / mask, whose placement rules differ between a leaf and td[idx])
+static bool batch_only_index(const Index& index, size_t batch_dims) {
+  if (index.size() > batch_dims) return false;
+  size_t tensors = 0, ints = 0;
+  for (const auto& e : index) {
+    if (e.is_integer()) {
+      ++ints;
+    } else if (e.is_tensor()) {
+      const at::Tensor& t = e.tensor();
+      if (!t.defined() || t.dim() != 1 || !at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) return false;
+      ++tensors;
+    } else if (!e.is_slice()) {
+      return false;
+    }
+  }
+  return tensors == 0 || (tensors == 1 && ints == 0);
+}
+
+at::Tensor TensorDict::get_at(const NestedKey& key, const Index& index) const {
+  // a node whose leaves are not in memory reads the selected rows only (td[idx] is composed without I/O)
+  if (!dense_ && node_ && !node_->dense_view() && batch_only_index(index, batch_size().size())) {
+    return this->index(index).get(key);
+  }
+  return get(key).index(index);
+}
 
 // ============================================================================ writing
 static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
@@ -852,7 +1020,7 @@ TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inpla
       return *this;
     }
     LazyStackNode* lz = detail::lazy_node(parent);
-    if (inplace && parent.node()->read(key.back())) {
+    if (inplace && parent.node()->meta(key.back())) {
       if (lz) {
         lz->put_inplace(key.back(), value);
       } else {
@@ -901,7 +1069,7 @@ TensorDict& TensorDict::set_(const NestedKey& key, const Entry& value) {
     }
     if (LazyStackNode* lz = detail::lazy_node(parent)) {
       lz->put_inplace(key.back(), value);
-    } else if (parent.node()->read(key.back())) {
+    } else if (parent.node()->meta(key.back())) {
       parent.node()->put(key.back(), value);  // other nodes write an existing key in place
     } else {
       throw KeyError("key " + key.repr() + " not found in tensordict, call td.set(key, value) to add a new key");

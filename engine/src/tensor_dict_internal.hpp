@@ -33,6 +33,8 @@ struct TensorDictImpl : Node {
   std::string type_name() const override { return "TensorDict"; }
   NodeCaps caps() const override;
   std::vector<std::string> keys() const override;
+  std::optional<EntryMeta> meta(const std::string& key) const override;
+  std::vector<std::pair<std::string, EntryMeta>> metas() const override;
   std::optional<Entry> read(const std::string& key) const override;
   using Node::read;
   void put(const std::string& key, const Entry& value) override { put_entry(key, value); }
@@ -97,6 +99,15 @@ int64_t normalize_dim(int64_t dim, int64_t ndim, bool allow_end = false);
 
 //! a new TensorDict with the same device (and no keys) and the given batch size
 TensorDict make_empty(const TensorDictImpl& like, BatchSize batch_size);
+//! the meta of a value held in memory; a tensor's shared / memmap flags from its storage, or from its owner
+//! (a memmap or shared TensorDict) when given
+EntryMeta entry_meta(const Entry& e, bool owner_memmap = false, bool owner_shared = false);
+//! repr's flags of a tensor: is_shared, and whether it is a MemoryMappedTensor (defined in repr.cpp)
+void tensor_storage_flags(const at::Tensor& t, bool owner_memmap, bool owner_shared, bool* shared, bool* memmap);
+//! the meta of a nested key through any node kinds (no data read); nullopt when a level is missing or a leaf
+std::optional<EntryMeta> meta_at(const TensorDict& td, const NestedKey& key);
+//! the keys keys(options) lists with their metas, without reading data (options.sort() is not applied)
+std::vector<std::pair<NestedKey, EntryMeta>> key_metas(const TensorDict& td, const KeysOptions& options);
 //! LockedError with upstream's text when locked
 //! LockedError when impl is locked; hot callers test `impl.locked` first so that `what` is built only then
 void check_unlocked(const TensorDictImpl& impl, const std::string& what);

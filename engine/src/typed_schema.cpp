@@ -153,6 +153,9 @@ class TypedNode : public Node {
   std::string type_name() const override { return schema_->name; }
   NodeCaps caps() const override { return source_->caps(); }
   std::vector<std::string> keys() const override { return source_->keys(); }
+  std::optional<EntryMeta> meta(const std::string& key) const override { return source_->meta(key); }
+  std::vector<std::pair<std::string, EntryMeta>> metas() const override { return source_->metas(); }
+  void refresh() override { source_->refresh(); }
   std::optional<Entry> read(const std::string& key) const override { return source_->read(key); }
   std::vector<Entry> read(const std::vector<std::string>& keys, const Index& index) const override {
     return source_->read(keys, index);

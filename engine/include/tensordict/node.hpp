@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensordict/tensor_dict.hpp"
@@ -25,6 +26,26 @@ struct NodeCaps {
   bool shared = false;           //!< leaves live in shared memory
 };
 
+//! what a key of a level holds, read without touching its data (Node::meta): every structural question
+//! (contains, keys, is_empty, repr, describe, dtype / shape checks) asks this instead of reading the value
+struct EntryMeta {
+  enum class Kind { Tensor, NonTensor, TensorDict, LazyStack };
+  Kind kind = Kind::Tensor;
+  at::ScalarType dtype = at::kFloat;  //!< Tensor only
+  //! Tensor: the full shape (batch dims included; -1 where a lazy stack's members differ);
+  //! TensorDict / LazyStack / NonTensor: the batch size
+  BatchSize shape;
+  std::optional<at::Device> device;
+  bool shared = false;  //!< Tensor: its storage is shared (repr's is_shared)
+  bool memmap = false;  //!< Tensor: a memory-mapped file (repr's MemoryMappedTensor)
+  //! NonTensor: the NonTensorData / NonTensorStack where the node holds it (a remote node does not: nullopt)
+  std::optional<Entry> value;
+
+  bool is_tensordict() const { return kind == Kind::TensorDict || kind == Kind::LazyStack; }
+  //! "Tensor", "TensorDict", "LazyStackedTensorDict", "NonTensorData" / "NonTensorStack" ("non-tensor" unheld)
+  const char* kind_name() const;
+};
+
 struct TensorDictImpl;
 
 class Node : public std::enable_shared_from_this<Node> {
@@ -36,6 +57,11 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual NodeCaps caps() const = 0;
   //! keys of this level, in the node's order
   virtual std::vector<std::string> keys() const = 0;
+  //! what `key` of this level holds (kind, dtype, shape, device) without reading its data; nullopt when
+  //! missing. The default reads the value (correct, not cheap): nodes override it.
+  virtual std::optional<EntryMeta> meta(const std::string& key) const;
+  //! meta() of every key of this level, in keys() order (default: keys() then meta() per key)
+  virtual std::vector<std::pair<std::string, EntryMeta>> metas() const;
   //! the value at a key of this level (no copy where the node has zero-copy views); nullopt when missing
   virtual std::optional<Entry> read(const std::string& key) const = 0;
   //! batched read: the values of `keys` (this level) at `index`; one request for remote nodes
@@ -59,6 +85,9 @@ class Node : public std::enable_shared_from_this<Node> {
   //! a dense node over this node's own storage that the dense algorithms may read and write directly
   //! (a store's current snapshot); nullptr when there is none (lazy stacks). The node keeps it alive.
   virtual std::shared_ptr<TensorDictImpl> dense_view() const { return nullptr; }
+  //! lists the storage's structure again where the node caches it (a remote node keeps the structure it
+  //! listed for the handle's life: keys another process or handle adds show after this call); default no-op
+  virtual void refresh() {}
   //! the storage spec (JSON text, tensordict/storage_spec.hpp) that reopens this node's storage in another
   //! process; empty when there is none (in-memory nodes; views of a store)
   virtual std::string storage_spec() const { return ""; }
