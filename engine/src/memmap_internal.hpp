@@ -1,0 +1,29 @@
+#pragma once
+//! Internal to engine/: what the memmap sources share (memmap.cpp defines them).
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "tensor_dict_internal.hpp"
+#include "tensordict/backends/memmap_format.hpp"
+
+namespace tensordict::detail::memmap {
+
+// the format's names the memmap sources use (a `using namespace detail::memmap` brings them along)
+using backends::DirEntry;
+using backends::DirNode;
+using backends::LeafMeta;
+using backends::NodeKind;
+
+inline std::string join_path(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
+//! the meta.json record of tensor leaf `key` (its file: the encoded key + ".memmap"; none when empty)
+LeafMeta leaf_meta(const std::string& key, const at::Tensor& t);
+
+//! marks `impl` and the TensorDicts below it as memmap TensorDicts stored in `prefix` and its
+//! subdirectories (members of lazy stacks in sub/0, sub/1, ...); "" for anonymous memory
+void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string& prefix);
+
+}  // namespace tensordict::detail::memmap
