@@ -40,8 +40,7 @@ void Progress::finish(bool ok) {
   finished_ = true;
   draw(done_, true);
   if (!ok) {
-    if (tty_) std::fprintf(stderr, "%s: stopped\n", label_.c_str());
-    else logger()->log(std::max(spdlog::level::info, logger()->level()), "{}: stopped", label_);
+    if (tty_ || logger()->level() != spdlog::level::off) std::fprintf(stderr, "%s: stopped\n", label_.c_str());
   }
 }
 
@@ -76,10 +75,11 @@ void Progress::draw(int64_t done, bool final) {
     std::fprintf(stderr, "\r%s\x1b[K%s", progress_text(label_, done, total_, secs, 30).c_str(), final ? "\n" : "");
     std::fflush(stderr);
   } else {
-    // asked for explicitly: shown even when log.level is above info (unless "off")
-    auto lg = logger();
-    if (lg->level() == spdlog::level::off) return;
-    lg->log(std::max(spdlog::level::info, lg->level()), "{}", progress_text(label_, done, total_, secs, 0));
+    // asked for explicitly: a plain progress line (not a log record: no level, which a warning-level logger would
+    // have made "[warning]"), shown unless log.level is "off"
+    if (logger()->level() == spdlog::level::off) return;
+    std::fprintf(stderr, "%s\n", progress_text(label_, done, total_, secs, 0).c_str());
+    std::fflush(stderr);
   }
 }
 

@@ -112,6 +112,10 @@ RedisOptions RedisOptions::from_fields(const JsonValue& f) {
   return o;
 }
 
+backends::RedisConnectOptions RedisOptions::connect_options() const {
+  return backend_options(*this, runtime_of(engine())->config()).connect_options();
+}
+
 std::string redact_url(const std::string& url) { return backends::redact_redis_url(url); }
 
 namespace {

@@ -4,7 +4,7 @@
 //!   tdx info PATH [--files]               the tree: keys, kinds, dtypes, shapes, sizes, non-tensor values, totals
 //!   tdx dump PATH [--json [--compact] [--indent N]] [--no-values] [--threshold N] [--edgeitems N]
 //!   tdx verify PATH [--max-bytes N]       every leaf present, readable, of the dtype and shape it claims
-//!   tdx convert SRC DST [--quiet] [--force]   any pair of the three, streamed in row chunks of <= 64 MiB
+//!   tdx convert SRC DST [--quiet] [--force] [--durable]   any pair of the three, streamed in row chunks of <= 64 MiB
 //!
 //! PATH: a memmap directory, an .h5/.hdf5 file (opened with mode "r") or redis://HOST:PORT/DB?prefix=P&td_id=ID.
 //! Memmap directories: `info` and `verify` only use backends::read_dir (no mapping at all), `dump` loads with
@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
       ->required();
   convert->add_flag("--quiet,-q", conv_opts.quiet, "no progress bar");
   convert->add_flag("--force", conv_opts.force, "replace an existing DST file or directory / write into a given td_id");
+  convert->add_flag("--durable", conv_opts.durable, "memmap / HDF5 DST: fsync every file of the copy before it is "
+                                                    "switched in, and the parent directory after");
 
   // a clearer message than CLI11's "arguments were not expected" for a mistyped subcommand
   if (argc > 1 && argv[1][0] != '-') {
@@ -105,8 +107,10 @@ int main(int argc, char** argv) {
   auto message = [&](const std::string& what) {
     std::string m = what;
     for (const std::string* arg : {&path, &dst_path}) {
-      if (!is_redis_address(*arg) || redact_url(*arg) == *arg) continue;
-      for (size_t at = m.find(*arg); at != std::string::npos; at = m.find(*arg, at)) m.replace(at, arg->size(), redact_url(*arg));
+      const std::string redacted = td::redact_url(*arg);
+      if (!is_redis_address(*arg) || redacted == *arg) continue;
+      for (size_t at = m.find(*arg); at != std::string::npos; at = m.find(*arg, at + redacted.size()))
+        m.replace(at, arg->size(), redacted);
     }
     std::string out;
     std::istringstream lines(m);

@@ -151,28 +151,7 @@ std::string escape_text(const std::string& s) {
   return out;
 }
 
-std::string redact_url(const std::string& s) {
-  if (!is_redis_address(s)) return s;
-  std::string out = s;
-  const size_t start = std::string("redis://").size();
-  const size_t end = out.find_first_of("/?", start);
-  if (size_t at = out.rfind('@', end == std::string::npos ? std::string::npos : end);
-      at != std::string::npos && at >= start)
-    out.erase(start, at + 1 - start);
-  // password=VALUE in the query: the value goes
-  for (size_t q = out.find('?'); q != std::string::npos;) {
-    const size_t k = q + 1;
-    const size_t amp = out.find('&', k);
-    if (out.compare(k, 9, "password=") == 0) {
-      out.erase(k + 9, (amp == std::string::npos ? out.size() : amp) - (k + 9));
-      out.insert(k + 9, "***");
-    }
-    q = out.find('&', k);
-  }
-  return out;
-}
-
-std::string shown(const std::string& path) { return escape_text(redact_url(path)); }
+std::string shown(const std::string& path) { return escape_text(td::redact_url(path)); }
 
 std::string key_str(const td::NestedKey& k) {
   std::string out;
@@ -202,63 +181,6 @@ InputKind input_kind(const std::string& path) {
   return InputKind::Memmap;
 }
 
-static std::string percent_decode(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
-        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
-      i += 2;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
-td::RedisOptions parse_redis_address(const std::string& address) {
-  std::string rest = address.substr(std::string("redis://").size());
-  std::string query;
-  if (auto q = rest.find('?'); q != std::string::npos) {
-    query = rest.substr(q + 1);
-    rest.resize(q);
-  }
-  std::string db;
-  if (auto slash = rest.find('/'); slash != std::string::npos) {
-    db = rest.substr(slash + 1);
-    rest.resize(slash);
-  }
-  td::RedisOptions o;
-  std::string host = rest, port;
-  if (auto colon = rest.rfind(':'); colon != std::string::npos) {
-    host = rest.substr(0, colon);
-    port = rest.substr(colon + 1);
-  }
-  auto number = [&](const std::string& s, const char* what) {
-    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 9)
-      throw ToolError("'" + shown(address) + "': bad " + what + " '" + escape_text(s) + "' (expected redis://HOST:PORT/DB?prefix=P&td_id=ID)");
-    return std::stoi(s);
-  };
-  if (!host.empty()) o.host(host);
-  if (!port.empty()) o.port(number(port, "port"));
-  if (!db.empty()) o.db(number(db, "db"));
-  std::istringstream qs(query);
-  for (std::string kv; std::getline(qs, kv, '&');) {
-    if (kv.empty()) continue;
-    auto eq = kv.find('=');
-    const std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : percent_decode(kv.substr(eq + 1));
-    if (k == "prefix")
-      o.prefix(v);
-    else if (k == "td_id")
-      o.td_id(v);
-    else if (k == "password")
-      o.password(v);
-    else
-      throw ToolError("'" + shown(address) + "': unknown parameter '" + escape_text(k) + "' (expected prefix, td_id, password)");
-  }
-  return o;
-}
-
 Input open_store_input(const std::string& path, InputKind kind) {
   Input in;
   in.kind = kind;
@@ -267,7 +189,7 @@ Input open_store_input(const std::string& path, InputKind kind) {
     in.close = [h5] { h5.close(); };
     in.td = h5;
   } else {
-    td::RedisOptions o = parse_redis_address(path);
+    td::RedisOptions o = td::RedisOptions::from_url(path);
     if (o.td_id().empty()) throw ToolError("'" + shown(path) + "': the address names no store (add &td_id=ID)");
     td::TensorDictStore s = td::TensorDictStore::from_store(o.td_id(), o);
     in.close = [s] { s.close(); };
@@ -293,24 +215,42 @@ int64_t Layout::total_bytes() const {
   return __builtin_mul_overflow(row_bytes, batch[0], &out) ? std::numeric_limits<int64_t>::max() : out;
 }
 
+std::vector<int64_t> Layout::leaf_shape(const LeafSpec& s, int64_t rows) const {
+  if (batch.empty()) return s.elem;
+  std::vector<int64_t> out{rows};
+  out.insert(out.end(), batch.begin() + 1, batch.end());
+  out.insert(out.end(), s.elem.begin(), s.elem.end());
+  return out;
+}
+
 Layout layout_of(const td::TensorDict& t) {
   Layout l;
   l.batch = t.batch_size();
   td::TensorDict p = preview_of(t);
+  // the preview holds the first row along dim 0 (the batch's other dims whole): every leaf starts with the
+  // batch's dims, which are stripped, whatever their sizes (0 or 1 included)
+  int64_t row_elems = 1;  // elements of one row of the batch past dim 0
+  for (size_t i = 1; i < l.batch.size(); ++i)
+    if (__builtin_mul_overflow(row_elems, l.batch[i], &row_elems)) row_elems = std::numeric_limits<int64_t>::max();
   std::function<void(const td::TensorDict&, const td::NestedKey&)> walk = [&](const td::TensorDict& d,
                                                                               const td::NestedKey& prefix) {
     for (const auto& kv : d.items()) {
       td::NestedKey key = prefix + kv.first;
       const td::Entry& e = kv.second;
       if (e.is_tensordict()) {
+        l.sub_batches.emplace_back(key, full_shape(e.tensordict().batch_size(), l.batch));
         walk(e.tensordict(), key);
       } else if (e.is_tensor()) {
         LeafSpec s;
         s.key = key;
         s.dtype = e.tensor().scalar_type();
         s.elem = e.tensor().sizes().vec();
-        if (!l.batch.empty() && !s.elem.empty()) s.elem.erase(s.elem.begin());
+        if (s.elem.size() < l.batch.size())
+          throw td::FormatError("leaf '" + key_str(key) + "' has shape " + shape_str(s.elem) +
+                                ", fewer dims than the batch " + shape_str(l.batch));
+        s.elem.erase(s.elem.begin(), s.elem.begin() + static_cast<std::ptrdiff_t>(l.batch.size()));
         int64_t n = static_cast<int64_t>(c10::elementSize(s.dtype));  // saturating: declared sizes may be absurd
+        if (!l.batch.empty() && __builtin_mul_overflow(n, row_elems, &n)) n = std::numeric_limits<int64_t>::max();
         for (auto x : s.elem)
           if (__builtin_mul_overflow(n, x, &n)) n = std::numeric_limits<int64_t>::max();
         s.row_bytes = n;

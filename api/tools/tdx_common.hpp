@@ -59,9 +59,7 @@ std::string first_line(std::string s);
 //! control characters (C0, DEL and the UTF-8 encoded C1 range, so ANSI escapes too) as \xNN: a key or a
 //! path is printed as text, never as terminal commands
 std::string escape_text(const std::string& s);
-//! a redis:// URL without its secrets: "user:password@" and a password= query value are dropped
-std::string redact_url(const std::string& s);
-//! a PATH argument as messages show it: redacted when it is a Redis URL, escaped
+//! a PATH argument as messages show it: a Redis URL without its password (td::redact_url), escaped
 std::string shown(const std::string& path);
 //! "sub/deeper/y", escaped
 std::string key_str(const td::NestedKey& k);
@@ -74,9 +72,6 @@ enum class InputKind { Memmap, H5, Redis };
 bool is_redis_address(const std::string& s);
 //! an existing input: a Redis address, an HDF5 file, or (anything else) a memmap directory
 InputKind input_kind(const std::string& path);
-//! "redis://HOST:PORT/DB?prefix=P&td_id=ID" (what TensorDictStore::address() prints); HOST, PORT, DB,
-//! prefix and td_id are optional (the engine config's redis.* values fill in what is left out)
-td::RedisOptions parse_redis_address(const std::string& address);
 
 //! an open input: the TensorDict (an HDF5 file's and a Redis store's read through their store actor)
 struct Input {
@@ -92,21 +87,26 @@ std::vector<int64_t> full_shape(std::vector<int64_t> shape, const td::BatchSize&
 //! the batch is 0-dim or empty along dim 0)
 td::TensorDict preview_of(const td::TensorDict& t);
 
-//! one tensor leaf of a store: its key, dtype and element shape (the shape past the batch's first dim)
+//! one tensor leaf of a store: its key, dtype and element shape (the shape past every batch dim: what
+//! from_schema takes)
 struct LeafSpec {
   td::NestedKey key;
   at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> elem;  // shape without dim 0 (the whole shape for a 0-dim batch)
-  int64_t row_bytes = 0;
+  std::vector<int64_t> elem;  // shape without the batch dims (the whole shape for a 0-dim batch)
+  int64_t row_bytes = 0;      // bytes per row of dim 0 (the batch's other dims included)
 };
 
 struct Layout {
   td::BatchSize batch;
   std::vector<LeafSpec> tensors;
   std::vector<std::pair<td::NestedKey, td::Entry>> non_tensors;
+  //! the batch size of every sub-TensorDict (nested batches may be longer than the root's)
+  std::vector<std::pair<td::NestedKey, td::BatchSize>> sub_batches;
   int64_t row_bytes = 0;  // tensor bytes per row (dim 0)
   //! saturates at INT64_MAX (a declared size may be absurd)
   int64_t total_bytes() const;
+  //! a leaf's shape for `rows` rows of dim 0: [rows, batch[1:]..., elem...] (elem for a 0-dim batch)
+  std::vector<int64_t> leaf_shape(const LeafSpec& s, int64_t rows) const;
 };
 Layout layout_of(const td::TensorDict& t);
 
@@ -136,6 +136,8 @@ int cmd_verify(const std::string& path, const VerifyOptions& o);
 struct ConvertOptions {
   bool quiet = false;
   bool force = false;
+  //! memmap / HDF5 DST: every file of the copy and its directories fsynced before the rename, the parent after
+  bool durable = false;
 };
 int cmd_convert(const std::string& src_path, const std::string& dst_path, const ConvertOptions& o);
 

@@ -1,9 +1,11 @@
 // tdx convert: SRC -> DST (memmap directory, HDF5 file, Redis store: any pair), in row chunks of <= 64 MiB.
-// The copy never writes DST itself: it goes into a sibling (a hidden directory or .h5 file beside DST, or a
-// fresh td_id in DST's Redis database), is checked, and only then switched in with one rename (one
-// renameat2 RENAME_EXCHANGE over an existing directory, one atomic script over an existing store). A copy
-// that fails removes its sibling and leaves DST as it was; an HDF5 DST another process holds open for
-// writing is refused.
+// The copy never writes DST itself: it goes into a sibling (a memmap save's staging directory beside DST,
+// backends::StagingDir, held by its lock for the copy's life, or a fresh td_id in DST's Redis database), is
+// checked, and only then switched in with one rename (one renameat2 RENAME_EXCHANGE over an existing
+// directory, one atomic script over an existing store). A copy that fails removes its sibling and leaves DST as
+// it was; the sibling of a convert that was killed is removed by the next convert (or memmap save) to the same
+// DST; an HDF5 DST another process holds open for writing is refused. --durable fsyncs the copy before the
+// rename and the parent directory after.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -23,7 +25,10 @@
 
 #include "tdx_common.hpp"
 #include "tensordict/actors/progress.hpp"
+#include "tensordict/backends/memmap_file.hpp"
+#include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/backends/redis_client.hpp"
+#include "tensordict/backends/redis_store.hpp"
 #include "tensordict/describe.hpp"
 #include "tensordict/engine.hpp"
 #include "tensordict/errors.hpp"
@@ -51,23 +56,6 @@ Input open_source(const std::string& path) {
 }
 
 // ------------------------------------------------------------------------------------------ Redis, raw
-//! a uuid4 (the form Python's TensorDictStore gives its td_ids)
-std::string new_td_id() {
-  unsigned char b[16];
-  std::FILE* f = std::fopen("/dev/urandom", "rb");
-  if (!f || std::fread(b, 1, sizeof b, f) != sizeof b) {
-    if (f) std::fclose(f);
-    throw ToolError("cannot read /dev/urandom for a new td_id");
-  }
-  std::fclose(f);
-  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);
-  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);
-  char out[37];
-  std::snprintf(out, sizeof out, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-  return out;
-}
-
 //! a glob pattern matching `s` literally (Redis SCAN / KEYS)
 std::string glob_literal(const std::string& s) {
   std::string out;
@@ -83,17 +71,9 @@ std::string glob_literal(const std::string& s) {
 class RawRedis {
  public:
   explicit RawRedis(const td::RedisOptions& o) {
-    const td::Config& cfg = td::Engine::default_engine()->config();
-    tdb::RedisConnectOptions c;
-    c.host = o.host().empty() ? cfg.redis_host : o.host();
-    c.port = o.port() > 0 ? o.port() : static_cast<int>(cfg.redis_port);
-    c.db = o.db() >= 0 ? o.db() : static_cast<int>(cfg.redis_db);
-    c.unix_socket = o.unix_socket();
-    c.password = o.password();
-    if (c.password.empty())
-      if (const char* env = std::getenv("TENSORDICT_REDIS_PASSWORD")) c.password = env;
-    prefix_ = o.prefix().empty() ? cfg.redis_prefix : o.prefix();
-    client_ = std::make_unique<tdb::RedisClient>(c);
+    // the store's own connection: the same user, password (given, else the environment's) and timeouts
+    client_ = std::make_unique<tdb::RedisClient>(o.connect_options());
+    prefix_ = o.prefix().empty() ? td::Engine::default_engine()->config().redis_prefix : o.prefix();
   }
 
   //! the key prefix of a store: "P:{ID}:" (backends/redis_store.cpp, redis_key)
@@ -140,14 +120,25 @@ class RawRedis {
 // ------------------------------------------------------------------------------------------ the sibling
 enum class DstKind { Memmap, H5, Redis };
 
-//! a hidden name beside `path`, in the same directory (so that one rename switches it in)
-std::string sibling_of(const std::string& path, const std::string& suffix) {
+//! fsyncs every file below `dir`, then every directory below it and `dir` itself, deepest first (--durable:
+//! the copy's bytes and names are on the disk before the rename that switches it in)
+void sync_tree(const std::string& dir) {
+  std::vector<std::string> dirs{dir};
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_symlink()) continue;
+    if (e.is_directory())
+      dirs.push_back(e.path().string());
+    else if (e.is_regular_file())
+      tdb::sync_path(e.path().string(), false);
+  }
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) tdb::sync_path(*it, true);
+}
+
+//! the directory holding `path` ("." for a bare name)
+std::string parent_of(const std::string& path) {
   fs::path p = fs::path(path).lexically_normal();
   if (!p.has_filename()) p = p.parent_path();
-  static std::atomic<int> counter{0};
-  const std::string name =
-      "." + p.filename().string() + ".tdx-convert." + std::to_string(::getpid()) + "." + std::to_string(counter++) + suffix;
-  return (p.parent_path().empty() ? fs::path(".") : p.parent_path()).append(name).string();
+  return p.parent_path().empty() ? std::string(".") : p.parent_path().string();
 }
 
 //! a shared flock on an existing HDF5 DST, held until it is replaced: a process holding the file open for
@@ -221,16 +212,15 @@ void switch_path_in(const std::string& stage, const std::string& dst, bool repla
 std::map<std::string, std::string> leaf_signature(const Layout& l) {
   std::map<std::string, std::string> out;
   for (const auto& s : l.tensors) {
-    std::vector<int64_t> shape = s.elem;
-    if (!l.batch.empty()) shape.insert(shape.begin(), l.batch[0]);
-    out[key_str(s.key)] = short_dtype(s.dtype) + " " + shape_str(shape);
+    out[key_str(s.key)] = short_dtype(s.dtype) + " " + shape_str(l.leaf_shape(s, l.batch.empty() ? 0 : l.batch[0]));
   }
   for (const auto& nt : l.non_tensors) out[key_str(nt.first)] = "non-tensor";
   return out;
 }
 
 //! the copy, opened again the way tdx reads it, holds the source's leaves (dtypes and shapes)
-void check_copy(const Layout& src, const std::string& where, DstKind kind, const td::RedisOptions& ro) {
+void check_copy(const Layout& src, const std::string& src_type, const std::string& where, DstKind kind,
+                const td::RedisOptions& ro) {
   Input in;
   if (kind == DstKind::Memmap) {
     in.td = td::TensorDict::load_memmap(where, td::LoadOptions().writable(false));
@@ -243,7 +233,14 @@ void check_copy(const Layout& src, const std::string& where, DstKind kind, const
     in.close = [s] { s.close(); };
   }
   const Layout got = layout_of(in.td);
+  const std::string got_type = in.td.type_name();
   in.close();
+  if (kind == DstKind::Memmap) {  // a directory keeps every sub-TensorDict's batch size and the class
+    if (got.sub_batches != src.sub_batches)
+      throw ToolError("the copy's sub-TensorDicts have other batch sizes than the source's: nothing was replaced");
+    if (!src_type.empty() && got_type != src_type)
+      throw ToolError("the copy is a " + got_type + ", the source a " + src_type + ": nothing was replaced");
+  }
   const auto want = leaf_signature(src), have = leaf_signature(got);
   for (const auto& kv : want) {
     auto it = have.find(kv.first);
@@ -262,7 +259,7 @@ struct Copied {
 
 //! copies every row and non-tensor of `src` into the preallocated `dst`
 Copied copy_rows(const Input& src, const Layout& l, td::TensorDict& dst, DstKind kind, const std::string& dst_dir,
-                 bool quiet) {
+                 bool quiet, bool structure_copied) {
   using at::indexing::Slice;
   Copied c;
   const auto t0 = std::chrono::steady_clock::now();
@@ -273,6 +270,8 @@ Copied copy_rows(const Input& src, const Layout& l, td::TensorDict& dst, DstKind
       td::TensorDict all = src.td.to_tensordict();
       for (const auto& s : l.tensors) dst.set_(s.key, all.get(s.key));
     } else {
+      std::vector<td::NestedKey> tensor_keys;
+      for (const auto& s : l.tensors) tensor_keys.push_back(s.key);
       const int64_t n = l.batch[0], step = rows_per_chunk(l);
       const int64_t steps = (n + step - 1) / step;
       td::actors::Progress bar(!quiet, steps, std::chrono::milliseconds(1000), "tdx convert");
@@ -283,8 +282,8 @@ Copied copy_rows(const Input& src, const Layout& l, td::TensorDict& dst, DstKind
         // a memmap source: the rows are a view of its mapping (copied once, by the write); a store: one read
         td::TensorDict rows = src.td.index({Slice(a, b)});
         if (src.kind != InputKind::Memmap) rows = rows.to_tensordict();
-        td::TensorDict tensors(rows.batch_size());
-        for (const auto& s : l.tensors) tensors.set(s.key, rows.get(s.key));
+        // the tensor leaves, in their sub-TensorDicts as they are (nested batch sizes kept)
+        td::TensorDict tensors = rows.select(tensor_keys);
         const auto r1 = std::chrono::steady_clock::now();
         dst.index_put_({Slice(a, b)}, tensors);
         c.read_s += std::chrono::duration<double>(r1 - r0).count();
@@ -294,19 +293,27 @@ Copied copy_rows(const Input& src, const Layout& l, td::TensorDict& dst, DstKind
       bar.finish(true);
     }
   }
+  if (structure_copied) {  // memmap_like wrote the non-tensors, batch sizes and class already
+    c.secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return c;
+  }
   // non-tensor leaves, whole (one read each: the preview holds their first row only)
-  if (!l.non_tensors.empty()) {
-    std::vector<std::pair<td::NestedKey, td::Entry>> values;
-    for (const auto& nt : l.non_tensors) values.emplace_back(nt.first, src.td.get_entry(nt.first));
-    if (kind == DstKind::Memmap) {
-      // a memmap directory: add them and rewrite meta.json (the tensor leaves stay where they are)
-      td::TensorDict d = dst;
-      d.unlock_();
-      for (const auto& v : values) d.set(v.first, v.second);
-      d.memmap_(dst_dir, td::MemmapOptions().existsok(true));
-    } else {
-      for (const auto& v : values) dst.set(v.first, v.second);
-    }
+  std::vector<std::pair<td::NestedKey, td::Entry>> values;
+  for (const auto& nt : l.non_tensors) values.emplace_back(nt.first, src.td.get_entry(nt.first));
+  // sub-TensorDicts whose batch is longer than the root's (from_schema gives every one the root's)
+  bool nested_batches = false;
+  for (const auto& sb : l.sub_batches) nested_batches = nested_batches || sb.second != l.batch;
+  if (kind == DstKind::Memmap && (!values.empty() || nested_batches)) {
+    // a memmap directory: set them and rewrite meta.json (the tensor leaves stay where they are); the deepest
+    // sub-TensorDicts first, so that each parent's batch stays a prefix of its children's
+    td::TensorDict d = dst;
+    d.unlock_();
+    for (const auto& v : values) d.set(v.first, v.second);
+    for (auto it = l.sub_batches.rbegin(); it != l.sub_batches.rend(); ++it)
+      if (it->second != l.batch) d.get_entry(it->first).tensordict().set_batch_size(it->second);
+    d.memmap_(dst_dir, td::MemmapOptions().existsok(true));
+  } else {
+    for (const auto& v : values) dst.set(v.first, v.second);
   }
   c.secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return c;
@@ -324,8 +331,11 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
   std::string replace_id;  // Redis: the td_id replaced (--force)
   std::optional<H5ReplaceLock> h5_lock;
   if (kind == DstKind::Redis) {
-    ro = parse_redis_address(dst_path);
+    ro = td::RedisOptions::from_url(dst_path);
     replace_id = ro.td_id();
+    if (o.durable)
+      throw ToolError("--durable applies to a memmap or HDF5 DST (a Redis server's persistence is its own "
+                      "configuration: appendonly / appendfsync)");
     if (!replace_id.empty() && !o.force)
       throw ToolError("'" + shown(dst_path) +
                       "' names a store (td_id): convert makes a new one (leave td_id out, or --force)");
@@ -347,15 +357,21 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
   td::Schema schema;
   for (const auto& s : l.tensors) schema.push_back({s.key, {s.elem, s.dtype}});
 
-  // the sibling: written, closed and checked before it replaces anything
+  // the sibling: written, closed and checked before it replaces anything. A file-system copy is written inside a
+  // memmap save's staging directory beside DST (".NAME.td-stage.PID.RANDOM"), locked for its whole life, so that
+  // the next convert or save to DST removes it if this process is killed, and never while it lives
   std::string stage;
   td::RedisOptions stage_ro = ro;
   std::optional<RawRedis> raw;
+  std::optional<tdb::StagingDir> staging;
   if (kind == DstKind::Redis) {
-    stage_ro.td_id(new_td_id());
+    stage_ro.td_id(tdb::new_redis_td_id());
     raw.emplace(ro);
   } else {
-    stage = sibling_of(dst_path, kind == DstKind::H5 ? ".h5" : "");
+    staging.emplace(dst_path);  // removes the abandoned siblings of DST first
+    if (staging->path().empty())
+      throw ToolError("cannot write beside '" + shown(dst_path) + "' (its directory is not writable)");
+    stage = join_path(staging->path(), kind == DstKind::H5 ? "data.h5" : "data");
   }
   std::function<void()> dst_close = [] {};
   auto remove_stage = [&] {
@@ -367,8 +383,7 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
       if (kind == DstKind::Redis) {
         raw->remove_store(stage_ro.td_id());
       } else {
-        std::error_code ec;
-        fs::remove_all(stage, ec);
+        staging.reset();  // the sibling, its contents and its lock file
       }
     } catch (const std::exception& e) {
       std::cerr << "tdx: warning: could not remove the partial copy: " << escape_text(first_line(e.what())) << "\n";
@@ -379,6 +394,7 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
   try {
     {
       td::TensorDict dst;
+      bool like = false;
       if (kind == DstKind::Redis) {
         td::TensorDictStore s = td::TensorDictStore::from_schema(schema, l.batch, stage_ro);
         dst_close = [s] { s.close(); };
@@ -387,14 +403,18 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
         dst = td::TensorDict::from_schema(schema, l.batch, "h5", td::H5Options().filename(stage).mode("w"));
         td::PersistentTensorDict h5(dst);
         dst_close = [h5] { h5.close(); };
+      } else if (src.kind == InputKind::Memmap) {
+        // a directory's structure as it is: sub-TensorDicts' batch sizes, a tensorclass, non-tensor values
+        dst = src.td.memmap_like(stage);
+        like = true;
       } else {
         dst = td::TensorDict::from_schema(schema, l.batch, "memmap", td::MemmapOptions().prefix(stage));
       }
-      c = copy_rows(src, l, dst, kind, stage, o.quiet);
+      c = copy_rows(src, l, dst, kind, stage, o.quiet, like);
       dst_close();
       dst_close = [] {};
     }  // a memmap copy's mappings are released here, before its directory is renamed
-    check_copy(l, stage, kind, stage_ro);
+    check_copy(l, src.kind == InputKind::Memmap ? src.td.type_name() : "", stage, kind, stage_ro);
     if (kind == DstKind::Redis) {
       if (!replace_id.empty()) raw->switch_in(stage_ro.td_id(), replace_id);
       td::RedisOptions final_ro = ro;
@@ -403,7 +423,10 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
       address = s.address();
       s.close();
     } else {
+      if (o.durable) sync_tree(staging->path());  // every leaf, meta.json / the .h5 file, their directories
       switch_path_in(stage, dst_path, pk != PathKind::Missing, kind == DstKind::Memmap);
+      if (o.durable) tdb::sync_path(parent_of(dst_path), true);  // the rename itself
+      staging.reset();  // the old directory an exchange put there, the sibling and its lock
     }
   } catch (...) {
     remove_stage();

@@ -36,7 +36,7 @@ struct StoreVerifier {
     std::string what = "declares " + human_bytes(l.total_bytes()) + " of tensor data";
     if (largest)
       what += " (leaf '" + key_str(largest->key) + "': " + short_dtype(largest->dtype) + " " +
-              shape_str(full_shape(concat({1}, largest->elem), l.batch)) + ")";
+              shape_str(l.leaf_shape(*largest, l.batch[0])) + ")";
     throw ToolError("verify reads every row; this store " + what + ", more than --max-bytes " +
                     std::to_string(options.max_bytes) + " (" + human_bytes(options.max_bytes) +
                     "): pass a larger --max-bytes, or --max-bytes 0 for no limit");
@@ -71,17 +71,16 @@ struct StoreVerifier {
       const int64_t b = std::min(n, a + step);
       const std::string rows = "rows " + std::to_string(a) + ".." + std::to_string(b);
       td::TensorDict view = t.index({at::indexing::Slice(a, b)});
-      std::vector<int64_t> want_lead{b - a};
       try {
         td::TensorDict chunk = view.to_tensordict();
         for (size_t i = 0; i < l.tensors.size(); ++i)
-          if (!bad[i]) bad[i] = !compare(l.tensors[i], chunk, concat(want_lead, l.tensors[i].elem), rows);
+          if (!bad[i]) bad[i] = !compare(l.tensors[i], chunk, l.leaf_shape(l.tensors[i], b - a), rows);
       } catch (const std::exception&) {  // which leaves: one read each
         for (size_t i = 0; i < l.tensors.size(); ++i) {
           if (bad[i]) continue;
           try {
             at::Tensor x = view.get(l.tensors[i].key);
-            bad[i] = !compare_tensor(l.tensors[i], x, concat(want_lead, l.tensors[i].elem), rows);
+            bad[i] = !compare_tensor(l.tensors[i], x, l.leaf_shape(l.tensors[i], b - a), rows);
           } catch (const std::exception& e) {
             problems.push_back("leaf '" + key_str(l.tensors[i].key) + "': " + rows + " unreadable: " + first_line(e.what()));
             bad[i] = true;
@@ -92,10 +91,6 @@ struct StoreVerifier {
     bar.finish(true);
   }
 
-  static std::vector<int64_t> concat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  }
   bool compare(const LeafSpec& s, const td::TensorDict& chunk, const std::vector<int64_t>& want,
                const std::string& rows) {
     if (!chunk.contains(s.key)) {

@@ -5,6 +5,7 @@
   tdx_h5_helper.py hold FILE READY STOP   opens FILE "r+" (HDF5's writer lock), writes obs[0] = 7, creates READY,
                                           waits (at most 60 s) until STOP exists, closes
   tdx_h5_helper.py row FILE KEY           prints FILE[KEY][0] as a list
+  tdx_h5_helper.py one132 FILE            one float32 dataset "x" of shape [1, 3, 2] holding 0..5 (batch [1, 3, 2])
 """
 import os
 import sys
@@ -34,6 +35,9 @@ def main(argv):
                 break
             time.sleep(0.1)
         f.close()
+    elif cmd == "one132":
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=np.arange(6, dtype=np.float32).reshape(1, 3, 2))
     elif cmd == "row":
         with h5py.File(path, "r") as f:
             print(f[argv[3]][0].tolist())

@@ -21,6 +21,9 @@
 namespace tensordict {
 
 class Engine;
+namespace backends {
+struct RedisConnectOptions;
+}
 
 //! where a store lives; empty / negative fields take the engine config's redis.* values
 struct RedisOptions : StorageOptions {
@@ -57,6 +60,10 @@ struct RedisOptions : StorageOptions {
   //! (the standard Redis URL; parts left out take the config's values; user, password and the query values are
   //! percent-decoded). ValueError for anything else, its text with the secrets hidden (redact_url)
   static RedisOptions from_url(const std::string& url);
+  //! the connection a store opened with these options makes (the config's redis.* values filled in, the same
+  //! user, password, timeouts and retries; an empty password: the environment's), for a raw
+  //! backends::RedisClient beside a store (<tensordict/backends/redis_client.hpp>)
+  backends::RedisConnectOptions connect_options() const;
 };
 
 //! a redis:// URL with its password hidden ("user:***@", "password=***"), for messages and logs
