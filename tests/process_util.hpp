@@ -1,10 +1,13 @@
 #pragma once
-// Forked child processes for multi-process tests: fork, run fn in the child, _exit with its return value.
+// Forked child processes for multi-process tests: fork, run fn in the child, _exit with its return value; wait
+// for a child with a timeout and say how it ended.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -14,13 +17,27 @@
 
 namespace testutil {
 
-//! fork(); the child runs fn and _exits with its return value (98 if it threw)
+//! the signals Boost.Test catches in the test process (execution_monitor): a forked child that inherited its
+//! handlers would turn a SIGBUS into a jump back into the test runner and go on running the suite's other tests
+//! in the child, while the parent waits for it
+inline void default_fatal_signals() {
+  for (int sig : {SIGILL, SIGFPE, SIGSEGV, SIGBUS, SIGPOLL, SIGABRT, SIGALRM, SIGSYS, SIGTRAP}) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(sig, &dfl, nullptr);
+  }
+}
+
+//! fork(); the child runs fn and _exits with its return value (98 if it threw). The child dies of a fatal
+//! signal as a plain program does (default_fatal_signals), so wait_child reports it at once.
 inline pid_t spawn(const std::function<int()>& fn) {
   std::fflush(stdout);
   std::fflush(stderr);
   pid_t pid = ::fork();
   BOOST_REQUIRE(pid >= 0);
   if (pid == 0) {
+    default_fatal_signals();
     int rc = 99;
     try {
       rc = fn();
@@ -45,17 +62,41 @@ inline pid_t spawn_exec(const std::string& exe, const std::vector<std::string>& 
   });
 }
 
-//! exit code of the child, or -signal
-inline int wait_child(pid_t pid) {
+//! what wait_child returns for a child that outlived its timeout (then SIGKILLed and reaped)
+constexpr int kTimedOut = -1001;
+
+//! exit code of the child, or -signal, or kTimedOut: a child still running after `timeout` is SIGKILLed and
+//! reaped, so that a stuck child fails its test at once instead of the whole suite at the per-test limit
+inline int wait_child(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(180)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;
-  pid_t r;
-  do {
-    r = ::waitpid(pid, &status, 0);
-  } while (r < 0 && errno == EINTR);
-  BOOST_REQUIRE(r == pid);
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    BOOST_REQUIRE(!(r < 0 && errno != EINTR));
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return kTimedOut;
+    }
+    ::usleep(2000);
+  }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return -WTERMSIG(status);
   return -1000;
+}
+
+//! wait_child's result in words: "exited with 3", "killed by signal 7 (Bus error)", "still running after its
+//! timeout (SIGKILLed)"
+inline std::string describe_child(int rc) {
+  if (rc >= 0) return "exited with " + std::to_string(rc);
+  if (rc == kTimedOut) return "still running after its timeout (SIGKILLed)";
+  if (rc > -1000) {
+    const char* name = ::strsignal(-rc);
+    return "killed by signal " + std::to_string(-rc) + (name ? std::string(" (") + name + ")" : std::string());
+  }
+  return "ended with wait status " + std::to_string(rc);
 }
 
 //! children forked while other threads of this process run on: how many hung (still running after 10 s:

@@ -3,11 +3,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +20,7 @@
 
 #include "tensordict/actors/fault_points.hpp"
 #include "tensordict/actors/messages.hpp"
+#include "tensordict/backends/redis_client.hpp"
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/logging.hpp"
@@ -132,25 +133,42 @@ void ProcessTable::reap_all(std::chrono::milliseconds grace) {
 pid_t spawn_worker_process(const std::string& executable, const std::string& env_value, const char* env_name) {
   // everything the child needs is prepared before fork: between fork and exec it only makes syscalls
   const std::string prefix = std::string(env_name) + "=";
+  // the Redis credentials this process authenticated with travel in the environment, never on the command line
+  const std::vector<std::string> secrets = backends::redis_child_environment();
+  auto replaced = [&](const char* e) {
+    if (std::strncmp(e, prefix.c_str(), prefix.size()) == 0) return true;
+    for (const auto& s : secrets)
+      if (std::strncmp(e, s.c_str(), s.find('=') + 1) == 0) return true;
+    return false;
+  };
   std::vector<std::string> env_strings;
   for (char** e = environ; e && *e; ++e) {
-    if (std::strncmp(*e, prefix.c_str(), prefix.size()) != 0) env_strings.emplace_back(*e);
+    if (!replaced(*e)) env_strings.emplace_back(*e);
   }
+  env_strings.insert(env_strings.end(), secrets.begin(), secrets.end());
   env_strings.push_back(prefix + env_value);
+  const pid_t parent = ::getpid();
+  // the worker watches this pid (watch_parent_or_exit): dropped from the inherited environment first, so a
+  // worker's own workers see their parent's pid, not their grandparent's
+  const std::string parent_prefix = std::string(kWorkerParentEnv) + "=";
+  env_strings.erase(std::remove_if(env_strings.begin(), env_strings.end(),
+                                   [&](const std::string& e) { return e.compare(0, parent_prefix.size(), parent_prefix) == 0; }),
+                    env_strings.end());
+  env_strings.push_back(parent_prefix + std::to_string(parent));
   std::vector<char*> envp;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
   std::string arg0 = executable;
   char* argv[] = {arg0.data(), nullptr};
-  const pid_t parent = ::getpid();
 
   const pid_t pid = ::fork();
   if (pid < 0) {
     throw BackendError("map: cannot start a worker process (fork: " + std::string(std::strerror(errno)) + ")");
   }
   if (pid == 0) {
-    // child: async-signal-safe calls only
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the forking thread dies -> so does the worker
+    // child: async-signal-safe calls only. No PR_SET_PDEATHSIG: it follows the forking THREAD, so a worker
+    // would die with a short-lived thread that started it while the process lives on; the worker watches the
+    // process instead (watch_parent_or_exit)
     if (::getppid() != parent) ::_exit(126);
     // no inherited sockets/files (the coordinator's connections, the caller's files)
     if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
@@ -160,6 +178,20 @@ pid_t spawn_worker_process(const std::string& executable, const std::string& env
     ::_exit(127);
   }
   return pid;
+}
+
+void watch_parent_or_exit() {
+  pid_t parent = 0;
+  if (const char* e = std::getenv(kWorkerParentEnv); e && *e) parent = static_cast<pid_t>(std::atol(e));
+  ::unsetenv(kWorkerParentEnv);  // not inherited by processes the worker's code might start
+  if (parent <= 0) parent = ::getppid();
+  if (::getppid() != parent) std::_Exit(kParentGoneExit);
+  std::thread([parent] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (::getppid() != parent) std::_Exit(kParentGoneExit);  // reparented: the process that started us is gone
+    }
+  }).detach();
 }
 
 // ============================================================================ the worker side
@@ -350,6 +382,7 @@ bool run_map_worker_process(int /*argc*/, char** /*argv*/) {
   if (!env || !*env) return false;
   const std::string value = env;
   ::unsetenv(kMapWorkerEnv);  // not inherited by processes fn might start
+  watch_parent_or_exit();     // also while fn runs: the coordinator's down message waits for fn to return
   WorkerSpec spec;
   if (!parse_spec(value, spec)) {
     std::fprintf(stderr, "tensordict map worker: malformed %s=%s\n", kMapWorkerEnv, value.c_str());

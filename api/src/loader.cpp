@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -539,6 +540,7 @@ struct WorkerCore {
   std::vector<int64_t> src_rest;         // the source's batch dims after the row dim
   std::vector<at::Tensor> gather_buf;    // with a transform: reused gather buffers (dense sources)
   const actors::FaultPoints* faults = nullptr;  // worker processes: TD_FAULT_LOADER_WORKER (crash tests)
+  std::atomic<bool> exited{false};  // worker threads: set when the loop returned (a bounded join looks at it)
 
   void fault_point(const char* stage) const {
     if (faults) faults->maybe_die_at(stage, index);
@@ -753,10 +755,12 @@ struct DataLoader::Impl {
   // session: the ring and its workers
   std::shared_ptr<Ring> ring;
   std::vector<std::thread> threads;
+  std::vector<std::shared_ptr<WorkerCore>> thread_cores;  // threads[i]'s core: its `exited` flag
   std::unique_ptr<actors::ProcessTable> procs;
   std::vector<bool> lost;      // per worker index
   int64_t lost_alive_check_ns = 0;
   int64_t session_start_ns = 0;
+  int64_t settled_ns = 0;      // when every worker process had attached or was lost (0: not yet); timeouts count from it
   bool unlinked = false;
   std::string last_loss;
   std::unique_ptr<WorkerCore> inline_core;  // num_workers == 0
@@ -798,6 +802,7 @@ struct DataLoader::Impl {
     lost.assign(static_cast<size_t>(num_workers), false);
     unlinked = false;
     session_start_ns = now_ns();
+    settled_ns = num_processes == 0 ? session_start_ns : 0;
     if (num_processes == 0) {
       ring->seg->unlink();  // nobody else opens it: no name left behind, whatever happens to us
       unlinked = true;
@@ -810,7 +815,13 @@ struct DataLoader::Impl {
     try {
       for (int64_t w = 0; w < num_threads; ++w) {
         std::shared_ptr<WorkerCore> core = make_core(w);
-        threads.emplace_back([core] { core->loop(nullptr); });
+        thread_cores.push_back(core);
+        // the thread owns its core (the ring's mapping, the dataset handle, the transform): one left running
+        // detached after a timeout (stop_session) touches nothing the loader frees
+        threads.emplace_back([core] {
+          core->loop(nullptr);
+          core->exited.store(true, std::memory_order_release);
+        });
       }
       if (num_processes > 0) {
         procs = std::make_unique<actors::ProcessTable>(num_threads);
@@ -837,16 +848,34 @@ struct DataLoader::Impl {
     return c;
   }
 
-  void stop_session() {
+  //! stops the session; with a timeout, waits for the worker threads at most `thread_wait` (default: the timeout)
+  //! and leaves one still in its transform running detached (it owns its core)
+  void stop_session(std::optional<std::chrono::milliseconds> thread_wait = std::nullopt) {
     if (!ring) return;
     RingHeader& h = *ring->hdr;
     h.shutdown.store(1, std::memory_order_seq_cst);
     h.work_seq.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(&h.work_seq);
-    for (auto& t : threads) {
-      if (t.joinable()) t.join();
+    const int64_t wait_ns = (thread_wait ? *thread_wait : opts.timeout()).count() * 1000000;
+    const int64_t deadline = now_ns() + wait_ns;
+    for (size_t i = 0; i < threads.size(); ++i) {
+      if (!threads[i].joinable()) continue;
+      if (opts.timeout().count() > 0) {
+        while (!thread_cores[i]->exited.load(std::memory_order_acquire) && now_ns() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (!thread_cores[i]->exited.load(std::memory_order_acquire)) {
+          logger()->warn("DataLoader: worker thread {} is still in its transform {} ms after the loader stopped it: "
+                         "left running detached (it exits when the call returns)",
+                         thread_cores[i]->index, wait_ns / 1000000);
+          threads[i].detach();
+          continue;
+        }
+      }
+      threads[i].join();
     }
     threads.clear();
+    thread_cores.clear();
     if (procs) {
       procs->reap_all(std::chrono::milliseconds(exit_grace_ms));
       procs.reset();
@@ -1009,6 +1038,7 @@ struct DataLoader::Impl {
         }
       }
     }
+    if (all_settled && settled_ns == 0) settled_ns = now;
     if (all_settled && !unlinked) {
       ring->seg->unlink();  // every worker mapped it: from now on a SIGKILL of the trainer leaves no name behind
       unlinked = true;
@@ -1037,7 +1067,35 @@ struct DataLoader::Impl {
     h.done_waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
 
-  //! waits until the slot is ready or failed (bounded steps; checks the workers every 20 ms)
+  //! the batch in `slot` did not come within the timeout: stops the session (worker processes SIGKILLed and
+  //! reaped at once; worker threads waited for briefly, a stuck one left detached) and throws RuntimeError
+  [[noreturn]] void timed_out(uint32_t slot) {
+    SlotCtl& c = *ring->ctl(slot);
+    const uint32_t word = c.state.load(std::memory_order_acquire);
+    const int64_t num_threads = num_workers - num_processes;
+    std::string who = "no worker had taken it yet (each was still on an earlier batch)";
+    if (state_of(word) == kClaimed) {
+      const int64_t w = claimer_of(word);
+      if (w < num_threads) {
+        who = "worker thread " + std::to_string(w) + " was still on it: a thread cannot be killed, it is left running detached";
+      } else {
+        who = "worker process " + std::to_string(w) + " (pid " +
+              std::to_string(procs ? procs->pid(static_cast<size_t>(w - procs->first_index())) : -1) +
+              ") was still on it: killed";
+      }
+    }
+    const std::string msg = "DataLoader: " + batch_name(c.batch, c.epoch) + " timed out after " +
+                            std::to_string(opts.timeout().count()) + " ms (" + who +
+                            "); the workers were stopped, the next next() starts a new epoch";
+    if (procs) {
+      for (size_t p = 0; p < procs->size(); ++p) procs->kill(p);
+    }
+    stop_session(std::chrono::milliseconds(100));  // idle threads leave at once; busy ones are left detached
+    throw RuntimeError(msg);
+  }
+
+  //! waits until the slot is ready or failed (bounded steps; checks the workers every 20 ms), at most the
+  //! timeout (counted once the worker processes have all attached)
   void wait_slot(uint32_t slot) {
     RingHeader& h = *ring->hdr;
     SlotCtl& c = *ring->ctl(slot);
@@ -1047,6 +1105,8 @@ struct DataLoader::Impl {
     };
     if (done()) return;
     if (spin_until(done, spin_budget().trainer_ns)) return;
+    const int64_t timeout_ns = opts.timeout().count() * 1000000;
+    const int64_t wait_start = now_ns();
     int64_t last_check = 0;
     while (!done()) {
       const int64_t now = now_ns();
@@ -1054,6 +1114,9 @@ struct DataLoader::Impl {
         check_workers();
         last_check = now;
         if (done()) break;
+      }
+      if (timeout_ns > 0 && num_workers > 0 && settled_ns != 0 && now - std::max(wait_start, settled_ns) > timeout_ns) {
+        timed_out(slot);
       }
       h.done_want.store(slot + 1, std::memory_order_seq_cst);
       const uint32_t seq = h.done_seq.load(std::memory_order_seq_cst);
@@ -1135,6 +1198,45 @@ namespace {
 
 std::vector<int64_t> tail(const BatchSize& b) { return std::vector<int64_t>(b.begin() + 1, b.end()); }
 
+constexpr const char* kProbeTimedOut = "did not return within";
+
+//! the constructor's run of the transform with a timeout: on a thread of its own that owns its inputs, so a
+//! call that never returns is left running detached and the constructor throws RuntimeError
+TensorDict call_within(const MapFn& fn, const TensorDict& rows, const MapWorkerContext& ctx, std::chrono::milliseconds timeout,
+                       int64_t nrows) {
+  struct Call {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    TensorDict result;
+    std::exception_ptr error;
+  };
+  auto call = std::make_shared<Call>();
+  std::thread([call, fn, rows, ctx] {
+    TensorDict r;
+    std::exception_ptr e;
+    try {
+      r = map_detail::call_with_context(fn, rows, ctx);
+    } catch (...) {
+      e = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(call->mu);
+    call->result = std::move(r);
+    call->error = e;
+    call->done = true;
+    call->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(call->mu);
+  if (!call->cv.wait_for(lock, timeout, [&] { return call->done; })) {
+    throw RuntimeError("DataLoader: the transform " + std::string(kProbeTimedOut) + " " + std::to_string(timeout.count()) +
+                       " ms on rows [0, " + std::to_string(nrows) +
+                       ") (batch 0, run once in the constructor to learn the batch layout); the call is left running "
+                       "on a detached thread");
+  }
+  if (call->error) std::rethrow_exception(call->error);
+  return call->result;
+}
+
 //! the default prefetch: batches in flight per worker such that all workers' batches in flight stay within
 //! kAutoPrefetchBytes, between 2 (torch's prefetch_factor) and 8. Workers finish out of order and the trainer
 //! takes batches in order, so with 2 per worker a worker often waits for the trainer to free a slot; small
@@ -1169,6 +1271,9 @@ DataLoader::DataLoader(TensorDict dataset, LoaderOptions options) : impl_(std::m
   if (o.ring_slots() < 0) throw ValueError("DataLoader: ring_slots must be >= 0 (0: automatic), got " + std::to_string(o.ring_slots()));
   if (o.worker_threads() < 1) throw ValueError("DataLoader: worker_threads must be >= 1, got " + std::to_string(o.worker_threads()));
   if (o.worker_processes() < 0) throw ValueError("DataLoader: worker_processes must be >= 0, got " + std::to_string(o.worker_processes()));
+  if (o.timeout().count() < 0) {
+    throw ValueError("DataLoader: timeout must be >= 0 ms (0: none), got " + std::to_string(o.timeout().count()));
+  }
   m.num_processes = o.worker_processes();
   m.num_workers = o.num_workers() ? *o.num_workers() : m.num_processes;
   if (m.num_workers < 0 || m.num_workers > kMaxWorkers) {
@@ -1239,7 +1344,13 @@ DataLoader::DataLoader(TensorDict dataset, LoaderOptions options) : impl_(std::m
     ctx.seed = batch_seed(m.seed, -1, 0);
     ctx.chunk = 0;
     try {
-      layout = map_detail::call_with_context(m.transform, probe, ctx);
+      layout = o.timeout().count() > 0 ? call_within(m.transform, probe, ctx, o.timeout(), probe_rows)
+                                       : map_detail::call_with_context(m.transform, probe, ctx);
+    } catch (const RuntimeError& e) {
+      if (std::strstr(e.what(), kProbeTimedOut) != nullptr) throw;
+      map_detail::CarriedError ce = map_detail::carry_current_exception(0);
+      throw_error(ce.code, "DataLoader: the transform failed on rows [0, " + std::to_string(probe_rows) +
+                               ") (run once to learn the batch layout): " + ce.message);
     } catch (...) {
       map_detail::CarriedError e = map_detail::carry_current_exception(0);
       throw_error(e.code, "DataLoader: the transform failed on rows [0, " + std::to_string(probe_rows) +
@@ -1314,6 +1425,7 @@ bool run_loader_worker_process(int /*argc*/, char** /*argv*/) {
   if (!env || !*env) return false;
   const std::string value = env;
   ::unsetenv(kLoaderWorkerEnv);
+  actors::watch_parent_or_exit();  // dies with the trainer, even in a transform that never returns
   const size_t colon = value.rfind(':');
   int64_t index = -1;
   try {

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -201,13 +202,18 @@ bool parse_name_tail(const std::string& tail, pid_t* pid, uint64_t* starttime) {
   return true;
 }
 
-// false only when the creator is certainly gone
-bool creator_alive(pid_t pid, uint64_t starttime) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  auto st = read_proc_stat(pid);
-  if (!st) return errno != ENOENT && errno != ESRCH;  // unreadable (e.g. hidepid): assume alive
-  if (st->state == 'Z' || st->state == 'X') return false;
-  return st->starttime == starttime;
+//! Takes the lock that every user of a segment holds for as long as it uses it: LOCK_SH by the creator from
+//! before the segment has a size until it closes its descriptor (flock on the open file description, so a
+//! forked child that inherits the descriptor holds it too; close-on-exec drops it at exec), LOCK_EX|LOCK_NB by
+//! cleanup_stale_segments. The kernel releases a lock when the last descriptor of its holder goes, however the
+//! holder dies, and a lock on a tmpfs file is seen by every process that opens the file, whatever its PID
+//! namespace: unlike a pid, it proves liveness across containers sharing /dev/shm.
+int flock_retry(int fd, int op) {
+  int rc;
+  do {
+    rc = ::flock(fd, op);
+  } while (rc != 0 && errno == EINTR);
+  return rc;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -362,6 +368,34 @@ void maybe_cleanup(const std::string& prefix) {
   } catch (...) {
     // best effort: a failed sweep must not fail create()
   }
+}
+
+//! Gives the new segment its size with every page allocated (fallocate on tmpfs): a full /dev/shm is an error
+//! here, not a SIGBUS at the first store into a page tmpfs cannot supply later. In pieces, each retried on
+//! EINTR (tmpfs gives up a whole call when a signal arrives), so a process with a busy timer still gets
+//! through. Filesystems without fallocate: ftruncate (sparse, as before). Returns 0 or an errno.
+int reserve_pages(int fd, uint64_t nbytes) {
+  constexpr uint64_t kPiece = uint64_t(256) << 20;
+  for (uint64_t off = 0; off < nbytes;) {
+    const uint64_t len = std::min(kPiece, nbytes - off);
+    int rc;
+    do {
+      rc = ::fallocate(fd, 0, off_t(off), off_t(len));
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      if ((errno == EOPNOTSUPP || errno == ENOSYS) && off == 0) break;
+      return errno;
+    }
+    off += len;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return errno;
+  if (uint64_t(st.st_size) == nbytes) return 0;
+  int rc;
+  do {
+    rc = ::ftruncate(fd, off_t(nbytes));
+  } while (rc != 0 && errno == EINTR);
+  return rc == 0 ? 0 : errno;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -572,8 +606,13 @@ void check_segment_name(Reader& r, const std::string& name) {
 // =====================================================================================================
 // ShmSegment
 
-ShmSegment::ShmSegment(std::string name, void* data, uint64_t size, int owner_pid, void* owned_node)
-    : name_(std::move(name)), data_(data), size_(size), owner_pid_(owner_pid), owned_node_(owned_node) {
+ShmSegment::ShmSegment(std::string name, void* data, uint64_t size, int owner_pid, void* owned_node, int lock_fd)
+    : name_(std::move(name)),
+      data_(data),
+      size_(size),
+      owner_pid_(owner_pid),
+      owned_node_(owned_node),
+      lock_fd_(lock_fd) {
   std::lock_guard<std::mutex> lock(live_mutex());
   live_map()[reinterpret_cast<uintptr_t>(data_)] = this;
 }
@@ -589,6 +628,7 @@ ShmSegment::~ShmSegment() {
     ::shm_unlink(("/" + name_).c_str());  // errors ignored: nothing sensible to do in a destructor
     owned_release(static_cast<OwnedNode*>(owned_node_));
   }
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // after the unlink: the name never outlives the lock while we live
 }
 
 bool ShmSegment::owner() const { return owner_pid_ != 0 && owner_pid_ == ::getpid(); }
@@ -607,6 +647,10 @@ void ShmSegment::unlink() {
   if (owner()) {
     owned_release(static_cast<OwnedNode*>(owned_node_));
     owned_node_ = nullptr;
+  }
+  if (lock_fd_ >= 0) {  // the name is gone: nothing left for the lock to protect
+    ::close(lock_fd_);
+    lock_fd_ = -1;
   }
 }
 
@@ -634,27 +678,32 @@ std::shared_ptr<ShmSegment> ShmSegment::create(uint64_t nbytes, const std::strin
       int err = errno;
       owned_release(node);
       if (err == EEXIST && attempt < 8) continue;
-      throw BackendError("shm_open('" + name + "', create) failed: " + errno_text(err));
+      throw BackendError("shm_open('" + name + "', create) failed: " + errno_text(err) +
+                         (err == EMFILE ? " (every live segment this process created holds one descriptor: release "
+                                          "segments or raise RLIMIT_NOFILE)"
+                                        : ""));
     }
-    auto fail = [&](const char* what, int err) {
+    auto fail = [&](const std::string& what, int err) {
       ::close(fd);
       ::shm_unlink(shm_name.c_str());
       owned_release(node);
-      throw BackendError(std::string(what) + " of shm segment '" + name + "' (" + std::to_string(nbytes) +
-                         " bytes) failed: " + errno_text(err));
+      if (err == ENOSPC || err == ENOMEM)
+        throw BackendError("not enough space in /dev/shm for a " + std::to_string(nbytes) + "-byte segment ('" + name +
+                           "'): " + what + " failed: " + errno_text(err));
+      throw BackendError(what + " of shm segment '" + name + "' (" + std::to_string(nbytes) + " bytes) failed: " +
+                         errno_text(err));
     };
-    int rc;
-    do {
-      rc = ::ftruncate(fd, off_t(nbytes));
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0) fail("ftruncate", errno);
+    // the lock first, then the size: a segment with a size always has its creator's lock (stale cleanup)
+    if (flock_retry(fd, LOCK_SH) != 0) fail("flock", errno);
+    int err = reserve_pages(fd, nbytes);
+    if (err != 0) fail("reserving its pages (fallocate)", err);
     void* p = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) fail("mmap", errno);
-    ::close(fd);
     try {
-      return std::shared_ptr<ShmSegment>(new ShmSegment(name, p, nbytes, int(::getpid()), node));
+      return std::shared_ptr<ShmSegment>(new ShmSegment(name, p, nbytes, int(::getpid()), node, fd));
     } catch (...) {
       ::munmap(p, nbytes);
+      ::close(fd);
       ::shm_unlink(shm_name.c_str());
       owned_release(node);
       throw;
@@ -687,7 +736,7 @@ std::shared_ptr<ShmSegment> ShmSegment::open(const std::string& name_in) {
   ::close(fd);
   if (p == MAP_FAILED) throw BackendError("mmap of shm segment '" + name + "' failed: " + errno_text(err));
   try {
-    return std::shared_ptr<ShmSegment>(new ShmSegment(name, p, size, 0, nullptr));
+    return std::shared_ptr<ShmSegment>(new ShmSegment(name, p, size, 0, nullptr, -1));
   } catch (...) {
     ::munmap(p, size);
     throw;
@@ -931,23 +980,31 @@ size_t cleanup_stale_segments(const std::string& prefix) {
   check_prefix(prefix);
   DIR* dir = ::opendir(kShmDir);
   if (!dir) return 0;
-  std::vector<std::string> victims;
-  std::map<std::pair<pid_t, uint64_t>, bool> alive_cache;
+  std::vector<std::string> candidates;
   while (struct dirent* ent = ::readdir(dir)) {
     std::string name = ent->d_name;
     if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
     pid_t pid = 0;
     uint64_t start = 0;
-    if (!parse_name_tail(name.substr(prefix.size()), &pid, &start)) continue;
-    auto key = std::make_pair(pid, start);
-    auto it = alive_cache.find(key);
-    if (it == alive_cache.end()) it = alive_cache.emplace(key, creator_alive(pid, start)).first;
-    if (!it->second) victims.push_back(name);
+    if (parse_name_tail(name.substr(prefix.size()), &pid, &start)) candidates.push_back(std::move(name));
   }
   ::closedir(dir);
   size_t removed = 0;
-  for (const auto& v : victims)
-    if (::shm_unlink(("/" + v).c_str()) == 0) ++removed;
+  for (const auto& name : candidates) {
+    const std::string path = kShmDir + name;
+    // non-blocking open: a fifo planted under one of our names never blocks the sweep
+    int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat held, named;
+    // dead = nobody holds the segment's lock. Its size is read under our exclusive lock: 0 is a segment whose
+    // creator has not locked it yet (it takes the lock before it gives the segment a size), kept; so is
+    // anything that is not a plain file, and a name that no longer holds the file we locked
+    if (::fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && flock_retry(fd, LOCK_EX | LOCK_NB) == 0 &&
+        ::fstat(fd, &held) == 0 && held.st_size > 0 && ::lstat(path.c_str(), &named) == 0 &&
+        named.st_dev == held.st_dev && named.st_ino == held.st_ino && ::unlink(path.c_str()) == 0)
+      ++removed;
+    ::close(fd);  // releases the exclusive lock
+  }
   return removed;
 }
 

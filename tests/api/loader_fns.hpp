@@ -1,7 +1,13 @@
 #pragma once
 // Named per-batch transforms of the loader tests, registered in the test process (the DataLoader looks the
 // name up and runs it once to learn the batch layout) and in td_loader_worker (worker processes run them).
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "tensordict/tensordict.hpp"
@@ -21,6 +27,22 @@ inline bool rows_match(const tensordict::TensorDict& b, double scale = 1, double
   at::Tensor want_x = (idx.to(at::kFloat).unsqueeze(1) * 10 + at::arange(4, at::kFloat).unsqueeze(0)) * scale + shift;
   at::Tensor want_y = -idx.to(at::kDouble) * scale + shift;
   return at::allclose(b.get("x"), want_x) && at::allclose(b.get(tensordict::NestedKey{"n", "y"}), want_y);
+}
+
+//! releases the transforms stuck in sleep_until_released (the timeout tests set it when they are done)
+inline std::atomic<bool>& stuck_released() {
+  static std::atomic<bool> released{false};
+  return released;
+}
+
+//! "never returns" for the timeout tests: up to an hour, or until the test releases it (worker processes are
+//! killed by the loader long before)
+inline void sleep_until_released() {
+  // TD_LOADER_TEST_STUCK_DIR: say so with a file <dir>/stuck.<pid> first (tests that kill a stuck process's parent)
+  if (const char* dir = std::getenv("TD_LOADER_TEST_STUCK_DIR")) {
+    std::ofstream(std::string(dir) + "/stuck." + std::to_string(::getpid())) << "stuck\n";
+  }
+  for (int i = 0; i < 360000 && !stuck_released().load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 inline void register_fns() {
@@ -56,6 +78,17 @@ inline void register_fns() {
   tensordict::register_map_fn("ld_slow_worker_0", [](const TensorDict& b) {
     const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
     std::this_thread::sleep_for(std::chrono::milliseconds(w && w->worker_index == 0 ? 10 : 2));
+    return b;
+  });
+  // batch 2 of every epoch never returns (in a worker; the constructor's run on the first rows returns)
+  tensordict::register_map_fn("ld_stuck_batch_2", [](const TensorDict& b) {
+    const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    if (w && w->worker_index >= 0 && w->chunk == 2) sleep_until_released();
+    return b;
+  });
+  // never returns, the constructor's run included
+  tensordict::register_map_fn("ld_stuck_always", [](const TensorDict& b) {
+    sleep_until_released();
     return b;
   });
   // a result that changes its layout after the first batch

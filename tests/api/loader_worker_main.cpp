@@ -2,6 +2,7 @@
 // run_worker_if_requested first thing), and a trainer the tests SIGKILL:
 //   td_loader_worker trainer <memmap dir>        2 worker processes attach, 2 batches held, "ready <pids>"
 //   td_loader_worker stall-trainer <memmap dir>  its worker processes never attach (the ring stays named)
+//   td_loader_worker map-parent <memmap dir> <out dir>  td.map with 2 worker processes whose fn never returns
 #include <signal.h>
 #include <unistd.h>
 
@@ -52,6 +53,19 @@ int run_trainer(const char* dir, bool stall) {
   return a && b && c ? 0 : 4;
 }
 
+//! td.map over the directory with 2 worker processes running ld_stuck_always (each says so with a file when
+//! TD_LOADER_TEST_STUCK_DIR is set): never returns before the test SIGKILLs this process
+int run_map_parent(const char* dir, const char* out_dir) {
+  using namespace tensordict;
+  Engine engine;
+  TensorDict td = TensorDict::load_memmap(dir);
+  TensorDict out = td.memmap_like(out_dir);
+  std::printf("started\n");
+  std::fflush(stdout);
+  td.map("ld_stuck_always", MapOptions().worker_processes(2).num_workers(2).chunksize(10).out(out));
+  return 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,6 +80,7 @@ int main(int argc, char** argv) {
     ::setenv("TD_LOADER_TEST_STALL", "1", 1);
     return run_trainer(argv[2], true);
   }
+  if (argc >= 4 && std::strcmp(argv[1], "map-parent") == 0) return run_map_parent(argv[2], argv[3]);
   std::fprintf(stderr, "td_loader_worker: a worker process for the loader tests (started by DataLoader)\n");
   return 1;
 }

@@ -1,12 +1,14 @@
 // Fault injection (issue 14): writers SIGKILLed in the middle of a save or a meta.json rewrite, the file-size
 // limit and a full disk (a small tmpfs in a private mount namespace) during a save and during HDF5 writes,
-// redis-server killed and restarted during a fill. What
+// redis-server killed and restarted during a fill, a full /dev/shm (shared-memory segments and the DataLoader's
+// ring). What
 // each must keep: the directory loads as the old or the new state, never a mix; a typed error and the earlier
 // data intact; no row reported written is lost.
 // Children are forked (fork only: they use the engine layer, never the actor system) and assert nothing: they
 // report through exit codes and files; the test's own thread checks.
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -24,6 +26,7 @@
 #include "engine/fixtures.hpp"
 #include "process_util.hpp"
 #include "redis_server.hpp"
+#include "tensordict/backends/shm.hpp"
 #include "tensordict/tensordict.hpp"
 
 using namespace tensordict;
@@ -146,7 +149,7 @@ std::string backend_error_under_file_limit(const std::string& report, rlim_t lim
   const int rc = testutil::wait_child(pid);
   std::ifstream in(report);
   std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return rc == 0 ? what : "child exited with " + std::to_string(rc) + ": " + what;
+  return rc == 0 ? what : "child " + testutil::describe_child(rc) + ": " + what;
 }
 
 }  // namespace
@@ -162,7 +165,8 @@ BOOST_AUTO_TEST_CASE(memmap_save_killed_at_any_moment_loads_old_or_new) {
 
   // how long a whole save takes here, in a child like the victims
   Child timed = start_child([&] { TensorDict(fresh).memmap(dir / "timing"); });
-  BOOST_TEST(testutil::wait_child(timed.pid) == 0);
+  const int timed_rc = testutil::wait_child(timed.pid);
+  BOOST_TEST(timed_rc == 0, "the timed save's child " << testutil::describe_child(timed_rc));
   const auto full = Clock::now() - timed.started;
   BOOST_TEST_MESSAGE("one save: " << std::chrono::duration_cast<std::chrono::microseconds>(full).count() << " us");
 
@@ -175,7 +179,7 @@ BOOST_AUTO_TEST_CASE(memmap_save_killed_at_any_moment_loads_old_or_new) {
     std::this_thread::sleep_until(victim.started + full * k / 10);
     ::kill(victim.pid, SIGKILL);
     const int rc = testutil::wait_child(victim.pid);
-    BOOST_TEST((rc == -SIGKILL || rc == 0), "victim " << k << " ended with " << rc);
+    BOOST_TEST((rc == -SIGKILL || rc == 0), "victim " << k << " " << testutil::describe_child(rc));
     const std::string s = state_of(prefix);
     BOOST_TEST((s == "old" || s == "new"), "kill point " << k << ": " << s);
     (s == "old" ? olds : news) += 1;
@@ -238,7 +242,8 @@ BOOST_AUTO_TEST_CASE(meta_json_rewrite_killed_loads_old_or_new) {
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(20 + 15 * round));
     ::kill(victim.pid, SIGKILL);
-    BOOST_TEST(testutil::wait_child(victim.pid) == -SIGKILL);
+    const int rc = testutil::wait_child(victim.pid);
+    BOOST_TEST(rc == -SIGKILL, "victim " << testutil::describe_child(rc));
     TensorDict back;
     BOOST_REQUIRE_NO_THROW(back = TensorDict::load_memmap(p));
     const auto keys = back.keys();
@@ -367,7 +372,7 @@ BOOST_AUTO_TEST_CASE(save_on_a_full_disk_fails_typed_and_keeps_the_old_save) {
   std::getline(in, what);
   std::getline(in, intact);
   in >> staging;
-  BOOST_TEST(rc == 0, "child " << rc << " (90-93: no private tmpfs could be mounted): " << what);
+  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-93: no private tmpfs could be mounted): " << what);
   BOOST_TEST(what.find("No space left on device") != std::string::npos, what);
   BOOST_TEST(intact == "intact");
   BOOST_TEST(staging == 0);
@@ -450,7 +455,7 @@ static void h5_full_disk(bool durable) {
   });
   const int rc = testutil::wait_child(pid);
   const auto [kept, verdict, what] = read_full_disk_report(report);
-  BOOST_TEST(rc == 0, "child " << rc << " (90-93: no private tmpfs could be mounted)");
+  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-93: no private tmpfs could be mounted)");
   BOOST_TEST(kept > 0);
   BOOST_TEST(kept < 4096);
   BOOST_TEST(what.find("No space left on device") != std::string::npos, what);
@@ -515,7 +520,7 @@ static void memmap_full_disk(const std::string& path_kind) {
   });
   const int rc = testutil::wait_child(pid);
   const auto [kept, verdict, what] = read_full_disk_report(report);
-  BOOST_TEST(rc == 0, "child " << rc << " (90-93: no private tmpfs could be mounted; a signal: the store died)");
+  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-93: no private tmpfs could be mounted; a signal: the store died)");
   if (path_kind == "leaf") {
     BOOST_TEST(kept == 0);  // nothing was written: the reservation failed before the first store
   } else {
@@ -535,5 +540,87 @@ BOOST_AUTO_TEST_CASE(memmap_index_tensor_writes_on_a_full_disk_fail_typed_and_ke
 }
 
 BOOST_AUTO_TEST_CASE(memmap_whole_leaf_write_on_a_full_disk_fails_typed_before_a_store) { memmap_full_disk("leaf"); }
+
+//! issue 33, item 22: a child that dies of a signal (here a real SIGBUS: a store past the end of a shrunk
+//! mapping) is reaped and reported at once, not left running the suite under Boost.Test's inherited handler
+BOOST_AUTO_TEST_CASE(a_child_killed_by_a_signal_is_reported_at_once) {
+  const pid_t pid = testutil::spawn([]() -> int {
+    const int fd = ::memfd_create("td-sigbus", MFD_CLOEXEC);
+    if (fd < 0 || ::ftruncate(fd, 4096) != 0) return 90;
+    auto* p = static_cast<volatile char*>(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    if (p == MAP_FAILED || ::ftruncate(fd, 0) != 0) return 91;
+    p[0] = 1;  // SIGBUS: the page is past the end of the file
+    return 92;
+  });
+  const int rc = testutil::wait_child(pid, std::chrono::seconds(30));
+  BOOST_TEST_MESSAGE("the child " << testutil::describe_child(rc));
+  BOOST_TEST(rc == -SIGBUS, "the child " << testutil::describe_child(rc));
+  BOOST_TEST(testutil::describe_child(rc).find("killed by signal 7") == 0u, testutil::describe_child(rc));
+}
+
+//! issue 33, item 4: on an 8 MiB /dev/shm (a tmpfs mounted over it in a private mount namespace), a 6 MiB
+//! segment reserves its pages, so a second one of 4 MiB is a BackendError at its creation and every store into
+//! the first one lands (before: both were created sparse, and the stores into the first died of SIGBUS once the
+//! second was filled). The DataLoader's ring is such a segment: a ring that does not fit fails typed at the
+//! first next().
+BOOST_AUTO_TEST_CASE(shared_memory_on_a_full_dev_shm_fails_typed_at_creation) {
+  TempDir dir("fault-shm");
+  const std::string report = dir / "report.txt";
+  const std::string prefix = "tdtest_fullshm_" + std::to_string(::getpid()) + "_";
+  const pid_t pid = spawn_on_small_fs("/dev/shm", 8192, [&]() -> int {
+    std::ofstream out(report);
+    using backends::ShmSegment;
+    const uint64_t first_bytes = uint64_t(6) << 20, second_bytes = uint64_t(4) << 20;
+    std::shared_ptr<ShmSegment> first = ShmSegment::create(first_bytes, prefix);
+    std::shared_ptr<ShmSegment> second;
+    try {
+      second = ShmSegment::create(second_bytes, prefix);
+      std::memset(second->data(), 2, second_bytes);
+      out << "second created\n";
+    } catch (const BackendError& e) {
+      out << e.what() << "\n";  // "BackendError: ..."
+    } catch (const std::exception& e) {
+      out << "other: " << e.what() << "\n";
+    }
+    out.flush();
+    std::memset(first->data(), 7, first_bytes);  // every page of the first segment
+    const auto* bytes = static_cast<const unsigned char*>(first->data());
+    bool all = true;
+    for (uint64_t i = 0; i < first_bytes; i += 4096) all = all && bytes[i] == 7;
+    out << (all ? "first written" : "first wrong") << "\n";
+    out.flush();
+    // a loader ring of 3 slots x 1 MiB does not fit in the 2 MiB left
+    TensorDict data({{"x", at::zeros({1024, 1024}, at::kFloat)}}, {1024});
+    try {
+      DataLoader loader(data, LoaderOptions().batch_size(256).num_workers(0));
+      auto b = loader.next();
+      out << "ring created\n";
+    } catch (const BackendError& e) {
+      out << e.what() << "\n";  // "BackendError: ..."
+    } catch (const std::exception& e) {
+      out << "other: " << e.what() << "\n";
+    }
+    first.reset();  // nothing of ours is left on the small /dev/shm
+    second.reset();
+    int left = 0;
+    for (const auto& de : fs::directory_iterator("/dev/shm")) left += de.path().filename().string().rfind(prefix, 0) == 0;
+    out << "left " << left << "\n";
+    return 0;
+  });
+  const int rc = testutil::wait_child(pid, std::chrono::seconds(120));
+  std::ifstream in(report);
+  std::string second, first, ring, left;
+  std::getline(in, second);
+  std::getline(in, first);
+  std::getline(in, ring);
+  std::getline(in, left);
+  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-93: no private tmpfs could be mounted); it wrote: "
+                               << second << " / " << first << " / " << ring);
+  BOOST_TEST(second.find("BackendError: not enough space in /dev/shm for a 4194304-byte segment") == 0u, second);
+  BOOST_TEST(first == "first written");
+  BOOST_TEST(ring.find("BackendError: not enough space in /dev/shm") == 0u, ring);
+  BOOST_TEST(left == "left 0");
+  BOOST_TEST_MESSAGE("full /dev/shm: " << second << "; loader: " << ring);
+}
 
 BOOST_AUTO_TEST_SUITE_END()

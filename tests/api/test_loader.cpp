@@ -7,7 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <chrono>
+#include <fstream>
+#include <functional>
 #include <cstring>
 #include <sstream>
 #include <filesystem>
@@ -23,6 +27,8 @@
 #include "redis_server.hpp"
 #include "tensordict/backends/shm.hpp"
 #include "tensordict/tensordict.hpp"
+
+extern char** environ;
 
 using namespace tensordict;
 using fixtures::TempDir;
@@ -115,10 +121,21 @@ bool all_gone(const std::vector<pid_t>& pids, int seconds = 20) {
 struct TrainerChild {
   pid_t pid = -1;
   int out = -1;
-  TrainerChild(const std::string& mode, const std::string& dir) {
+  //! `extra_args` after mode and dir; `extra_env` ("NAME=value") added to the inherited environment
+  TrainerChild(const std::string& mode, const std::string& dir, const std::vector<std::string>& extra_args = {},
+               const std::vector<std::string>& extra_env = {}) {
     int fds[2];
     BOOST_REQUIRE(::pipe(fds) == 0);
-    const std::string exe = TD_LOADER_WORKER_EXE;
+    std::vector<std::string> args = {TD_LOADER_WORKER_EXE, mode, dir};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    std::vector<std::string> env;
+    for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    std::vector<char*> argv, envp;  // built before fork: the child only makes syscalls
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     std::fflush(stdout);
     std::fflush(stderr);
     pid = ::fork();
@@ -127,7 +144,7 @@ struct TrainerChild {
       ::dup2(fds[1], 1);
       ::close(fds[0]);
       ::close(fds[1]);
-      ::execl(exe.c_str(), exe.c_str(), mode.c_str(), dir.c_str(), static_cast<char*>(nullptr));
+      ::execve(argv[0], argv.data(), envp.data());
       ::_exit(127);
     }
     ::close(fds[1]);
@@ -168,6 +185,40 @@ std::vector<pid_t> pids_of(const std::string& ready_line) {
   in >> word;
   long p;
   while (in >> p) out.push_back(static_cast<pid_t>(p));
+  return out;
+}
+
+//! runs fn on a thread of its own and waits for it at most `bound`: false when it did not return (a hang the
+//! test reports instead of hanging itself; the stuck transforms are then released so that it can end)
+bool returns_within(const std::function<void()>& fn, std::chrono::seconds bound) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([fn, done] {
+    fn();
+    done->store(true);
+  });
+  for (int i = 0; i < bound.count() * 100 && !done->load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const bool ok = done->load();
+  loader_test::stuck_released().store(true);
+  t.join();
+  return ok;
+}
+
+//! pids of the live processes whose parent is `parent`
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string n = e.path().filename().string();
+    if (n.empty() || !std::isdigit(static_cast<unsigned char>(n[0]))) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && state != 'Z') out.push_back(static_cast<pid_t>(std::stol(n)));
+  }
   return out;
 }
 
@@ -706,6 +757,136 @@ BOOST_AUTO_TEST_CASE(transform_results_of_any_layout_land_in_the_slot_intact) {
       BOOST_TEST(loader_test::rows_match(b, 2, 1), "workers " << workers);
     }
     BOOST_TEST(all_idx(batches).size() == 60u);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- issue 33
+
+BOOST_AUTO_TEST_CASE(a_batch_that_never_comes_times_out_naming_the_batch_and_the_worker) {
+  // item 11: a transform that never returns (batch 2) with threads, then with processes: next() throws
+  // RuntimeError naming the batch and its worker after the timeout; processes are killed and reaped; the
+  // destructor returns (a stuck thread is left detached)
+  TempDir dir("loader");
+  TensorDict td = loader_test::dataset(100);
+  TensorDict mm = td.clone().memmap_(dir.path + "/mm");
+  for (int mode = 0; mode < 2; ++mode) {
+    loader_test::stuck_released().store(false);
+    std::string what;
+    std::vector<pid_t> pids;
+    int64_t yielded = 0;
+    const bool returned = returns_within(
+        [&] {
+          LoaderOptions o = mode == 0 ? LoaderOptions().num_workers(2) : procs(2);
+          DataLoader l(mode == 0 ? td : mm, o.batch_size(10).prefetch(1).transform_name("ld_stuck_batch_2")
+                                                .timeout(std::chrono::milliseconds(mode == 0 ? 300 : 1000)));
+          try {
+            for (int i = 0; i < 10; ++i) {
+              if (i == 1) pids = l.worker_pids();
+              if (l.next()) ++yielded;
+            }
+            what = "no error";
+          } catch (const RuntimeError& e) {
+            what = e.what();
+          } catch (const std::exception& e) {
+            what = std::string("other: ") + e.what();
+          }
+        },
+        std::chrono::seconds(60));
+    BOOST_TEST_MESSAGE("mode " << mode << ": " << what);
+    BOOST_TEST(returned, "mode " << mode << ": next() or the destructor hung on the stuck transform");
+    BOOST_TEST(yielded == 2);
+    BOOST_TEST(what.find("RuntimeError: DataLoader: batch 2 of epoch 0 timed out after") == 0u, what);
+    if (mode == 0) {
+      BOOST_TEST(what.find("worker thread") != std::string::npos, what);
+    } else {
+      BOOST_TEST(what.find("worker process") != std::string::npos, what);
+      BOOST_TEST(what.find("killed") != std::string::npos, what);
+      BOOST_TEST(pids.size() == 2u);
+      for (pid_t p : pids) BOOST_TEST(pid_gone(p), "worker pid " << p << " survived the timeout");
+    }
+  }
+  BOOST_TEST(shm_names(my_ring_prefix()).empty());
+  BOOST_CHECK_THROW(DataLoader(td, LoaderOptions().timeout(std::chrono::milliseconds(-1))), ValueError);
+}
+
+BOOST_AUTO_TEST_CASE(the_constructor_times_out_on_a_transform_that_never_returns) {
+  // item 11: the constructor runs the transform once on the first rows; one that never returns is a
+  // RuntimeError after the timeout (its call left running on a detached thread), not a hang
+  loader_test::stuck_released().store(false);
+  TensorDict td = loader_test::dataset(40);
+  std::string what;
+  const bool returned = returns_within(
+      [&] {
+        try {
+          DataLoader l(td, LoaderOptions().num_workers(1).batch_size(10).transform_name("ld_stuck_always")
+                               .timeout(std::chrono::milliseconds(200)));
+          what = "no error";
+        } catch (const RuntimeError& e) {
+          what = e.what();
+        } catch (const std::exception& e) {
+          what = std::string("other: ") + e.what();
+        }
+      },
+      std::chrono::seconds(60));
+  BOOST_TEST(returned, "the constructor hung on the stuck transform");
+  BOOST_TEST(what.find("RuntimeError: DataLoader: the transform did not return within 200 ms on rows [0, 10)") == 0u, what);
+  BOOST_TEST(what.find("batch 0") != std::string::npos, what);
+  // a transform that returns, with a timeout: as without one
+  DataLoader ok(td, LoaderOptions().num_workers(1).batch_size(10).transform_name("ld_affine").timeout(std::chrono::seconds(30)));
+  const std::vector<TensorDict> batches = epoch(ok);
+  BOOST_TEST(batches.size() == 4u);
+  BOOST_TEST(every_batch_matches(batches, 2, 1));
+}
+
+BOOST_AUTO_TEST_CASE(worker_processes_outlive_the_thread_that_started_them) {
+  // item 14: the workers start at the first next(), here on a short-lived thread. They used to get
+  // PR_SET_PDEATHSIG from that thread and die when it ended, the process living on
+  TempDir dir("loader");
+  TensorDict mm = loader_test::dataset(200).memmap_(dir.path + "/mm");
+  DataLoader l(mm, procs(2).batch_size(10).persistent_workers(true).transform_name("ld_slow"));
+  std::optional<TensorDict> first;
+  std::vector<pid_t> pids;
+  std::thread([&] {
+    first = l.next();
+    pids = l.worker_pids();
+  }).join();
+  BOOST_REQUIRE(first.has_value());
+  BOOST_TEST(pids.size() == 2u);
+  std::vector<TensorDict> rest;
+  while (auto b = l.next()) rest.push_back(b->clone());
+  BOOST_TEST(rest.size() == 19u);
+  BOOST_TEST(every_batch_matches(rest));
+  BOOST_TEST(l.stats().lost_workers == 0);
+  BOOST_TEST(l.worker_pids() == pids);
+  for (pid_t p : pids) BOOST_TEST(!pid_gone(p), "worker pid " << p << " died with the thread that started it");
+  BOOST_TEST(epoch(l).size() == 20u);  // the next epoch on the same workers
+  l.shutdown();
+  for (pid_t p : pids) BOOST_TEST(pid_gone(p), "pid " << p);
+}
+
+BOOST_AUTO_TEST_CASE(map_worker_processes_stuck_in_fn_die_with_their_parent) {
+  // item 14: a process running td.map with 2 worker processes is SIGKILLed while both workers are inside an fn
+  // that never returns; the workers notice their parent is gone (watch_parent_or_exit) and exit (bounded)
+  TempDir dir("loader");
+  loader_test::dataset(100).memmap_(dir.path + "/mm");
+  std::filesystem::create_directories(dir.path + "/marks");
+  TrainerChild parent("map-parent", dir.path + "/mm", {dir.path + "/out"}, {"TD_LOADER_TEST_STUCK_DIR=" + dir.path + "/marks"});
+  BOOST_REQUIRE(parent.line() == "started");
+  std::vector<pid_t> stuck;
+  for (int i = 0; i < 6000 && stuck.size() < 2; ++i) {  // bounded: 60 s
+    stuck.clear();
+    for (const auto& e : std::filesystem::directory_iterator(dir.path + "/marks")) {
+      stuck.push_back(static_cast<pid_t>(std::stol(e.path().extension().string().substr(1))));
+    }
+    if (stuck.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  BOOST_REQUIRE(stuck.size() == 2u);
+  const std::vector<pid_t> children = children_of(parent.pid);
+  for (pid_t p : stuck) BOOST_TEST((std::find(children.begin(), children.end(), p) != children.end()), "pid " << p);
+  parent.kill_and_wait();
+  BOOST_TEST(all_gone(stuck), "a map worker stuck in its fn outlived its parent");
+  for (pid_t p : stuck) {
+    if (!pid_gone(p)) ::kill(p, SIGKILL);  // after a failure: not left running for an hour
   }
 }
 

@@ -12,6 +12,7 @@
 //! handed to and released on any thread.
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -103,6 +104,16 @@ struct LoaderOptions {
   //! ms a worker process may take to start and attach before it is counted lost; default: the engine
   //! config's request_timeout_ms
   TD_ARG(std::optional<int64_t>, start_timeout_ms) = std::nullopt;
+  //! how long the trainer waits for a batch (torch's DataLoader timeout; 0: forever, the default). Counted
+  //! from when next() starts waiting for the batch, once every worker process has attached (their start is
+  //! start_timeout_ms'). Past it, next() throws RuntimeError naming the batch and the worker on it, and the
+  //! session stops: worker processes are SIGKILLed and reaped at once; a worker thread stuck in the transform
+  //! cannot be killed, so it is left running detached (it owns what it touches: the ring's mapping, the
+  //! dataset handle, the transform) and exits when its call returns; stopping the loader waits for its
+  //! threads at most this long. Also bounds the constructor's run of the transform on the first rows (the
+  //! same detached thread when it never returns). With num_workers(0) batches run in the trainer's own
+  //! thread and only the constructor's run is bounded. ValueError when negative.
+  TD_ARG(std::chrono::milliseconds, timeout) = std::chrono::milliseconds(0);
 };
 
 //! the trainer's view of the current (or last) epoch
@@ -130,8 +141,9 @@ class DataLoader {
   //! transform name, worker processes without a reachable source, ... Runs the transform once on rows
   //! [0, batch_size) in this thread to learn the layout of the ring's slots.
   DataLoader(TensorDict dataset, LoaderOptions options = {});
-  //! stops the workers (a transform call in progress in a thread finishes first), reaps every worker
-  //! process (SIGKILL after a grace period) and unlinks the ring. Batches still alive stay valid.
+  //! stops the workers (a transform call in progress in a thread finishes first; with a timeout, one that
+  //! does not finish within it is left running detached), reaps every worker process (SIGKILL after a grace
+  //! period) and unlinks the ring. Batches still alive stay valid.
   ~DataLoader();
   DataLoader(DataLoader&&) noexcept;
   DataLoader& operator=(DataLoader&&) noexcept;

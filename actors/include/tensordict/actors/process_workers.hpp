@@ -51,11 +51,24 @@ class ProcessTable {
   std::vector<bool> reaped_;
 };
 
+//! the parent's pid, set by spawn_worker_process for watch_parent_or_exit
+constexpr const char* kWorkerParentEnv = "TENSORDICT_WORKER_PARENT";
+//! the exit status of a worker whose parent process is gone
+constexpr int kParentGoneExit = 125;
+
 //! fork + exec `executable` with `env_value` in `env_name` (kMapWorkerEnv for map workers; the DataLoader's
-//! workers use their own variable) and the rest of the environment inherited, file descriptors above 2
-//! closed, SIGKILL when the parent thread dies. BackendError when fork fails.
+//! workers use their own variable), this process' pid in kWorkerParentEnv and the rest of the environment
+//! inherited, file descriptors above 2 closed. The worker outlives the thread that started it (no
+//! PR_SET_PDEATHSIG, which follows the forking thread) and dies with this process (watch_parent_or_exit).
+//! BackendError when fork fails.
 pid_t spawn_worker_process(const std::string& executable, const std::string& env_value,
                            const char* env_name = kMapWorkerEnv);
+
+//! the worker side, first thing: a detached thread that checks every 100 ms that the process named by
+//! kWorkerParentEnv (unset here; default: the current parent) is still this process' parent, and
+//! `_Exit(kParentGoneExit)`s the worker once it was reparented (its parent died, however), even while the
+//! worker's own code is busy or stuck. Used by map's and the DataLoader's worker processes.
+void watch_parent_or_exit();
 
 //! the worker side: returns false at once when kMapWorkerEnv is not set; otherwise connects to the
 //! coordinator, serves chunks until stopped or disconnected and exits the process (never returns)

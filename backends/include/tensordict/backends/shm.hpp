@@ -2,11 +2,13 @@
 //! Shared-memory segments and handles for tensors: the storage under TensorDict::share_memory_() and
 //! from_schema(storage="shared"). No TensorDict semantics here, only segments, byte layouts and handles.
 //!
-//! A *segment* is one named POSIX shared-memory object (shm_open + ftruncate + mmap(MAP_SHARED), i.e. a
+//! A *segment* is one named POSIX shared-memory object (shm_open + fallocate + mmap(MAP_SHARED), i.e. a
 //! file in /dev/shm; the same thing Boost.Interprocess' shared_memory_object wraps) holding many tensors
 //! at 64-byte aligned offsets. Tensors are at::from_blob views over the mapping whose deleter holds a
 //! shared_ptr to the segment, so tensors (and their views) keep the mapping alive after every handle is gone.
-//! Creating a segment of N bytes touches no RAM: ftruncate gives zero pages, allocated on first touch.
+//! Creating a segment of N bytes reserves its N bytes of /dev/shm at once (fallocate: tmpfs allocates the
+//! zeroed pages, which count as shared memory from then on; nothing is mapped into the process until touched),
+//! so a full /dev/shm is a BackendError at creation and never a SIGBUS at a later store.
 //!
 //! A *handle* (ShmTensorHandle, ShmTensorDictHandle) names tensors by (segment name, byte offset, dtype,
 //! shape); serialize() turns it into a compact length-prefixed binary string that another process on the
@@ -14,7 +16,7 @@
 //!
 //! LIFETIME SCHEME (names, not memory: a mapping stays valid after its name is unlinked, POSIX semantics)
 //!  * Segment names are `<prefix><pid>_<starttime>_<counter>_<random hex>`: the creator's pid and its
-//!    start time (field 22 of /proc/<pid>/stat, which tells a dead creator from a reused pid).
+//!    start time (field 22 of /proc/<pid>/stat) as the creator sees them: unique names and diagnostics only.
 //!  * Only the creating process owns the name. It is unlinked (shm_unlink) when
 //!      1. the creator releases the segment for the last time (last shared_ptr/tensor gone), or
 //!      2. ShmSegment::unlink() is called (any process may call it, e.g. once every opener has opened), or
@@ -26,22 +28,30 @@
 //!         a signal that was ignored stays ignored). Handlers are installed on the first create(). The
 //!         handler only calls async-signal-safe functions (unlink(2) of precomputed /dev/shm paths).
 //!      5. the creator is SIGKILLed (or its handler was replaced): the name stays until some process calls
-//!         cleanup_stale_segments(prefix), which removes names whose creator is gone (no such pid, a
-//!         zombie, or a pid reused by another process). create() calls it for its prefix (at most once a
-//!         second per prefix and process, as it lists /dev/shm).
+//!         cleanup_stale_segments(prefix), which removes names whose creator is provably gone. Proof: the
+//!         creator holds flock(LOCK_SH) on the segment's own descriptor from before the segment has a size
+//!         until it releases it (one descriptor per live segment it created; close-on-exec; a child forked
+//!         without exec shares the lock until it closes its copy or exits), and the kernel drops the lock when
+//!         the holder dies, however it dies. Cleanup removes a segment only if it can take LOCK_EX|LOCK_NB on
+//!         it. A lock holds across PID namespaces (containers sharing /dev/shm), where pids prove nothing.
+//!         create() calls it for its prefix (at most once a second per prefix and process, as it lists /dev/shm).
 //!  * Processes that only open() a segment never unlink it, so a killed opener leaks nothing: its mapping
 //!    goes away with it. A child created by fork() inherits the parent's segments and tensors but never
 //!    owns the names (every unlink path checks the creator pid against getpid()).
 //!  * Consequence: the creator must keep the segment (or a tensor of it) alive until the other processes
 //!    have opened it; after that, they keep working even if the creator exits.
-//!  * Use a prefix that only this library uses: cleanup_stale_segments() trusts names that parse.
-//!    The pid check assumes the processes sharing /dev/shm share the pid namespace (one host, one container).
+//!  * Use a prefix that only this library uses: cleanup_stale_segments() only considers names that parse.
+//!    The pid and start time in a name are the creator's as it sees them (diagnostics, uniqueness); liveness
+//!    is judged by the lock alone.
 //!
 //! Thread-safety: every function may be called from any thread. Concurrent writes to the same bytes are
 //! the caller's business, as for any tensor. fork(): do it before starting threads that create segments
 //! (a child forked while another thread holds the registry mutex would block on it).
-//! Capacity: tmpfs over-commits; create() checks that /dev/shm has `nbytes` free (statvfs) and throws
-//! BackendError otherwise, but memory filled later by others can still make a page fault raise SIGBUS.
+//! Capacity: create() reserves the segment's pages (fallocate) and throws BackendError ("not enough space in
+//! /dev/shm ...") when tmpfs cannot supply them; the pages are the segment's from then on, so stores into it
+//! never meet a full /dev/shm. On a filesystem without fallocate the segment stays sparse (as before).
+//! Descriptors: one per live segment this process created (the lock above; none for opened ones, none once
+//! unlink() removed the name); EMFILE at creation says so.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -61,10 +71,11 @@ class ShmSegment : public std::enable_shared_from_this<ShmSegment> {
   static constexpr uint64_t kAlignment = 64;
 
   //! Creates a new zero-filled segment of `nbytes` (> 0) bytes named `<prefix><pid>_<starttime>_<n>_<hex>`
-  //! (O_CREAT|O_EXCL, mode 0600) and maps it read-write. The calling process owns the name (see the
-  //! lifetime scheme above). Also runs cleanup_stale_segments(prefix) (throttled).
+  //! (O_CREAT|O_EXCL, mode 0600), takes its lock, reserves its pages and maps it read-write. The calling
+  //! process owns the name (see the lifetime scheme above). Also runs cleanup_stale_segments(prefix) (throttled).
   //! Throws ValueError for nbytes == 0 or a prefix that is empty, too long (> 180 chars) or has characters
-  //! outside [A-Za-z0-9._-]; BackendError if /dev/shm lacks space or an OS call fails (errno's text).
+  //! outside [A-Za-z0-9._-]; BackendError if /dev/shm lacks space for all of it or an OS call fails (errno's
+  //! text); nothing is left behind then.
   static std::shared_ptr<ShmSegment> create(uint64_t nbytes, const std::string& prefix);
 
   //! Maps an existing segment read-write by name (with or without a leading '/'). The name is never
@@ -97,14 +108,15 @@ class ShmSegment : public std::enable_shared_from_this<ShmSegment> {
   void unlink();
 
  private:
-  ShmSegment(std::string name, void* data, uint64_t size, int owner_pid, void* owned_node);
+  ShmSegment(std::string name, void* data, uint64_t size, int owner_pid, void* owned_node, int lock_fd);
   std::string name_;
   void* data_ = nullptr;
   uint64_t size_ = 0;
   int owner_pid_ = 0;            //!< creator pid when created here, 0 for opened segments
   void* owned_node_ = nullptr;   //!< entry in the process-wide registry of owned names (creator only)
   bool linked_ = true;
-  mutable std::mutex mu_;        //!< guards linked_ and owned_node_
+  int lock_fd_ = -1;             //!< creator: the descriptor holding the segment's LOCK_SH while it is linked
+  mutable std::mutex mu_;        //!< guards linked_, owned_node_ and lock_fd_
 };
 
 //! Where one tensor lives: segment name, byte offset, dtype, shape (C-contiguous).
@@ -198,10 +210,11 @@ std::optional<ShmTensorHandle> handle_of(const at::Tensor& t);
 //! The live segment mapped by this process that contains `t`'s data, or nullptr.
 std::shared_ptr<ShmSegment> segment_of(const at::Tensor& t);
 
-//! Removes segments named `<prefix><pid>_<starttime>_<n>_<hex>` whose creator is gone (no such pid, a
-//! zombie, or a reused pid with another start time). Names that do not parse, and segments of live
-//! processes (including this one), are kept. Returns how many were removed. Throws ValueError for an
-//! invalid prefix; a missing /dev/shm returns 0.
+//! Removes segments named `<prefix><pid>_<starttime>_<n>_<hex>` whose creator is provably gone: nobody holds
+//! the segment's lock (LOCK_EX|LOCK_NB succeeds; see the lifetime scheme), whatever PID namespace the creator
+//! lived in. Names that do not parse, segments someone holds (a live creator here or in another namespace, or
+//! a child it forked), segments still being created (size 0) and anything that is not a plain file are kept.
+//! Returns how many were removed. Throws ValueError for an invalid prefix; a missing /dev/shm returns 0.
 size_t cleanup_stale_segments(const std::string& prefix);
 
 //! Names (without '/') this process currently owns and has not unlinked (diagnostics and tests).
