@@ -1,7 +1,9 @@
 #pragma once
 // Forked child processes for multi-process tests: fork, run fn in the child, _exit with its return value; wait
 // for a child with a timeout and say how it ended.
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -49,16 +52,47 @@ inline pid_t spawn(const std::function<int()>& fn) {
   return pid;
 }
 
+//! in a child: exec `exe` with `args`; returns 97 only when exec fails
+inline int exec_program(const std::string& exe, const std::vector<std::string>& args) {
+  std::vector<std::string> all = {exe};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  return 97;
+}
+
 //! fork + exec `exe` with `args` (the child _exits 97 when exec fails)
 inline pid_t spawn_exec(const std::string& exe, const std::vector<std::string>& args) {
-  return spawn([&] {
-    std::vector<std::string> all = {exe};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    return 97;
+  return spawn([&] { return exec_program(exe, args); });
+}
+
+//! in a child: enters a mount namespace of its own (as root: unshare(CLONE_NEWNS); otherwise inside a new user
+//! namespace) and mounts a `kib` KiB tmpfs at `dir`; 0, or the setup failure 90-93 for the child to return
+inline int enter_small_fs(const std::string& dir, int kib) {
+  if (::geteuid() != 0) {
+    const uid_t uid = ::geteuid();
+    const gid_t gid = ::getegid();
+    if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return 90;
+    std::ofstream("/proc/self/setgroups") << "deny";
+    std::ofstream("/proc/self/uid_map") << "0 " << uid << " 1";
+    std::ofstream("/proc/self/gid_map") << "0 " << gid << " 1";
+  } else if (::unshare(CLONE_NEWNS) != 0) {
+    return 91;
+  }
+  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 92;
+  const std::string opts = "size=" + std::to_string(kib) + "k";
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) return 93;
+  return 0;
+}
+
+//! runs fn in a forked child where a `kib` KiB tmpfs is mounted at `dir` (enter_small_fs); exit codes 90-93 are
+//! setup failures
+inline pid_t spawn_on_small_fs(const std::string& dir, int kib, const std::function<int()>& fn) {
+  return spawn([&]() -> int {
+    if (int rc = enter_small_fs(dir, kib)) return rc;
+    return fn();
   });
 }
 

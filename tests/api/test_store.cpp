@@ -53,42 +53,14 @@ pid_t run_client(const std::vector<std::string>& args) { return testutil::spawn_
 pid_t run_client_with_token(const std::vector<std::string>& args, const std::string& token) {
   return testutil::spawn([&] {
     ::setenv("TENSORDICT_STORE_TOKEN", token.c_str(), 1);
-    std::vector<std::string> all = {TD_STORE_CLIENT_EXE};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    return 97;
+    return testutil::exec_program(TD_STORE_CLIENT_EXE, args);
   });
 }
 
-//! td_store_client `args` run in a mount namespace of its own where a `kib` KiB tmpfs is mounted at `dir`
-//! (as root: unshare(CLONE_NEWNS); otherwise inside a new user namespace, as api.faults does); exit codes 90-93
-//! are setup failures
+//! td_store_client `args` run where a `kib` KiB tmpfs is mounted at `dir` (testutil::spawn_on_small_fs); exit
+//! codes 90-93 are setup failures
 pid_t run_client_on_small_fs(const std::string& dir, int kib, const std::vector<std::string>& args) {
-  return testutil::spawn([&]() -> int {
-    if (::geteuid() != 0) {
-      const uid_t uid = ::geteuid();
-      const gid_t gid = ::getegid();
-      if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return 90;
-      std::ofstream("/proc/self/setgroups") << "deny";
-      std::ofstream("/proc/self/uid_map") << "0 " << uid << " 1";
-      std::ofstream("/proc/self/gid_map") << "0 " << gid << " 1";
-    } else if (::unshare(CLONE_NEWNS) != 0) {
-      return 91;
-    }
-    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 92;
-    const std::string opts = "size=" + std::to_string(kib) + "k";
-    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) return 93;
-    std::vector<std::string> all = {TD_STORE_CLIENT_EXE};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    return 97;
-  });
+  return testutil::spawn_on_small_fs(dir, kib, [&] { return testutil::exec_program(TD_STORE_CLIENT_EXE, args); });
 }
 
 std::string read_text(const std::string& path) {

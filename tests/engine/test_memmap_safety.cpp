@@ -287,24 +287,10 @@ BOOST_AUTO_TEST_CASE(a_writable_load_of_a_leaf_this_process_may_not_write_is_a_t
 
 // ------------------------------------------------------------------------------------------------ item 15
 namespace {
-//! runs fn in a forked child that mounts a `kib` KiB tmpfs at `dir` in a mount namespace of its own (as root:
-//! unshare(CLONE_NEWNS); otherwise inside a new user namespace); exit codes 90-93 are setup failures
+//! fn in a forked child (one intra-op thread) over a `kib` KiB tmpfs mounted at `dir` (testutil::spawn_on_small_fs)
 pid_t spawn_on_small_fs(const std::string& dir, int kib, const std::function<int()>& fn) {
-  return testutil::spawn([&]() -> int {
+  return testutil::spawn_on_small_fs(dir, kib, [&] {
     at::set_num_threads(1);
-    if (::geteuid() != 0) {
-      const uid_t uid = ::geteuid();
-      const gid_t gid = ::getegid();
-      if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return 90;
-      std::ofstream("/proc/self/setgroups") << "deny";
-      std::ofstream("/proc/self/uid_map") << "0 " << uid << " 1";
-      std::ofstream("/proc/self/gid_map") << "0 " << gid << " 1";
-    } else if (::unshare(CLONE_NEWNS) != 0) {
-      return 91;
-    }
-    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 92;
-    const std::string opts = "size=" + std::to_string(kib) + "k";
-    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) return 93;
     return fn();
   });
 }
