@@ -594,7 +594,7 @@ void upload(backends::LeafStore& s, const LeafPath& path, const Entry& value, bo
     s.create(path, t.scalar_type(), sizes_of(t), t, opts);
   } else if (value.is_tensordict()) {
     TensorDict td = value.tensordict();
-    if (!td.is_dense()) td = td.contiguous();
+    td = td.node()->dense_form(td);
     s.create_group(path);
     for (const auto& k : td.keys()) upload(s, concat_path(path, k[0]), td.get_entry(k), false, opts);
   } else if (value.is_non_tensor_data()) {
@@ -617,7 +617,7 @@ void RemoteNode::put(const std::string& key, const Entry& value_in) {
   const LeafPath cp = child_path(key);
   Entry value = value_in;
   if (value.is_dict()) value = Entry(TensorDict(value.dict(), batch_size, device));
-  if (value.is_tensordict() && !value.tensordict().is_dense()) value = Entry(value.tensordict().contiguous());
+  if (value.is_tensordict()) value = Entry(value.tensordict().node()->dense_form(value.tensordict()));
   const BatchSize vb = value.shape();
   if (!starts_with(vb, batch_size) && !value.is_non_tensor_data()) {
     throw BatchSizeError("batch dimension mismatch, got self.batch_size=" + shape_str(batch_size) +
@@ -649,7 +649,7 @@ void RemoteNode::write(const Index& index, const TensorDict& value_in) {
   const BatchSize level_batch = snap->batch_of(path_);
   ResolvedIndex sel = index_ ? index_->compose(index) : ResolvedIndex::resolve(level_batch, index);
   const BatchSize rb = sel.result_batch();
-  TensorDict value = value_in.is_dense() ? value_in : value_in.contiguous();
+  TensorDict value = value_in.node()->dense_form(value_in);
   if (value.batch_size() != rb) value = value.expand(rb);  // torch's broadcasting rules and errors
   if (const RemoteTree::Level* top = snap->level(path_)) {
     std::vector<backends::LeafWrite> writes;
@@ -843,7 +843,7 @@ std::string RemoteNode::storage_spec() const {
 
 // ============================================================================ helpers
 void upload_all(RemoteTree& tree, const LeafPath& path, const TensorDict& td_in) {
-  TensorDict td = td_in.is_dense() ? td_in : td_in.contiguous();
+  TensorDict td = td_in.node()->dense_form(td_in);
   for (const auto& k : td.keys(KeysOptions().include_nested(true))) {
     Entry e = td.get_entry(k);
     if (!e.is_tensordict()) continue;

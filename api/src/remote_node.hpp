@@ -85,7 +85,6 @@ class RemoteNode : public Node {
  public:
   RemoteNode(std::shared_ptr<RemoteTree> tree, LeafPath path, std::optional<ResolvedIndex> index);
 
-  NodeType kind() const override { return NodeType::Store; }
   std::string type_name() const override { return tree_->type_name(); }
   NodeCaps caps() const override;
   std::vector<std::string> keys() const override;

@@ -28,7 +28,6 @@ class StoreNode : public Node {
     pending_ = TensorDict(batch_size, device);
   }
 
-  NodeType kind() const override { return NodeType::Store; }
   std::string type_name() const override { return "TensorDict"; }
   NodeCaps caps() const override {
     NodeCaps c;

@@ -19,7 +19,7 @@ namespace detail {
 
 LazyStackNode* lazy_node(const TensorDict& td) {
   const auto& n = td.node();
-  return n && n->kind() == NodeType::LazyStack ? static_cast<LazyStackNode*>(n.get()) : nullptr;
+  return dynamic_cast<LazyStackNode*>(n.get());  // the class over its own node
 }
 
 TensorDict make_lazy(std::vector<TensorDict> members, int64_t stack_dim) {
@@ -430,7 +430,7 @@ std::shared_ptr<Node> LazyStackNode::index(const Index& index) const {
         TensorDict first = index_member(members[0], p.rest);
         Index none(static_cast<size_t>(p.out_dim), at::indexing::Slice());
         none.emplace_back(at::indexing::Slice(0, 0));
-        out = (first.is_dense() ? first : first.contiguous()).unsqueeze(p.out_dim).index(none);
+        out = first.node()->dense_form(first).unsqueeze(p.out_dim).index(none);
       } else if (parts.empty()) {
         out = TensorDict(std::shared_ptr<Node>(std::make_shared<LazyStackNode>(member_batch, p.out_dim, device)));
       } else {
@@ -629,7 +629,7 @@ TensorDict lazy_contiguous(const LazyStackNode& node) {
   std::vector<NestedKey> common;
   for (const auto& k : node.keys()) common.emplace_back(k);
   for (const auto& m : node.members) {
-    TensorDict dm = m.is_dense() ? m : m.contiguous();
+    TensorDict dm = m.node()->dense_form(m);
     dense.push_back(dm.keys().size() == common.size() ? dm : dm.select(common));
   }
   try {

@@ -22,7 +22,6 @@ struct LazyStackNode : Node {
   //! recomputes batch_size / member_batch / device from the members
   void refresh();
 
-  NodeType kind() const override { return NodeType::LazyStack; }
   std::string type_name() const override { return "LazyStackedTensorDict"; }
   NodeCaps caps() const override;
   //! the sorted intersection of the members' keys
@@ -38,6 +37,55 @@ struct LazyStackNode : Node {
   std::vector<std::shared_ptr<Node>> child_nodes() const override;
   TensorDict to_dense() const override;
   void write(const Index& index, const TensorDict& value) override { index_put(index, &value, nullptr, nullptr); }
+  //! ragged members: each gets a sub-TensorDict of its own batch size
+  TensorDict open_child(const std::string& key) override;
+  EntryMeta as_entry_meta() const override;
+
+  // the operations member by member (upstream's LazyStackedTensorDict); the rest: Node's defaults
+  void set_entry(const NestedKey& key, const Entry& value, bool inplace) override;
+  void update_entry(const NestedKey& key, const Entry& value) override { put_inplace(key.back(), value); }
+  void rename_key(TensorDict& self, const NestedKey& old_key, const NestedKey& new_key, bool safe) override;
+  void clear(TensorDict& self) override;
+  void fill(TensorDict& self, const NestedKey& key, const at::Scalar& value) override;
+  void set_batch_size(TensorDict& self, BatchSize batch_size) override;
+  int64_t bytes(const TensorDict& self) const override;
+  TensorDict empty(const TensorDict& self, bool recurse) const override;
+  TensorDict select(const TensorDict& self, const std::vector<NestedKey>& keys, bool strict,
+                    bool inplace) const override;
+  TensorDict exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const override;
+  TensorDict clone(const TensorDict& self, bool recurse) const override;
+  TensorDict to(const TensorDict& self, at::Device device) const override;
+  TensorDict view(const TensorDict& self, BatchSize shape) const override;
+  TensorDict reshape(const TensorDict& self, BatchSize shape) const override;
+  TensorDict flatten(const TensorDict& self, int64_t start_dim, int64_t end_dim) const override;
+  TensorDict unflatten(const TensorDict& self, int64_t dim, BatchSize sizes) const override;
+  TensorDict squeeze(const TensorDict& self, std::optional<int64_t> dim) const override;
+  TensorDict unsqueeze(const TensorDict& self, int64_t dim) const override;
+  TensorDict permute(const TensorDict& self, std::vector<int64_t> dims) const override;
+  TensorDict transpose(const TensorDict& self, int64_t dim0, int64_t dim1) const override;
+  std::vector<TensorDict> unbind(const TensorDict& self, int64_t dim) const override;
+  std::vector<TensorDict> split(const TensorDict& self, std::vector<int64_t> split_sizes, int64_t dim) const override;
+  TensorDict contiguous(const TensorDict& self) const override;
+  void index_put_(TensorDict& self, const Index& index, const TensorDict& value) override;
+  void index_put_(TensorDict& self, const Index& index, const at::Tensor& value) override;
+  void index_put_(TensorDict& self, const Index& index, const at::Scalar& value) override;
+  //! the dense-only operations refuse a lazy stack (LazyStackedTensorDict::memmap_ writes its members)
+  void memmap_(TensorDict& self, const std::string& prefix, const MemmapOptions& options) override;
+  TensorDict memmap(const TensorDict& self, const std::string& prefix, const MemmapOptions& options) const override;
+  TensorDict memmap_like(const TensorDict& self, const std::string& prefix,
+                         const MemmapOptions& options) const override;
+  void share_memory_(TensorDict& self) override;
+  bool equal(const TensorDict& self, const TensorDict& other) const override;
+  TensorDict apply(const TensorDict& self, const LeafFn& fn, const ApplyOptions& options) const override;
+  TensorDict apply(const TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others,
+                   const ApplyOptions& options) const override;
+  void apply_(TensorDict& self, const LeafFn& fn) override;
+  void apply_(TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others) override;
+  void zero_(TensorDict& self) override;
+  void masked_fill_(TensorDict& self, const at::Tensor& mask, const at::Scalar& value) override;
+  void add_(TensorDict& self, const TensorDict& other) override;
+  void add_(TensorDict& self, const at::Scalar& other) override;
+  void mul_(TensorDict& self, const at::Scalar& other) override;
 
   //! keys present in some members only (upstream's exclusive_fields), sorted, per member
   std::vector<std::vector<std::string>> exclusive_keys() const;

@@ -426,12 +426,24 @@ void check_prefix(const std::string& prefix, const MemmapOptions& o) {
 }  // namespace
 
 // ============================================================================ TensorDict methods
+// each reaches its node (node.hpp): Node's defaults (node.cpp) refuse memmap_ where the leaves live in a
+// storage and run memmap / memmap_like on the dense form; a store runs the dense node's form on its view
 TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& options) {
-  if (detail::is_remote(*this)) {
-    throw NotImplementedError("memmap_ on a " + node_->type_name() +
-                              ": its leaves live in its storage; to_tensordict() (contiguous()) first, or memmap()");
-  }
-  if (d()->is_shared) {
+  detail::node_of(*this, "memmap_").memmap_(*this, prefix, options);
+  return *this;
+}
+
+TensorDict TensorDict::memmap(const std::string& prefix, const MemmapOptions& options) const {
+  return detail::node_of(*this, "memmap").memmap(*this, prefix, options);
+}
+
+TensorDict TensorDict::memmap_like(const std::string& prefix, const MemmapOptions& options) const {
+  return detail::node_of(*this, "memmap_like").memmap_like(*this, prefix, options);
+}
+
+void TensorDictImpl::memmap_(TensorDict& self, const std::string& prefix, const MemmapOptions& options) {
+  const std::shared_ptr<TensorDictImpl> me = std::static_pointer_cast<TensorDictImpl>(shared_from_this());
+  if (is_shared) {
     throw ValueError("memmap_ and share_memory_ are mutually exclusive: this TensorDict is in shared memory");
   }
   if (prefix.empty()) {  // anonymous shared memory
@@ -448,39 +460,37 @@ TensorDict& TensorDict::memmap_(const std::string& prefix, const MemmapOptions& 
         }
       }
     };
-    anon(*d());
-    mark_memmap(impl(), "");
-    lock_();
-    return *this;
+    anon(*this);
+    mark_memmap(me, "");
+    self.lock_();
+    return;
   }
   check_prefix(prefix, options);
   StagedSave stage(prefix, options.durable());
   WritePlan plan;
   plan.stage = &stage;
   plan.durable = options.durable();
-  plan_tree(*d(), prefix, options, /*like=*/false, /*replace=*/true, plan);
+  plan_tree(*this, prefix, options, /*like=*/false, /*replace=*/true, plan);
   run_jobs(plan.leaves, options.num_threads(), plan.durable);
   for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
   stage.commit();
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
-  mark_memmap(impl(), prefix);
-  lock_();
-  return *this;
+  mark_memmap(me, prefix);
+  self.lock_();
 }
 
-TensorDict TensorDict::memmap(const std::string& prefix, const MemmapOptions& options) const {
-  if (detail::is_remote(*this)) return contiguous().memmap(prefix, options);  // a remote node: on its dense form
-  TensorDict out = copy();
-  out.impl()->type_repr = d()->type_repr;
-  out.impl()->class_fields = d()->class_fields;
-  out.impl()->class_pickle = d()->class_pickle;
+TensorDict TensorDictImpl::memmap(const TensorDict& self, const std::string& prefix, const MemmapOptions& options) const {
+  TensorDict out = self.copy();
+  out.impl()->type_repr = type_repr;
+  out.impl()->class_fields = class_fields;
+  out.impl()->class_pickle = class_pickle;
   // the copy's leaves are this TensorDict's: re-writing them elsewhere is what memmap() means
   MemmapOptions o = options;
   o.copy_existing(true);
   if (prefix.empty()) {
     // anonymous: copy even leaves that are already mapped (the copy must not alias this TD)
-    out = clone();
+    out = self.clone();
   }
   out.memmap_(prefix, o);
   return out;
@@ -491,11 +501,11 @@ TensorDict TensorDict::save(const std::string& prefix, const MemmapOptions& opti
   return memmap(prefix, options);
 }
 
-TensorDict TensorDict::memmap_like(const std::string& prefix, const MemmapOptions& options) const {
-  if (detail::is_remote(*this)) return contiguous().memmap_like(prefix, options);  // a remote node: on its dense form
-  TensorDict out = copy();
-  out.impl()->type_repr = d()->type_repr;
-  out.impl()->class_fields = d()->class_fields;
+TensorDict TensorDictImpl::memmap_like(const TensorDict& self, const std::string& prefix,
+                                       const MemmapOptions& options) const {
+  TensorDict out = self.copy();
+  out.impl()->type_repr = type_repr;
+  out.impl()->class_fields = class_fields;
   if (prefix.empty()) {
     std::function<void(TensorDictImpl&)> anon = [&](TensorDictImpl& impl) {
       for (auto& kv : impl.entries) {

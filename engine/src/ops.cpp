@@ -304,141 +304,141 @@ void commit_writes(ApplyCall& c) {
 }  // namespace
 
 // ================================================================================================ apply family
+// each reaches its node (node.hpp); Node's defaults are in node.cpp, the lazy stack's in lazy_stack_ops.cpp
 TensorDict TensorDict::apply(const LeafFn& fn, const ApplyOptions& options) const {
   if (typed_) return detail::keep_type(*this, with_schema(nullptr).apply(fn, options));
   if (!fn) throw ValueError("apply: fn is empty");
-  if (detail::is_remote(*this)) return contiguous().apply(fn, options);  // a remote node: on its dense form
-  if (auto* lz = detail::lazy_node(*this)) {  // member by member: a lazy stack again (upstream test_stack_apply)
-    if (options.batch_size()) throw NotImplementedError("apply with batch_size on a LazyStackedTensorDict");
-    std::vector<TensorDict> out;
-    for (const auto& m : lz->members) out.push_back(m.apply(fn, options));
-    return detail::make_lazy(std::move(out), lz->stack_dim);
-  }
+  return detail::node_of(*this, "apply").apply(*this, fn, options);
+}
+
+TensorDict TensorDictImpl::apply(const TensorDict& self, const LeafFn& fn, const ApplyOptions& options) const {
   ApplyCall c;
   c.unary = &fn;
   c.opts = options;
-  return run_apply(*this, {}, c);
+  return run_apply(self, {}, c);
 }
 
 TensorDict TensorDict::apply(const MultiLeafFn& fn, const std::vector<TensorDict>& others,
                              const ApplyOptions& options) const {
   if (typed_) return detail::keep_type(*this, with_schema(nullptr).apply(fn, others, options));
   if (!fn) throw ValueError("apply: fn is empty");
-  if (detail::is_remote(*this)) return contiguous().apply(fn, others, options);  // a remote node: on its dense form
+  return detail::node_of(*this, "apply").apply(*this, fn, others, options);
+}
+
+TensorDict TensorDictImpl::apply(const TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others,
+                                 const ApplyOptions& options) const {
   ApplyCall c;
   c.multi = &fn;
   c.opts = options;
-  return run_apply(*this, others, c);
+  return run_apply(self, others, c);
 }
 
 TensorDict& TensorDict::apply_(const LeafFn& fn) {
   if (!fn) throw ValueError("apply_: fn is empty");
-  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
-    TensorDict dense = contiguous();
-    dense.apply_(fn);
-    detail::write_back(*this, dense);
-    return *this;
-  }
-  if (auto* lz = detail::lazy_node(*this)) {
-    for (auto& m : lz->members) m.apply_(fn);
-    return *this;
-  }
+  detail::node_of(*this, "apply_").apply_(*this, fn);
+  return *this;
+}
+
+void TensorDictImpl::apply_(TensorDict& self, const LeafFn& fn) {
   ApplyCall c;
   c.unary = &fn;
   c.inplace = true;
   c.op = "apply_";
-  run_apply(*this, {}, c);
+  run_apply(self, {}, c);
   commit_writes(c);
-  return *this;
 }
 
 TensorDict& TensorDict::apply_(const MultiLeafFn& fn, const std::vector<TensorDict>& others) {
   if (!fn) throw ValueError("apply_: fn is empty");
-  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
-    TensorDict dense = contiguous();
-    dense.apply_(fn, others);
-    detail::write_back(*this, dense);
-    return *this;
-  }
+  detail::node_of(*this, "apply_").apply_(*this, fn, others);
+  return *this;
+}
+
+void TensorDictImpl::apply_(TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others) {
   ApplyCall c;
   c.multi = &fn;
   c.inplace = true;
   c.op = "apply_";
-  run_apply(*this, others, c);
+  run_apply(self, others, c);
   commit_writes(c);
-  return *this;
 }
 
 TensorDict TensorDict::named_apply(const NamedLeafFn& fn, const ApplyOptions& options) const {
   if (typed_) return detail::keep_type(*this, with_schema(nullptr).named_apply(fn, options));
-  if (!is_dense()) return contiguous().named_apply(fn, options);  // another node kind: on its dense form
+  return detail::node_of(*this, "named_apply").named_apply(*this, fn, options);
+}
+
+TensorDict TensorDictImpl::named_apply(const TensorDict& self, const NamedLeafFn& fn,
+                                       const ApplyOptions& options) const {
   if (!fn) throw ValueError("named_apply: fn is empty");
   ApplyCall c;
   c.named = &fn;
   c.opts = options;
   c.op = "named_apply";
-  return run_apply(*this, {}, c);
+  return run_apply(self, {}, c);
 }
 
 TensorDict TensorDict::named_apply(const NamedMultiLeafFn& fn, const std::vector<TensorDict>& others,
                                    const ApplyOptions& options) const {
-  if (!is_dense()) return contiguous().named_apply(fn, others, options);  // another node kind: on its dense form
+  return detail::node_of(*this, "named_apply").named_apply(*this, fn, others, options);
+}
+
+TensorDict TensorDictImpl::named_apply(const TensorDict& self, const NamedMultiLeafFn& fn,
+                                       const std::vector<TensorDict>& others, const ApplyOptions& options) const {
   if (!fn) throw ValueError("named_apply: fn is empty");
   std::vector<TensorDict> os;
-  for (const auto& o : others) os.push_back(o.defined() && !o.is_dense() ? o.contiguous() : o);
+  for (const auto& o : others) os.push_back(o.defined() ? o.node()->dense_form(o) : o);
   ApplyCall c;
   c.named_multi = &fn;
   c.opts = options;
   c.op = "named_apply";
-  return run_apply(*this, os, c);
+  return run_apply(self, os, c);
 }
 
 // ================================================================================================ fills
 TensorDict& TensorDict::zero_() {
-  if (!detail::is_dense_tree(*this) && !detail::lazy_node(*this)) {  // a node of another kind below: its own apply_
-    return apply_([](const at::Tensor& t) { return at::zeros_like(t); });
-  }
-  if (auto* lz = detail::lazy_node(*this)) {
-    for (auto& m : lz->members) m.zero_();
-    return *this;
-  }
-  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
-  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) {
+  detail::node_of(*this, "zero_").zero_(*this);
+  return *this;
+}
+
+void TensorDictImpl::zero_(TensorDict& self) {
+  if (!detail::is_dense_tree(self)) return Node::zero_(self);  // a node of another kind below: its own apply_
+  for_each_leaf(*this, [](const tree::KeyPath& k, const at::Tensor& t) { check_writable(t, k, "zero_"); });
+  for_each_leaf(*this, [](const tree::KeyPath& k, const at::Tensor& t) {
     try {
       at::Tensor(t).zero_();
     } catch (...) {
       throw RuntimeError("zero_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
-  return *this;
 }
 
 TensorDict TensorDict::masked_fill(const at::Tensor& mask, const at::Scalar& value) const {
-  if (!is_dense()) return contiguous().masked_fill(mask, value);  // another node kind: on its dense form
-  check_batch_mask(*this, mask, "masked_fill", "mask");
-  TensorDict out = clone();
+  return detail::node_of(*this, "masked_fill").masked_fill(*this, mask, value);
+}
+
+TensorDict TensorDictImpl::masked_fill(const TensorDict& self, const at::Tensor& mask, const at::Scalar& value) const {
+  check_batch_mask(self, mask, "masked_fill", "mask");
+  TensorDict out = self.clone();
   out.masked_fill_(mask, value);
   return out;
 }
 
 TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& value) {
-  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
-    TensorDict dense = contiguous();
-    dense.masked_fill_(mask, value);
-    detail::write_back(*this, dense);
-    return *this;
-  }
-  if (detail::lazy_node(*this)) return index_put_({mask.to(at::kBool)}, value);
-  check_batch_mask(*this, mask, "masked_fill_", "mask");
-  for_each_leaf(*d(), [](const tree::KeyPath& k, const at::Tensor& t) { check_writable(t, k, "masked_fill_"); });
-  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& t) {
+  detail::node_of(*this, "masked_fill_").masked_fill_(*this, mask, value);
+  return *this;
+}
+
+void TensorDictImpl::masked_fill_(TensorDict& self, const at::Tensor& mask, const at::Scalar& value) {
+  check_batch_mask(self, mask, "masked_fill_", "mask");
+  for_each_leaf(*this, [](const tree::KeyPath& k, const at::Tensor& t) { check_writable(t, k, "masked_fill_"); });
+  for_each_leaf(*this, [&](const tree::KeyPath& k, const at::Tensor& t) {
     try {
       at::Tensor(t).masked_fill_(right_view(mask, t), value);
     } catch (...) {
       throw RuntimeError("masked_fill_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
-  return *this;
 }
 
 namespace {
@@ -490,22 +490,27 @@ struct WhereVisitor : tree::RebuildVisitor {
 }  // namespace
 
 TensorDict TensorDict::where(const at::Tensor& condition, const TensorDict& other) const {
-  if (!is_dense()) return contiguous().where(condition, other);  // another node kind: on its dense form
-  check_batch_mask(*this, condition, "where", "condition");
+  return detail::node_of(*this, "where").where(*this, condition, other);
+}
+
+TensorDict TensorDictImpl::where(const TensorDict& self, const at::Tensor& condition, const TensorDict& other) const {
+  check_batch_mask(self, condition, "where", "condition");
   if (!other.defined()) throw ValueError("where: the other TensorDict is undefined");
   WhereVisitor v(condition);
-  const TensorDictImpl& s = *impl();
-  return detail::tree::rebuild(s, s.batch_size, v, {other.impl().get()});
+  return detail::tree::rebuild(*this, batch_size, v, {other.impl().get()});
 }
 
 TensorDict TensorDict::where(const at::Tensor& condition, const at::Scalar& other) const {
-  if (!is_dense()) return contiguous().where(condition, other);  // another node kind: on its dense form
-  check_batch_mask(*this, condition, "where", "condition");
+  return detail::node_of(*this, "where").where(*this, condition, other);
+}
+
+TensorDict TensorDictImpl::where(const TensorDict& self, const at::Tensor& condition, const at::Scalar& other) const {
+  check_batch_mask(self, condition, "where", "condition");
   TensorDict out = transform(
-      *this, same_batch,
+      self, same_batch,
       [&](const tree::KeyPath&, const at::Tensor& x, const tree::Matched&) { return at::where(right_view(condition, x), x, other); },
       NonTensorPolicy::Carry, "where");
-  return maybe_lock(out, *this);
+  return maybe_lock(out, self);
 }
 
 }  // namespace tensordict

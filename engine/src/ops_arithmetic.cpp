@@ -185,31 +185,22 @@ TensorDict TensorDict::div(const TensorDict& other) const { return binary_td(*th
 TensorDict TensorDict::div(const at::Tensor& other) const { return binary_tensor(*this, other, Bin::Div); }
 TensorDict TensorDict::div(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::Div); }
 
+// add_ / mul_ reach the node (node.hpp); Node's defaults are in node.cpp, the lazy stack's in lazy_stack_ops.cpp
 TensorDict& TensorDict::add_(const TensorDict& other) {
-  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
-    TensorDict dense = contiguous();
-    dense.add_(other);
-    detail::write_back(*this, dense);
-    return *this;
-  }
-  if (auto* lz = detail::lazy_node(*this)) {  // member by member, other split along the stack dim
-    std::vector<TensorDict> parts = other.unbind(lz->stack_dim);
-    if (parts.size() != lz->members.size()) {
-      throw BatchSizeError("add_: the other TensorDict has batch size " + detail::shape_str(other.batch_size()) +
-                           ", the lazy stack " + detail::shape_str(batch_size()));
-    }
-    for (size_t i = 0; i < parts.size(); ++i) lz->members[i].add_(parts[i]);
-    return *this;
-  }
-  check_same_leaves(*this, other, "add_");
-  BatchSize bs = broadcast_batch(batch_size(), other.batch_size(), "add_", "the other TensorDict's batch size");
-  if (bs != batch_size()) {
+  detail::node_of(*this, "add_").add_(*this, other);
+  return *this;
+}
+
+void TensorDictImpl::add_(TensorDict& self, const TensorDict& other) {
+  check_same_leaves(self, other, "add_");
+  BatchSize bs = broadcast_batch(batch_size, other.batch_size(), "add_", "the other TensorDict's batch size");
+  if (bs != batch_size) {
     throw BatchSizeError("add_: the other TensorDict's batch size " + shape_str(other.batch_size()) +
-                         " does not broadcast to this batch size " + shape_str(batch_size()) +
+                         " does not broadcast to this batch size " + shape_str(batch_size) +
                          " (an in-place result cannot change the batch size)");
   }
   TensorDict b = expand_to(other, bs);
-  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& x) {
+  for_each_leaf(*this, [&](const tree::KeyPath& k, const at::Tensor& x) {
     check_writable(x, k, "add_");
     at::Tensor y = b.get(k.full());
     auto s = broadcast_shapes(sizes_of(x), sizes_of(y));
@@ -219,46 +210,29 @@ TensorDict& TensorDict::add_(const TensorDict& other) {
     }
     check_castable(at::result_type(x, y), x, k, "add_");
   });
-  for_each_leaf(*d(), [&](const tree::KeyPath& k, const at::Tensor& x) {
+  for_each_leaf(*this, [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
       at::Tensor(x).add_(b.get(k.full()));
     } catch (...) {
       throw RuntimeError("add_: key " + k.full().repr() + ": " + current_torch_message());
     }
   });
-  return *this;
 }
 
 
 TensorDict& TensorDict::add_(const at::Scalar& other) {
-  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
-    TensorDict dense = contiguous();
-    dense.add_(other);
-    detail::write_back(*this, dense);
-    return *this;
-  }
-  if (auto* lz = detail::lazy_node(*this)) {
-    for (auto& m : lz->members) m.add_(other);
-    return *this;
-  }
-  scalar_inplace(*this, other, "add_", true);
+  detail::node_of(*this, "add_").add_(*this, other);
   return *this;
 }
 
+void TensorDictImpl::add_(TensorDict& self, const at::Scalar& other) { scalar_inplace(self, other, "add_", true); }
+
 TensorDict& TensorDict::mul_(const at::Scalar& other) {
-  if (detail::is_remote(*this)) {  // a remote node: on its dense form, written back in one request
-    TensorDict dense = contiguous();
-    dense.mul_(other);
-    detail::write_back(*this, dense);
-    return *this;
-  }
-  if (auto* lz = detail::lazy_node(*this)) {
-    for (auto& m : lz->members) m.mul_(other);
-    return *this;
-  }
-  scalar_inplace(*this, other, "mul_", false);
+  detail::node_of(*this, "mul_").mul_(*this, other);
   return *this;
 }
+
+void TensorDictImpl::mul_(TensorDict& self, const at::Scalar& other) { scalar_inplace(self, other, "mul_", false); }
 
 TensorDict TensorDict::rsub(const at::Tensor& other) const { return binary_tensor(*this, other, Bin::RSub); }
 TensorDict TensorDict::rsub(const at::Scalar& other) const { return binary_scalar(*this, other, Bin::RSub); }

@@ -221,22 +221,33 @@ TensorDict TensorDict::ge(const at::Tensor& other) const { return compare_tensor
 
 bool TensorDict::equal(const TensorDict& other) const {
   if (!other.defined()) return false;
-  if (!dense_ || !other.is_dense()) {
-    if (batch_size() != other.batch_size()) return false;
-    auto* a = detail::lazy_node(*this);
-    auto* b = detail::lazy_node(other);
-    if (a && b && a->stack_dim == b->stack_dim && a->members.size() == b->members.size()) {
-      for (size_t i = 0; i < a->members.size(); ++i)
-        if (!a->members[i].equal(b->members[i])) return false;
-      return true;
-    }
-    try {
-      return contiguous().equal(other.contiguous());
-    } catch (const Error&) {
-      return false;  // ragged members that do not densify: not equal to anything dense
-    }
+  return detail::node_of(*this, "equal").equal(*this, other);
+}
+
+bool Node::equal(const TensorDict& self, const TensorDict& other) const {
+  if (self.batch_size() != other.batch_size()) return false;
+  try {
+    return self.contiguous().equal(other.contiguous());  // on the dense forms
+  } catch (const Error&) {
+    return false;  // ragged members that do not densify: not equal to anything dense
   }
-  return equal_impl(*d(), *other.impl());
+}
+
+bool TensorDictImpl::equal(const TensorDict& self, const TensorDict& other) const {
+  const TensorDictImpl* o = other.node()->dense_node();
+  if (!o) return Node::equal(self, other);  // another node kind on the right: the dense forms
+  return equal_impl(*this, *o);
+}
+
+bool LazyStackNode::equal(const TensorDict& self, const TensorDict& other) const {
+  // two lazy stacks of the same layout: member by member
+  const auto* b = dynamic_cast<const LazyStackNode*>(other.node().get());
+  if (b && self.batch_size() == other.batch_size() && stack_dim == b->stack_dim && members.size() == b->members.size()) {
+    for (size_t i = 0; i < members.size(); ++i)
+      if (!members[i].equal(b->members[i])) return false;
+    return true;
+  }
+  return Node::equal(self, other);
 }
 
 // ================================================================================================ operators

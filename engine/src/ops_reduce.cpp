@@ -156,27 +156,49 @@ bool TensorDict::any() const { return all_any(*this, false); }
 TensorDict TensorDict::all(int64_t dim) const { return all_any_dim(*this, dim, true); }
 TensorDict TensorDict::any(int64_t dim) const { return all_any_dim(*this, dim, false); }
 
+// sum / mean reach the node (node.hpp): the dense node reduces its leaves; Node's default reduces the dense
+// form (self.contiguous())
+namespace {
+std::optional<std::vector<int64_t>> one_dim(std::optional<int64_t> dim) {
+  return dim ? std::optional<std::vector<int64_t>>(std::vector<int64_t>{*dim}) : std::nullopt;
+}
+}  // namespace
+
 TensorDict TensorDict::sum(std::optional<int64_t> dim, bool keepdim) const {
-  if (!is_dense()) return contiguous().sum(dim, keepdim);  // another node kind: on its dense form
-  return reduce_td(*this, Red::Sum, dim ? std::optional<std::vector<int64_t>>(std::vector<int64_t>{*dim}) : std::nullopt, keepdim);
+  return detail::node_of(*this, "sum").reduce(*this, /*mean=*/false, one_dim(dim), keepdim);
 }
 TensorDict TensorDict::sum(const std::vector<int64_t>& dims, bool keepdim) const {
-  if (!is_dense()) return contiguous().sum(dims, keepdim);
-  return reduce_td(*this, Red::Sum, dims, keepdim);
+  return detail::node_of(*this, "sum").reduce(*this, /*mean=*/false, dims, keepdim);
 }
 TensorDict TensorDict::mean(std::optional<int64_t> dim, bool keepdim) const {
-  if (!is_dense()) return contiguous().mean(dim, keepdim);  // another node kind: on its dense form
-  return reduce_td(*this, Red::Mean, dim ? std::optional<std::vector<int64_t>>(std::vector<int64_t>{*dim}) : std::nullopt, keepdim);
+  return detail::node_of(*this, "mean").reduce(*this, /*mean=*/true, one_dim(dim), keepdim);
 }
 TensorDict TensorDict::mean(const std::vector<int64_t>& dims, bool keepdim) const {
-  if (!is_dense()) return contiguous().mean(dims, keepdim);
-  return reduce_td(*this, Red::Mean, dims, keepdim);
+  return detail::node_of(*this, "mean").reduce(*this, /*mean=*/true, dims, keepdim);
 }
 at::Tensor TensorDict::sum_reduce(const std::optional<std::vector<int64_t>>& dims, bool keepdim) const {
-  return reduce_all_leaves(is_dense() ? *this : contiguous(), Red::Sum, dims, keepdim);
+  return detail::node_of(*this, "sum_reduce").reduce_leaves(*this, /*mean=*/false, dims, keepdim);
 }
 at::Tensor TensorDict::mean_reduce(const std::optional<std::vector<int64_t>>& dims, bool keepdim) const {
-  return reduce_all_leaves(is_dense() ? *this : contiguous(), Red::Mean, dims, keepdim);
+  return detail::node_of(*this, "mean_reduce").reduce_leaves(*this, /*mean=*/true, dims, keepdim);
+}
+
+TensorDict Node::reduce(const TensorDict& self, bool mean, const std::optional<std::vector<int64_t>>& dims,
+                        bool keepdim) const {
+  const TensorDict dense = self.contiguous();  // on its dense form
+  return dense.node()->reduce(dense, mean, dims, keepdim);
+}
+TensorDict TensorDictImpl::reduce(const TensorDict& self, bool mean, const std::optional<std::vector<int64_t>>& dims,
+                                  bool keepdim) const {
+  return reduce_td(self, mean ? Red::Mean : Red::Sum, dims, keepdim);
+}
+at::Tensor Node::reduce_leaves(const TensorDict& self, bool mean, const std::optional<std::vector<int64_t>>& dims,
+                               bool keepdim) const {
+  return reduce_all_leaves(self.contiguous(), mean ? Red::Mean : Red::Sum, dims, keepdim);  // on its dense form
+}
+at::Tensor TensorDictImpl::reduce_leaves(const TensorDict& self, bool mean,
+                                         const std::optional<std::vector<int64_t>>& dims, bool keepdim) const {
+  return reduce_all_leaves(self, mean ? Red::Mean : Red::Sum, dims, keepdim);
 }
 
 }  // namespace tensordict

@@ -228,12 +228,6 @@ std::vector<TensorDict> map_batch_multi(const TensorDict& td_in, const std::vect
 // through the result reach the members; ragged members stay ragged. An op that would merge or split the
 // stack dim itself runs on the dense form (the members must then stack).
 
-//! the lazy node of td when its shape ops run member by member (a lazy stack with members), else nullptr
-const LazyStackNode* lazy_members(const TensorDict& td) {
-  const LazyStackNode* lz = detail::lazy_node(td);
-  return lz && !lz->members.empty() ? lz : nullptr;
-}
-
 //! a lazy stack along `stack_dim` of op(member) for every member, locked when `self` is
 TensorDict restack(const TensorDict& self, const LazyStackNode& lz, int64_t stack_dim,
                    const std::function<TensorDict(const TensorDict&)>& op) {
@@ -266,93 +260,109 @@ std::optional<TensorDict> lazy_view(const TensorDict& self, const LazyStackNode&
 }  // namespace
 
 // ============================================================================ view / reshape / flatten
-TensorDict TensorDict::view(BatchSize shape) const {
-  if (const LazyStackNode* lz = lazy_members(*this)) {
-    const BatchSize bs = batch_size();
-    if (shape == bs) return *this;
+TensorDict LazyStackNode::view(const TensorDict& self, BatchSize shape) const {
+  if (!members.empty()) {
+    const LazyStackNode* lz = this;
+    const BatchSize bs = self.batch_size();
+    if (shape == bs) return self;
     if (std::find(bs.begin(), bs.end(), -1) == bs.end()) {
       try {
-        shape = infer_sizes("view", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
+        shape = infer_sizes("view", std::move(shape), self.numel(), "a TensorDict of batch_size " + shape_str(bs));
       } catch (const RuntimeError& e) {
         throw AssertionError(e.message());
       }
-      if (shape == bs) return *this;
-      if (auto r = lazy_view(*this, *lz, bs, shape, false)) return *r;
+      if (shape == bs) return self;
+      if (auto r = lazy_view(self, *lz, bs, shape, false)) return *r;
     }
   }
-  if (!is_dense()) return contiguous().view(shape);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+  return Node::view(self, shape);
+}
+
+TensorDict TensorDictImpl::view(const TensorDict& self, BatchSize shape) const {
+  const BatchSize& bs = batch_size;
   try {
-    shape = infer_sizes("view", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
+    shape = infer_sizes("view", std::move(shape), self.numel(), "a TensorDict of batch_size " + shape_str(bs));
   } catch (const RuntimeError& e) {
     throw AssertionError(e.message());  // upstream's view asserts the new shape
   }
-  if (shape == bs) return *this;
-  const int64_t nd = batch_dims();
-  return guarded_map("view", *this, shape,
+  if (shape == bs) return self;
+  const int64_t nd = self.batch_dims();
+  return guarded_map("view", self, shape,
                      [&](const at::Tensor& t) { return t.view(with_feat(shape, t, nd)); }, true);
 }
 
-TensorDict TensorDict::reshape(BatchSize shape) const {
-  if (const LazyStackNode* lz = lazy_members(*this)) {
-    const BatchSize bs = batch_size();
-    if (shape == bs) return *this;
+TensorDict LazyStackNode::reshape(const TensorDict& self, BatchSize shape) const {
+  if (!members.empty()) {
+    const LazyStackNode* lz = this;
+    const BatchSize bs = self.batch_size();
+    if (shape == bs) return self;
     if (std::find(bs.begin(), bs.end(), -1) == bs.end()) {
-      shape = infer_sizes("reshape", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
-      if (shape == bs) return *this;
-      if (auto r = lazy_view(*this, *lz, bs, shape, true)) return *r;
+      shape = infer_sizes("reshape", std::move(shape), self.numel(), "a TensorDict of batch_size " + shape_str(bs));
+      if (shape == bs) return self;
+      if (auto r = lazy_view(self, *lz, bs, shape, true)) return *r;
     }
   }
-  if (!is_dense()) return contiguous().reshape(shape);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
-  shape = infer_sizes("reshape", std::move(shape), numel(), "a TensorDict of batch_size " + shape_str(bs));
-  if (shape == bs) return *this;
-  const int64_t nd = batch_dims();
-  return guarded_map("reshape", *this, shape,
+  return Node::reshape(self, shape);
+}
+
+TensorDict TensorDictImpl::reshape(const TensorDict& self, BatchSize shape) const {
+  const BatchSize& bs = batch_size;
+  shape = infer_sizes("reshape", std::move(shape), self.numel(), "a TensorDict of batch_size " + shape_str(bs));
+  if (shape == bs) return self;
+  const int64_t nd = self.batch_dims();
+  return guarded_map("reshape", self, shape,
                      [&](const at::Tensor& t) { return t.reshape(with_feat(shape, t, nd)); }, true);
 }
 
-TensorDict TensorDict::flatten(int64_t start_dim, int64_t end_dim) const {
-  if (const LazyStackNode* lz = lazy_members(*this)) {
-    const BatchSize bs = batch_size();
+TensorDict LazyStackNode::flatten(const TensorDict& self, int64_t start_dim, int64_t end_dim) const {
+  if (!members.empty()) {
+    const LazyStackNode* lz = this;
+    const BatchSize bs = self.batch_size();
     const int64_t s = norm_dim("flatten", start_dim, bs);
     const int64_t e = norm_dim("flatten", end_dim, bs);
     const int64_t sd = lz->stack_dim;
     if (s <= e && e < sd) {  // before the stack dim: it moves left by the dims merged
-      return restack(*this, *lz, sd - (e - s), [s, e](const TensorDict& m) { return m.flatten(s, e); });
+      return restack(self, *lz, sd - (e - s), [s, e](const TensorDict& m) { return m.flatten(s, e); });
     }
-    if (s <= e && s > sd) return restack(*this, *lz, sd, [s, e](const TensorDict& m) { return m.flatten(s - 1, e - 1); });
-    if (s == e) return *this;
+    if (s <= e && s > sd) return restack(self, *lz, sd, [s, e](const TensorDict& m) { return m.flatten(s - 1, e - 1); });
+    if (s == e) return self;
   }
-  if (!is_dense()) return contiguous().flatten(start_dim, end_dim);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+  return Node::flatten(self, start_dim, end_dim);
+}
+
+TensorDict TensorDictImpl::flatten(const TensorDict& self, int64_t start_dim, int64_t end_dim) const {
+  const BatchSize& bs = batch_size;
   const int64_t s = norm_dim("flatten", start_dim, bs);
   const int64_t e = norm_dim("flatten", end_dim, bs);
   if (s > e) {
     throw ValueError("flatten: start_dim cannot come after end_dim (got start_dim=" + std::to_string(start_dim) +
                      ", end_dim=" + std::to_string(end_dim) + " for batch_size " + shape_str(bs) + ")");
   }
-  if (s == e) return *this;  // like torch.flatten: nothing to merge
+  if (s == e) return self;  // like torch.flatten: nothing to merge
   BatchSize nb(bs.begin(), bs.begin() + s);
   nb.push_back(detail::prod(at::IntArrayRef(bs).slice(static_cast<size_t>(s), static_cast<size_t>(e - s + 1))));
   nb.insert(nb.end(), bs.begin() + e + 1, bs.end());
-  return guarded_map("flatten", *this, nb, [s, e](const at::Tensor& t) { return t.flatten(s, e); }, true);
+  return guarded_map("flatten", self, nb, [s, e](const at::Tensor& t) { return t.flatten(s, e); }, true);
 }
 
-TensorDict TensorDict::unflatten(int64_t dim, BatchSize sizes) const {
-  if (const LazyStackNode* lz = lazy_members(*this)) {
-    const BatchSize bs = batch_size();
+TensorDict LazyStackNode::unflatten(const TensorDict& self, int64_t dim, BatchSize sizes) const {
+  if (!members.empty()) {
+    const LazyStackNode* lz = this;
+    const BatchSize bs = self.batch_size();
     const int64_t d = norm_dim("unflatten", dim, bs);
     const int64_t sd = lz->stack_dim;
     if (sizes.empty()) throw ValueError("unflatten: sizes must be non-empty");
     if (d < sd) {
       const int64_t grown = static_cast<int64_t>(sizes.size()) - 1;
-      return restack(*this, *lz, sd + grown, [&](const TensorDict& m) { return m.unflatten(d, sizes); });
+      return restack(self, *lz, sd + grown, [&](const TensorDict& m) { return m.unflatten(d, sizes); });
     }
-    if (d > sd) return restack(*this, *lz, sd, [&](const TensorDict& m) { return m.unflatten(d - 1, sizes); });
+    if (d > sd) return restack(self, *lz, sd, [&](const TensorDict& m) { return m.unflatten(d - 1, sizes); });
   }
-  if (!is_dense()) return contiguous().unflatten(dim, sizes);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+  return Node::unflatten(self, dim, sizes);
+}
+
+TensorDict TensorDictImpl::unflatten(const TensorDict& self, int64_t dim, BatchSize sizes) const {
+  const BatchSize& bs = batch_size;
   const int64_t d = norm_dim("unflatten", dim, bs);
   if (sizes.empty()) throw ValueError("unflatten: sizes must be non-empty");
   sizes = infer_sizes("unflatten", std::move(sizes), bs[static_cast<size_t>(d)],
@@ -360,22 +370,51 @@ TensorDict TensorDict::unflatten(int64_t dim, BatchSize sizes) const {
   BatchSize nb(bs.begin(), bs.begin() + d);
   nb.insert(nb.end(), sizes.begin(), sizes.end());
   nb.insert(nb.end(), bs.begin() + d + 1, bs.end());
-  const int64_t nd = batch_dims();
+  const int64_t nd = self.batch_dims();
   // torch.unflatten is a view
-  return guarded_map("unflatten", *this, nb, [&](const at::Tensor& t) { return t.view(with_feat(nb, t, nd)); }, true);
+  return guarded_map("unflatten", self, nb, [&](const at::Tensor& t) { return t.view(with_feat(nb, t, nd)); }, true);
 }
 
 // ============================================================================ squeeze / unsqueeze
-TensorDict TensorDict::squeeze() const {
-  if (lazy_members(*this)) {
-    const BatchSize bs = batch_size();
-    TensorDict r = *this;  // every singleton dim, last first (the stack dim too: its one member)
+TensorDict LazyStackNode::squeeze(const TensorDict& self, std::optional<int64_t> dim_opt) const {
+  if (!members.empty() && !dim_opt) {
+    const BatchSize bs = self.batch_size();
+    TensorDict r = self;  // every singleton dim, last first (the stack dim too: its one member)
     for (int64_t i = static_cast<int64_t>(bs.size()) - 1; i >= 0; --i)
       if (bs[static_cast<size_t>(i)] == 1) r = r.squeeze(i);
     return r;
   }
-  if (!is_dense()) return contiguous().squeeze();  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+  if (!members.empty()) {
+    const LazyStackNode* lz = this;
+    const int64_t dim = *dim_opt;
+    const BatchSize bs = self.batch_size();
+    const int64_t d = norm_dim("squeeze", dim, bs);
+    const int64_t sd = lz->stack_dim;
+    if (bs[static_cast<size_t>(d)] != 1) return self;  // like torch: a non-singleton dim is left alone
+    if (d == sd) {  // a stack of one: its member (upstream returns tensordicts[0])
+      TensorDict m = lz->members[0];
+      return m;
+    }
+    return restack(self, *lz, d < sd ? sd - 1 : sd, [&](const TensorDict& m) { return m.squeeze(member_dim(d, sd)); });
+  }
+  return Node::squeeze(self, dim_opt);
+}
+
+TensorDict TensorDictImpl::squeeze(const TensorDict& self, std::optional<int64_t> dim_opt) const {
+  if (dim_opt) {
+    const int64_t dim = *dim_opt;
+    const BatchSize& bs = batch_size;
+    if (bs.empty()) {  // like a 0-dim tensor: dims -1 and 0 are accepted and change nothing
+      if (dim < -1 || dim > 0) norm_dim("squeeze", dim, bs);
+      return self;
+    }
+    const int64_t d = norm_dim("squeeze", dim, bs);
+    if (bs[static_cast<size_t>(d)] != 1) return self;  // like torch: a non-singleton dim is left alone
+    BatchSize nb = bs;
+    nb.erase(nb.begin() + d);
+    return guarded_map("squeeze", self, nb, [d](const at::Tensor& t) { return t.squeeze(d); }, true);
+  }
+  const BatchSize& bs = batch_size;
   std::vector<int64_t> dims;
   BatchSize nb;
   for (size_t i = 0; i < bs.size(); ++i) {
@@ -385,8 +424,8 @@ TensorDict TensorDict::squeeze() const {
       nb.push_back(bs[i]);
     }
   }
-  if (dims.empty()) return *this;
-  return guarded_map("squeeze", *this, nb,
+  if (dims.empty()) return self;
+  return guarded_map("squeeze", self, nb,
                      [&](const at::Tensor& t) {
                        at::Tensor r = t;
                        for (auto it = dims.rbegin(); it != dims.rend(); ++it) r = r.squeeze(*it);
@@ -395,44 +434,23 @@ TensorDict TensorDict::squeeze() const {
                      true);
 }
 
-TensorDict TensorDict::squeeze(int64_t dim) const {
-  if (const LazyStackNode* lz = lazy_members(*this)) {
-    const BatchSize bs = batch_size();
-    const int64_t d = norm_dim("squeeze", dim, bs);
+TensorDict LazyStackNode::unsqueeze(const TensorDict& self, int64_t dim) const {
+  if (!members.empty()) {
+    const LazyStackNode* lz = this;
+    const int64_t d = norm_dim("unsqueeze", dim, self.batch_size(), /*allow_end=*/true, ErrorCode::Runtime);
     const int64_t sd = lz->stack_dim;
-    if (bs[static_cast<size_t>(d)] != 1) return *this;  // like torch: a non-singleton dim is left alone
-    if (d == sd) {  // a stack of one: its member (upstream returns tensordicts[0])
-      TensorDict m = lz->members[0];
-      return m;
-    }
-    return restack(*this, *lz, d < sd ? sd - 1 : sd, [&](const TensorDict& m) { return m.squeeze(member_dim(d, sd)); });
+    if (d <= sd) return restack(self, *lz, sd + 1, [d](const TensorDict& m) { return m.unsqueeze(d); });
+    return restack(self, *lz, sd, [d](const TensorDict& m) { return m.unsqueeze(d - 1); });
   }
-  if (!is_dense()) return contiguous().squeeze(dim);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
-  if (bs.empty()) {  // like a 0-dim tensor: dims -1 and 0 are accepted and change nothing
-    if (dim < -1 || dim > 0) norm_dim("squeeze", dim, bs);
-    return *this;
-  }
-  const int64_t d = norm_dim("squeeze", dim, bs);
-  if (bs[static_cast<size_t>(d)] != 1) return *this;  // like torch: a non-singleton dim is left alone
-  BatchSize nb = bs;
-  nb.erase(nb.begin() + d);
-  return guarded_map("squeeze", *this, nb, [d](const at::Tensor& t) { return t.squeeze(d); }, true);
+  return Node::unsqueeze(self, dim);
 }
 
-TensorDict TensorDict::unsqueeze(int64_t dim) const {
-  if (const LazyStackNode* lz = lazy_members(*this)) {
-    const int64_t d = norm_dim("unsqueeze", dim, batch_size(), /*allow_end=*/true, ErrorCode::Runtime);
-    const int64_t sd = lz->stack_dim;
-    if (d <= sd) return restack(*this, *lz, sd + 1, [d](const TensorDict& m) { return m.unsqueeze(d); });
-    return restack(*this, *lz, sd, [d](const TensorDict& m) { return m.unsqueeze(d - 1); });
-  }
-  if (!is_dense()) return contiguous().unsqueeze(dim);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+TensorDict TensorDictImpl::unsqueeze(const TensorDict& self, int64_t dim) const {
+  const BatchSize& bs = batch_size;
   const int64_t d = norm_dim("unsqueeze", dim, bs, /*allow_end=*/true, ErrorCode::Runtime);
   BatchSize nb = bs;
   nb.insert(nb.begin() + d, 1);
-  return guarded_map("unsqueeze", *this, nb, [d](const at::Tensor& t) { return t.unsqueeze(d); }, true);
+  return guarded_map("unsqueeze", self, nb, [d](const at::Tensor& t) { return t.unsqueeze(d); }, true);
 }
 
 // ============================================================================ permute / transpose / expand
@@ -477,24 +495,28 @@ TensorDict lazy_permute(const TensorDict& self, const LazyStackNode& lz, std::ve
 }
 }  // namespace
 
-TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
-  if (const LazyStackNode* lz = lazy_members(*this)) {
-    const BatchSize bs = batch_size();
+TensorDict LazyStackNode::permute(const TensorDict& self, std::vector<int64_t> dims) const {
+  if (!members.empty()) {
+    const LazyStackNode* lz = this;
+    const BatchSize bs = self.batch_size();
     dims = checked_permutation(std::move(dims), bs);
     bool identity = true;
     for (size_t i = 0; i < dims.size(); ++i) identity = identity && dims[i] == static_cast<int64_t>(i);
-    if (identity) return *this;
-    return lazy_permute(*this, *lz, std::move(dims), bs.size());
+    if (identity) return self;
+    return lazy_permute(self, *lz, std::move(dims), bs.size());
   }
-  if (!is_dense()) return contiguous().permute(dims);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+  return Node::permute(self, dims);
+}
+
+TensorDict TensorDictImpl::permute(const TensorDict& self, std::vector<int64_t> dims) const {
+  const BatchSize& bs = batch_size;
   dims = checked_permutation(std::move(dims), bs);
   bool identity = true;
   for (size_t i = 0; i < dims.size(); ++i) identity = identity && dims[i] == static_cast<int64_t>(i);
-  if (identity) return *this;
+  if (identity) return self;
   BatchSize nb = bs;
   for (size_t i = 0; i < dims.size(); ++i) nb[i] = bs[static_cast<size_t>(dims[i])];
-  return guarded_map("permute", *this, nb,
+  return guarded_map("permute", self, nb,
                      [&](const at::Tensor& t) {
                        std::vector<int64_t> full = dims;
                        for (int64_t i = static_cast<int64_t>(dims.size()); i < t.dim(); ++i) full.push_back(i);
@@ -503,31 +525,33 @@ TensorDict TensorDict::permute(std::vector<int64_t> dims) const {
                      true);
 }
 
-TensorDict TensorDict::transpose(int64_t dim0, int64_t dim1) const {
-  if (const LazyStackNode* lz = lazy_members(*this)) {
-    const BatchSize bs = batch_size();
+TensorDict LazyStackNode::transpose(const TensorDict& self, int64_t dim0, int64_t dim1) const {
+  if (!members.empty()) {
+    const LazyStackNode* lz = this;
+    const BatchSize bs = self.batch_size();
     const int64_t d0 = norm_dim("transpose", dim0, bs, false, ErrorCode::Value);
     const int64_t d1 = norm_dim("transpose", dim1, bs, false, ErrorCode::Value);
-    if (d0 == d1) return *this;
+    if (d0 == d1) return self;
     std::vector<int64_t> dims(bs.size());
     for (size_t i = 0; i < dims.size(); ++i) dims[i] = static_cast<int64_t>(i);
     std::swap(dims[static_cast<size_t>(d0)], dims[static_cast<size_t>(d1)]);
-    return lazy_permute(*this, *lz, std::move(dims), bs.size());
+    return lazy_permute(self, *lz, std::move(dims), bs.size());
   }
-  if (!is_dense()) return contiguous().transpose(dim0, dim1);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
-  const int64_t d0 = norm_dim("transpose", dim0, bs, false, ErrorCode::Value);
-  const int64_t d1 = norm_dim("transpose", dim1, bs, false, ErrorCode::Value);
-  if (d0 == d1) return *this;
-  BatchSize nb = bs;
-  std::swap(nb[static_cast<size_t>(d0)], nb[static_cast<size_t>(d1)]);
-  return guarded_map("transpose", *this, nb, [d0, d1](const at::Tensor& t) { return t.transpose(d0, d1); }, true);
+  return Node::transpose(self, dim0, dim1);
 }
 
-TensorDict TensorDict::expand(BatchSize shape) const {
-  if (typed_) return detail::keep_type(*this, with_schema(nullptr).expand(shape));
-  if (!is_dense()) return contiguous().expand(shape);  // another node kind: on its dense form
-  const BatchSize& bs = d()->batch_size;
+TensorDict TensorDictImpl::transpose(const TensorDict& self, int64_t dim0, int64_t dim1) const {
+  const BatchSize& bs = batch_size;
+  const int64_t d0 = norm_dim("transpose", dim0, bs, false, ErrorCode::Value);
+  const int64_t d1 = norm_dim("transpose", dim1, bs, false, ErrorCode::Value);
+  if (d0 == d1) return self;
+  BatchSize nb = bs;
+  std::swap(nb[static_cast<size_t>(d0)], nb[static_cast<size_t>(d1)]);
+  return guarded_map("transpose", self, nb, [d0, d1](const at::Tensor& t) { return t.transpose(d0, d1); }, true);
+}
+
+TensorDict TensorDictImpl::expand(const TensorDict& self, BatchSize shape) const {
+  const BatchSize& bs = batch_size;
   const size_t nd = bs.size();
   if (shape.size() < nd) {
     throw RuntimeError("expand: the number of sizes provided (" + std::to_string(shape.size()) +
@@ -558,57 +582,58 @@ TensorDict TensorDict::expand(BatchSize shape) const {
   }
   const int64_t ond = static_cast<int64_t>(nd);
   // upstream propagates the lock but not the memmap/shared flags (stride-0 views are not the stored data)
-  return map_keep_lock("expand", *this, shape,
+  return map_keep_lock("expand", self, shape,
                        [&](const at::Tensor& t) { return t.expand(with_feat(shape, t, ond)); });
 }
 
 // ============================================================================ unbind / split / chunk
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
   if (typed_) return detail::keep_type(*this, with_schema(nullptr).unbind(dim));
-  if (detail::is_remote(*this)) return contiguous().unbind(dim);  // a remote node: on its dense form
-  if (auto* lz = detail::lazy_node(*this)) {
-    const int64_t dd = detail::normalize_dim(dim, batch_dims());
-    if (dd == lz->stack_dim) return lz->members;  // the members themselves (upstream test_unbind_lazystack)
-    const int64_t md = dd < lz->stack_dim ? dd : dd - 1;
-    const int64_t sd = dd < lz->stack_dim ? lz->stack_dim - 1 : lz->stack_dim;
-    std::vector<std::vector<TensorDict>> parts;
-    for (const auto& m : lz->members) parts.push_back(m.unbind(md));
-    const size_t count = parts.empty() ? 0 : parts[0].size();
-    for (const auto& p : parts) {
-      if (p.size() != count) {
-        throw RuntimeError("unbind: the members of the lazy stack differ in size along dim " + std::to_string(dim));
-      }
+  return detail::node_of(*this, "unbind").unbind(*this, dim);
+}
+
+std::vector<TensorDict> Node::unbind(const TensorDict& self, int64_t dim) const {
+  if (auto view = dense_view()) return view->unbind(self, dim);  // a store: on its storage
+  return self.contiguous().unbind(dim);                           // on its dense form
+}
+
+std::vector<TensorDict> LazyStackNode::unbind(const TensorDict& self, int64_t dim) const {
+  const int64_t dd = detail::normalize_dim(dim, self.batch_dims());
+  if (dd == stack_dim) return members;  // the members themselves (upstream test_unbind_lazystack)
+  const int64_t md = dd < stack_dim ? dd : dd - 1;
+  const int64_t sd = dd < stack_dim ? stack_dim - 1 : stack_dim;
+  std::vector<std::vector<TensorDict>> parts;
+  for (const auto& m : members) parts.push_back(m.unbind(md));
+  const size_t count = parts.empty() ? 0 : parts[0].size();
+  for (const auto& p : parts) {
+    if (p.size() != count) {
+      throw RuntimeError("unbind: the members of the lazy stack differ in size along dim " + std::to_string(dim));
     }
-    std::vector<TensorDict> out;
-    for (size_t j = 0; j < count; ++j) {
-      std::vector<TensorDict> col;
-      for (auto& p : parts) col.push_back(p[j]);
-      out.push_back(detail::make_lazy(std::move(col), sd));
-    }
-    return out;
   }
-  const BatchSize& bs = d()->batch_size;
+  std::vector<TensorDict> out;
+  for (size_t j = 0; j < count; ++j) {
+    std::vector<TensorDict> col;
+    for (auto& p : parts) col.push_back(p[j]);
+    out.push_back(detail::make_lazy(std::move(col), sd));
+  }
+  return out;
+}
+
+std::vector<TensorDict> TensorDictImpl::unbind(const TensorDict& self, int64_t dim) const {
+  const BatchSize& bs = batch_size;
   const int64_t d = norm_dim("unbind", dim, bs);
   BatchSize nb = bs;
   nb.erase(nb.begin() + d);
   std::vector<BatchSize> nbs(static_cast<size_t>(bs[static_cast<size_t>(d)]), nb);
-  return map_batch_multi(*this, nbs, [d](const at::Tensor& t) { return t.unbind(d); }, true);
-}
-
-//! a lazy stack splits without densifying (upstream): along the stack dim into lazy stacks of its members,
-//! across it member by member; a ragged dim (-1) or an empty part runs on the dense form
-static bool lazy_splits(const TensorDict& td, int64_t dim) {
-  if (!lazy_members(td)) return false;
-  const BatchSize bs = td.batch_size();
-  return bs.empty() || bs[static_cast<size_t>(norm_dim("split", dim, bs))] >= 0;
+  return map_batch_multi(self, nbs, [d](const at::Tensor& t) { return t.unbind(d); }, true);
 }
 
 std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const {
-  if (!is_dense() && !lazy_splits(*this, dim)) return contiguous().split(split_size, dim);  // its dense form
   const BatchSize bs = batch_size();
   if (bs.empty()) throw RuntimeError("split: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("split", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];
+  if (n < 0) return contiguous().split(split_size, dim);  // a ragged dim (a lazy stack's): on the dense form
   if (split_size < 0) {
     throw RuntimeError("split expects split_size be non-negative, but got split_size=" + std::to_string(split_size));
   }
@@ -626,10 +651,16 @@ std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const
 }
 
 std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int64_t dim) const {
-  const bool lazy = !is_dense() && lazy_splits(*this, dim) &&
-                    std::find(split_sizes.begin(), split_sizes.end(), 0) == split_sizes.end();
-  if (!is_dense() && !lazy) return contiguous().split(split_sizes, dim);  // another node kind: its dense form
-  const BatchSize bs = batch_size();
+  return detail::node_of(*this, "split").split(*this, std::move(split_sizes), dim);
+}
+
+std::vector<TensorDict> Node::split(const TensorDict& self, std::vector<int64_t> split_sizes, int64_t dim) const {
+  return self.contiguous().split(split_sizes, dim);  // on its dense form
+}
+
+namespace {
+//! split's checks of split_sizes against the batch; the normalized dim
+int64_t checked_split(const BatchSize& bs, const std::vector<int64_t>& split_sizes, int64_t dim) {
   if (bs.empty()) throw RuntimeError("split: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("split", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];
@@ -646,31 +677,47 @@ std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int6
                        " (tensor's size at dimension " + std::to_string(d) + "), but got split_size=" +
                        shape_list(split_sizes));
   }
-  if (lazy) {
-    const LazyStackNode& lz = *lazy_members(*this);
-    const int64_t sd = lz.stack_dim;
-    std::vector<TensorDict> out;
-    if (d == sd) {  // consecutive members, each part a lazy stack of its own
-      size_t at = 0;
-      for (auto size : split_sizes) {
-        std::vector<TensorDict> part(lz.members.begin() + static_cast<int64_t>(at),
-                                     lz.members.begin() + static_cast<int64_t>(at) + size);
-        at += static_cast<size_t>(size);
-        out.push_back(detail::make_lazy(std::move(part), sd));
-      }
-    } else {  // every member split along its dim; part j stacks the members' parts j
-      std::vector<std::vector<TensorDict>> parts;
-      for (const auto& m : lz.members) parts.push_back(m.split(split_sizes, member_dim(d, sd)));
-      for (size_t j = 0; j < split_sizes.size(); ++j) {
-        std::vector<TensorDict> col;
-        for (auto& p : parts) col.push_back(p[j]);
-        out.push_back(detail::make_lazy(std::move(col), sd));
-      }
+  return d;
+}
+}  // namespace
+
+//! a lazy stack splits without densifying (upstream): along the stack dim into lazy stacks of its members,
+//! across it member by member; a ragged dim (-1) or an empty part runs on the dense form
+std::vector<TensorDict> LazyStackNode::split(const TensorDict& self, std::vector<int64_t> split_sizes,
+                                             int64_t dim) const {
+  const BatchSize bs = self.batch_size();
+  const bool lazy = !members.empty() && (bs.empty() || bs[static_cast<size_t>(norm_dim("split", dim, bs))] >= 0) &&
+                    std::find(split_sizes.begin(), split_sizes.end(), 0) == split_sizes.end();
+  if (!lazy) return Node::split(self, std::move(split_sizes), dim);
+  const int64_t d = checked_split(bs, split_sizes, dim);
+  const int64_t sd = stack_dim;
+  std::vector<TensorDict> out;
+  if (d == sd) {  // consecutive members, each part a lazy stack of its own
+    size_t at = 0;
+    for (auto size : split_sizes) {
+      std::vector<TensorDict> part(members.begin() + static_cast<int64_t>(at),
+                                   members.begin() + static_cast<int64_t>(at) + size);
+      at += static_cast<size_t>(size);
+      out.push_back(detail::make_lazy(std::move(part), sd));
     }
-    for (auto& t : out)
-      if (is_locked() && !t.is_locked()) t.lock_();
-    return out;
+  } else {  // every member split along its dim; part j stacks the members' parts j
+    std::vector<std::vector<TensorDict>> parts;
+    for (const auto& m : members) parts.push_back(m.split(split_sizes, member_dim(d, sd)));
+    for (size_t j = 0; j < split_sizes.size(); ++j) {
+      std::vector<TensorDict> col;
+      for (auto& p : parts) col.push_back(p[j]);
+      out.push_back(detail::make_lazy(std::move(col), sd));
+    }
   }
+  for (auto& t : out)
+    if (self.is_locked() && !t.is_locked()) t.lock_();
+  return out;
+}
+
+std::vector<TensorDict> TensorDictImpl::split(const TensorDict& self, std::vector<int64_t> split_sizes,
+                                              int64_t dim) const {
+  const BatchSize& bs = batch_size;
+  const int64_t d = checked_split(bs, split_sizes, dim);
   std::vector<BatchSize> nbs;
   nbs.reserve(split_sizes.size());
   for (auto s : split_sizes) {
@@ -678,30 +725,43 @@ std::vector<TensorDict> TensorDict::split(std::vector<int64_t> split_sizes, int6
     nb[static_cast<size_t>(d)] = s;
     nbs.push_back(std::move(nb));
   }
-  return map_batch_multi(*this, nbs,
+  return map_batch_multi(self, nbs,
                          [&](const at::Tensor& t) { return at::split_with_sizes(t, split_sizes, d); }, true);
 }
 
 std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
-  if (!is_dense() && !lazy_splits(*this, dim)) return contiguous().chunk(chunks, dim);  // its dense form
   if (chunks < 1) throw ValueError("chunks must be a strictly positive integer, got " + std::to_string(chunks) + ".");
   const BatchSize bs = batch_size();
   if (bs.empty()) throw RuntimeError("chunk: TensorDict with empty batch size is not splittable");
   const int64_t d = norm_dim("chunk", dim, bs);
   const int64_t n = bs[static_cast<size_t>(d)];
+  if (n < 0) return contiguous().chunk(chunks, dim);  // a ragged dim (a lazy stack's): on the dense form
   return split(std::max<int64_t>(1, (n + chunks - 1) / chunks), d);
 }
 
 TensorDict TensorDict::to_tensordict() const {
   if (typed_) return with_schema(nullptr).to_tensordict();  // a plain TensorDict, whatever wrapped it
-  if (is_dense() || (node() && node()->dense_view())) return clone();
-  return contiguous();  // a lazy stack or a remote node: a new dense TensorDict already
+  return detail::node_of(*this, "to_tensordict").to_tensordict(*this);
 }
 
-TensorDict TensorDict::contiguous() const {
-  if (auto* lz = detail::lazy_node(*this)) return detail::lazy_contiguous(*lz);
-  if (!is_dense() && node() && !node()->dense_view()) return node()->to_dense();
-  return map_keep_lock("contiguous", *this, d()->batch_size, [](const at::Tensor& t) { return t.contiguous(); });
+TensorDict Node::to_tensordict(const TensorDict& self) const {
+  if (dense_view()) return self.clone();  // a store: a copy of its storage
+  return self.contiguous();               // a new dense TensorDict already
+}
+
+TensorDict TensorDictImpl::to_tensordict(const TensorDict& self) const { return self.clone(); }
+
+TensorDict TensorDict::contiguous() const { return detail::node_of(*this, "contiguous").contiguous(*this); }
+
+TensorDict Node::contiguous(const TensorDict& self) const {
+  if (auto view = dense_view()) return view->contiguous(self);  // a store: its storage's leaves
+  return to_dense();
+}
+
+TensorDict LazyStackNode::contiguous(const TensorDict&) const { return detail::lazy_contiguous(*this); }
+
+TensorDict TensorDictImpl::contiguous(const TensorDict& self) const {
+  return map_keep_lock("contiguous", self, batch_size, [](const at::Tensor& t) { return t.contiguous(); });
 }
 
 }  // namespace tensordict

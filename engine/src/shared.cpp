@@ -42,32 +42,32 @@ std::string TensorDict::shm_prefix() {
 }
 
 TensorDict& TensorDict::share_memory_() {
-  if (detail::is_remote(*this)) {
-    throw NotImplementedError("share_memory_ on a " + node_->type_name() +
-                              ": its leaves live in its storage; to_tensordict() (contiguous()) first");
-  }
-  if (d()->is_memmap) {
+  detail::node_of(*this, "share_memory_").share_memory_(*this);
+  return *this;
+}
+
+void TensorDictImpl::share_memory_(TensorDict& self) {
+  if (is_memmap) {
     throw ValueError("share_memory_ and memmap_ are mutually exclusive: this TensorDict is memory-mapped");
   }
-  if (d()->is_shared) return *this;
+  if (is_shared) return;
   std::vector<std::vector<std::string>> keys;
   std::vector<at::Tensor> tensors;
-  collect_leaves(*d(), keys, tensors);
+  collect_leaves(*this, keys, tensors);
   if (!tensors.empty()) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (!tensors[i].device().is_cpu()) {
         throw TypeError("share_memory_: leaf '" + NestedKey(keys[i]).join(".") + "' is not on the CPU");
       }
     }
-    backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, d()->batch_size, shm_prefix());
+    backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, batch_size, TensorDict::shm_prefix());
     size_t i = 0;  // the leaves in the order collect_leaves listed them: each swapped for its shared copy
-    detail::tree::for_each_leaf_mut(*d(), [&](const detail::tree::KeyPath&, Entry& e) {
+    detail::tree::for_each_leaf_mut(*this, [&](const detail::tree::KeyPath&, Entry& e) {
       if (e.is_tensor()) e = Entry(alloc.tensors[i++]);
     });
   }
-  mark_shared(impl());
-  lock_();
-  return *this;
+  mark_shared(std::static_pointer_cast<TensorDictImpl>(shared_from_this()));
+  self.lock_();
 }
 
 std::string TensorDict::share_handle() const {

@@ -251,7 +251,7 @@ struct Combiner {
   //! the dense node behind a node handle (a store: its snapshot, kept alive by the node)
   static const TensorDictImpl* dense_of(const std::shared_ptr<Node>& n) {
     if (!n) return nullptr;
-    if (n->kind() == NodeType::Dense) return static_cast<const TensorDictImpl*>(n.get());
+    if (const TensorDictImpl* d = n->dense_node()) return d;
     return n->dense_view().get();
   }
 
@@ -485,7 +485,7 @@ namespace {
 std::vector<TensorDict> densified(const std::vector<TensorDict>& tds) {
   std::vector<TensorDict> out;
   out.reserve(tds.size());
-  for (const auto& td : tds) out.push_back(td.is_dense() ? td : td.contiguous());
+  for (const auto& td : tds) out.push_back(td.node()->dense_form(td));
   return out;
 }
 //! a dense input holding nodes of another kind below (a lazy stack as a sub-TensorDict): those levels on

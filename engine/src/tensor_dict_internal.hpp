@@ -29,7 +29,7 @@ struct TensorDictImpl : Node {
   std::optional<JsonValue> class_fields;
   std::optional<JsonValue::Bytes> class_pickle;
 
-  NodeType kind() const override { return NodeType::Dense; }
+  TensorDictImpl* dense_node() override { return this; }
   std::string type_name() const override { return "TensorDict"; }
   NodeCaps caps() const override;
   std::vector<std::string> keys() const override;
@@ -43,6 +43,70 @@ struct TensorDictImpl : Node {
   std::vector<std::shared_ptr<Node>> child_nodes() const override;
   TensorDict to_dense() const override;
   void write(const Index& index, const TensorDict& value) override;
+  void unlock() override;
+
+  // the operations' dense fast paths (Node's defaults run these on a store's dense_view())
+  std::vector<std::pair<std::string, Entry>> read_all() const override { return entries; }
+  void set_entry(const NestedKey& key, const Entry& value, bool inplace) override;
+  void update_entry(const NestedKey& key, const Entry& value) override;
+  void del_entry(const NestedKey& key) override;
+  void rename_key(TensorDict& self, const NestedKey& old_key, const NestedKey& new_key, bool safe) override;
+  void clear(TensorDict& self) override;
+  void fill(TensorDict& self, const NestedKey& key, const at::Scalar& value) override;
+  void set_at(TensorDict& self, const NestedKey& key, const at::Tensor& value, const Index& index) override;
+  void set_batch_size(TensorDict& self, BatchSize batch_size) override;
+  int64_t bytes(const TensorDict& self) const override;
+  TensorDict empty(const TensorDict& self, bool recurse) const override;
+  TensorDict select(const TensorDict& self, const std::vector<NestedKey>& keys, bool strict,
+                    bool inplace) const override;
+  TensorDict exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const override;
+  TensorDict flatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const override;
+  TensorDict unflatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const override;
+  TensorDict clone(const TensorDict& self, bool recurse) const override;
+  TensorDict to(const TensorDict& self, at::Device device) const override;
+  TensorDict view(const TensorDict& self, BatchSize shape) const override;
+  TensorDict reshape(const TensorDict& self, BatchSize shape) const override;
+  TensorDict flatten(const TensorDict& self, int64_t start_dim, int64_t end_dim) const override;
+  TensorDict unflatten(const TensorDict& self, int64_t dim, BatchSize sizes) const override;
+  TensorDict squeeze(const TensorDict& self, std::optional<int64_t> dim) const override;
+  TensorDict unsqueeze(const TensorDict& self, int64_t dim) const override;
+  TensorDict permute(const TensorDict& self, std::vector<int64_t> dims) const override;
+  TensorDict transpose(const TensorDict& self, int64_t dim0, int64_t dim1) const override;
+  TensorDict expand(const TensorDict& self, BatchSize shape) const override;
+  std::vector<TensorDict> unbind(const TensorDict& self, int64_t dim) const override;
+  std::vector<TensorDict> split(const TensorDict& self, std::vector<int64_t> split_sizes, int64_t dim) const override;
+  TensorDict contiguous(const TensorDict& self) const override;
+  TensorDict to_tensordict(const TensorDict& self) const override;
+  TensorDict dense_form(const TensorDict& self) const override { return self; }
+  void index_put_(TensorDict& self, const Index& index, const TensorDict& value) override;
+  void index_put_(TensorDict& self, const Index& index, const at::Tensor& value) override;
+  void index_put_(TensorDict& self, const Index& index, const at::Scalar& value) override;
+  void memmap_(TensorDict& self, const std::string& prefix, const MemmapOptions& options) override;
+  TensorDict memmap(const TensorDict& self, const std::string& prefix, const MemmapOptions& options) const override;
+  TensorDict memmap_like(const TensorDict& self, const std::string& prefix,
+                         const MemmapOptions& options) const override;
+  void share_memory_(TensorDict& self) override;
+  bool equal(const TensorDict& self, const TensorDict& other) const override;
+  TensorDict apply(const TensorDict& self, const LeafFn& fn, const ApplyOptions& options) const override;
+  TensorDict apply(const TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others,
+                   const ApplyOptions& options) const override;
+  void apply_(TensorDict& self, const LeafFn& fn) override;
+  void apply_(TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others) override;
+  TensorDict named_apply(const TensorDict& self, const NamedLeafFn& fn, const ApplyOptions& options) const override;
+  TensorDict named_apply(const TensorDict& self, const NamedMultiLeafFn& fn, const std::vector<TensorDict>& others,
+                         const ApplyOptions& options) const override;
+  void zero_(TensorDict& self) override;
+  TensorDict masked_fill(const TensorDict& self, const at::Tensor& mask, const at::Scalar& value) const override;
+  void masked_fill_(TensorDict& self, const at::Tensor& mask, const at::Scalar& value) override;
+  TensorDict where(const TensorDict& self, const at::Tensor& condition, const TensorDict& other) const override;
+  TensorDict where(const TensorDict& self, const at::Tensor& condition, const at::Scalar& other) const override;
+  void add_(TensorDict& self, const TensorDict& other) override;
+  void add_(TensorDict& self, const at::Scalar& other) override;
+  void mul_(TensorDict& self, const at::Scalar& other) override;
+  TensorDict reduce(const TensorDict& self, bool mean, const std::optional<std::vector<int64_t>>& dims,
+                    bool keepdim) const override;
+  at::Tensor reduce_leaves(const TensorDict& self, bool mean, const std::optional<std::vector<int64_t>>& dims,
+                           bool keepdim) const override;
 
   Entry* find(const std::string& key) {
     for (auto& kv : entries)
@@ -108,6 +172,11 @@ void tensor_storage_flags(const at::Tensor& t, bool owner_memmap, bool owner_sha
 std::optional<EntryMeta> meta_at(const TensorDict& td, const NestedKey& key);
 //! the keys keys(options) lists with their metas, without reading data (options.sort() is not applied)
 std::vector<std::pair<NestedKey, EntryMeta>> key_metas(const TensorDict& td, const KeysOptions& options);
+//! the node of td, or ValueError naming `what` for an undefined handle
+Node& node_of(const TensorDict& td, const char* what);
+//! LockedError with upstream's text when td is locked (the node-generic paths)
+void check_node_unlocked(const TensorDict& td);
+[[noreturn]] void missing_in_node(const NestedKey& key, const TensorDict& where);
 //! LockedError with upstream's text when locked
 //! LockedError when impl is locked; hot callers test `impl.locked` first so that `what` is built only then
 void check_unlocked(const TensorDictImpl& impl, const std::string& what);
@@ -134,10 +203,6 @@ bool is_dense_tree(const TensorDict& td);
 //! td when is_dense_tree(td), else a copy of its structure (leaves shared) in which every node of another
 //! kind is replaced by its dense form (contiguous()): what read-only dense algorithms walk
 TensorDict dense_tree(const TensorDict& td);
-//! a node whose leaves live elsewhere and are reached through requests (HDF5, Redis): neither dense, nor a
-//! lazy stack, nor a store with a dense view. Operations without a form of their own for it run on its
-//! dense form (contiguous(): one read request); in-place ones then write the result back (one request).
-bool is_remote(const TensorDict& td);
 //! self[...] = dense (every leaf of dense, one write request to self's node)
 void write_back(const TensorDict& self, const TensorDict& dense);
 

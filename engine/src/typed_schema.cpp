@@ -149,7 +149,9 @@ class TypedNode : public Node {
     device = source_->device;
     locked = source_->locked;
   }
-  NodeType kind() const override { return NodeType::Typed; }
+  std::pair<std::shared_ptr<Node>, std::shared_ptr<const TypedSchema>> typed_parts() const override {
+    return {source_, schema_};
+  }
   std::string type_name() const override { return schema_->name; }
   NodeCaps caps() const override { return source_->caps(); }
   std::vector<std::string> keys() const override { return source_->keys(); }
@@ -192,10 +194,11 @@ std::shared_ptr<Node> make_typed_node(std::shared_ptr<Node> source, std::shared_
 std::pair<std::shared_ptr<Node>, std::shared_ptr<const TypedSchema>> unwrap_typed_node(
     std::shared_ptr<Node> node) {
   std::shared_ptr<const TypedSchema> schema;
-  while (node && node->kind() == NodeType::Typed) {
-    auto* t = static_cast<TypedNode*>(node.get());
-    if (!schema) schema = t->schema();  // the outermost wrapper's type
-    node = t->source();
+  while (node) {
+    auto parts = node->typed_parts();
+    if (!parts.first) break;
+    if (!schema) schema = std::move(parts.second);  // the outermost wrapper's type
+    node = std::move(parts.first);
   }
   return {std::move(node), std::move(schema)};
 }

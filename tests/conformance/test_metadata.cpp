@@ -27,7 +27,6 @@ class CountingNode : public Node {
     device = inner_->device;
     locked = inner_->locked;
   }
-  NodeType kind() const override { return NodeType::Store; }  // a node kind the handle knows no fast path of
   std::string type_name() const override { return inner_->type_name(); }
   NodeCaps caps() const override { return inner_->caps(); }
   std::vector<std::string> keys() const override { return inner_->keys(); }

@@ -15,9 +15,6 @@
 
 namespace tensordict {
 
-//! Typed: a typed handle in node form (tensordict/typed_schema.hpp); TensorDict(node) unwraps it at once
-enum class NodeType { Dense, LazyStack, Store, Typed };
-
 //! what a node can do; replaces tests of is_memmap() || is_shared() in the algorithms
 struct NodeCaps {
   bool zero_copy_views = false;  //!< index()/get() alias the storage (writes through a view land)
@@ -51,7 +48,11 @@ struct TensorDictImpl;
 class Node : public std::enable_shared_from_this<Node> {
  public:
   virtual ~Node() = default;
-  virtual NodeType kind() const = 0;
+  //! the dense node itself, for the handle's fast paths (nullptr for every other node)
+  virtual TensorDictImpl* dense_node() { return nullptr; }
+  //! a typed handle in node form (tensordict/typed_schema.hpp) answers its source and schema, which
+  //! TensorDict(node) unwraps at once; {nullptr, nullptr} for every other node
+  virtual std::pair<std::shared_ptr<Node>, std::shared_ptr<const TypedSchema>> typed_parts() const { return {}; }
   //! the upstream class name, for messages and repr ("TensorDict", "LazyStackedTensorDict", ...)
   virtual std::string type_name() const = 0;
   virtual NodeCaps caps() const = 0;
@@ -91,6 +92,97 @@ class Node : public std::enable_shared_from_this<Node> {
   //! the storage spec (JSON text, tensordict/storage_spec.hpp) that reopens this node's storage in another
   //! process; empty when there is none (in-memory nodes; views of a store)
   virtual std::string storage_spec() const { return ""; }
+  //! what this node is as the value of a key of its parent (kind TensorDict, its batch size and device; a
+  //! lazy stack says LazyStack)
+  virtual EntryMeta as_entry_meta() const;
+  //! unlock_(): clears `locked` (the dense node also drops its memmap / shared flags, as upstream)
+  virtual void unlock() { locked = false; }
+
+  // ---------------------------------------------------------------- operations (issue 34, item 2)
+  // Each operation of the handle reaches its node here; `self` is the handle (typed schema included) over
+  // this node. Every default is written once, over the interface above: a node with a dense_view() runs
+  // the dense node's form on it; otherwise the operation runs on the dense form (`self.contiguous()`: one
+  // read for remote nodes) and an in-place one writes through put() / write(). The dense node overrides
+  // each with its fast path, the lazy stack where it works member by member (upstream).
+
+  //! every key of this level with its value, in keys() order (default: keys() then read() per key)
+  virtual std::vector<std::pair<std::string, Entry>> read_all() const;
+  //! set(key, value, inplace) at the last part of `key` (the full key, for messages) on this level:
+  //! in place when `inplace` and the key exists, else added or replaced (LockedError when locked)
+  virtual void set_entry(const NestedKey& key, const Entry& value, bool inplace);
+  //! set_(key, value) on this level: the existing key written in place (KeyError when missing)
+  virtual void update_entry(const NestedKey& key, const Entry& value);
+  //! del(key) on this level (the caller checked that the key exists)
+  virtual void del_entry(const NestedKey& key);
+  virtual void rename_key(TensorDict& self, const NestedKey& old_key, const NestedKey& new_key, bool safe);
+  virtual void clear(TensorDict& self);
+  virtual void fill(TensorDict& self, const NestedKey& key, const at::Scalar& value);
+  //! set_at_: get(key)[index] = value, written back where get() is a copy
+  virtual void set_at(TensorDict& self, const NestedKey& key, const at::Tensor& value, const Index& index);
+  virtual void set_batch_size(TensorDict& self, BatchSize batch_size);
+  virtual int64_t bytes(const TensorDict& self) const;
+  virtual TensorDict empty(const TensorDict& self, bool recurse) const;
+  virtual TensorDict select(const TensorDict& self, const std::vector<NestedKey>& keys, bool strict,
+                            bool inplace) const;
+  virtual TensorDict exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const;
+  virtual TensorDict flatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const;
+  virtual TensorDict unflatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const;
+  virtual TensorDict clone(const TensorDict& self, bool recurse) const;
+  virtual TensorDict to(const TensorDict& self, at::Device device) const;
+  //! shape ops on the batch dims (tensordict/tensor_dict.hpp); squeeze without a dim when dim is nullopt
+  virtual TensorDict view(const TensorDict& self, BatchSize shape) const;
+  virtual TensorDict reshape(const TensorDict& self, BatchSize shape) const;
+  virtual TensorDict flatten(const TensorDict& self, int64_t start_dim, int64_t end_dim) const;
+  virtual TensorDict unflatten(const TensorDict& self, int64_t dim, BatchSize sizes) const;
+  virtual TensorDict squeeze(const TensorDict& self, std::optional<int64_t> dim) const;
+  virtual TensorDict unsqueeze(const TensorDict& self, int64_t dim) const;
+  virtual TensorDict permute(const TensorDict& self, std::vector<int64_t> dims) const;
+  virtual TensorDict transpose(const TensorDict& self, int64_t dim0, int64_t dim1) const;
+  virtual TensorDict expand(const TensorDict& self, BatchSize shape) const;
+  virtual std::vector<TensorDict> unbind(const TensorDict& self, int64_t dim) const;
+  virtual std::vector<TensorDict> split(const TensorDict& self, std::vector<int64_t> split_sizes, int64_t dim) const;
+  //! a dense TensorDict with this node's values (a store's: its view's leaves made contiguous)
+  virtual TensorDict contiguous(const TensorDict& self) const;
+  //! upstream to_tensordict: a new dense copy (contiguous() where that is a copy already)
+  virtual TensorDict to_tensordict(const TensorDict& self) const;
+  //! this node's values as a dense TensorDict for read-only algorithms: the handle itself for the dense
+  //! node, self.contiguous() otherwise
+  virtual TensorDict dense_form(const TensorDict& self) const;
+  //! td[index] = value (a TensorDict broadcast to the indexed batch, a tensor, a scalar)
+  virtual void index_put_(TensorDict& self, const Index& index, const TensorDict& value);
+  virtual void index_put_(TensorDict& self, const Index& index, const at::Tensor& value);
+  virtual void index_put_(TensorDict& self, const Index& index, const at::Scalar& value);
+  //! memmap_ / share_memory_ in place (NotImplementedError where the leaves live in a storage); memmap /
+  //! memmap_like into a new TensorDict (default: on the dense form)
+  virtual void memmap_(TensorDict& self, const std::string& prefix, const MemmapOptions& options);
+  virtual TensorDict memmap(const TensorDict& self, const std::string& prefix, const MemmapOptions& options) const;
+  virtual TensorDict memmap_like(const TensorDict& self, const std::string& prefix,
+                                 const MemmapOptions& options) const;
+  virtual void share_memory_(TensorDict& self);
+  //! upstream's equality of structure and values (default: the dense forms compared)
+  virtual bool equal(const TensorDict& self, const TensorDict& other) const;
+  //! the apply family, fills, where and the in-place arithmetic the lazy stack does member by member
+  virtual TensorDict apply(const TensorDict& self, const LeafFn& fn, const ApplyOptions& options) const;
+  virtual TensorDict apply(const TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others,
+                           const ApplyOptions& options) const;
+  virtual void apply_(TensorDict& self, const LeafFn& fn);
+  virtual void apply_(TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others);
+  virtual TensorDict named_apply(const TensorDict& self, const NamedLeafFn& fn, const ApplyOptions& options) const;
+  virtual TensorDict named_apply(const TensorDict& self, const NamedMultiLeafFn& fn,
+                                 const std::vector<TensorDict>& others, const ApplyOptions& options) const;
+  virtual void zero_(TensorDict& self);
+  virtual TensorDict masked_fill(const TensorDict& self, const at::Tensor& mask, const at::Scalar& value) const;
+  virtual void masked_fill_(TensorDict& self, const at::Tensor& mask, const at::Scalar& value);
+  virtual TensorDict where(const TensorDict& self, const at::Tensor& condition, const TensorDict& other) const;
+  virtual TensorDict where(const TensorDict& self, const at::Tensor& condition, const at::Scalar& other) const;
+  virtual void add_(TensorDict& self, const TensorDict& other);
+  virtual void add_(TensorDict& self, const at::Scalar& other);
+  virtual void mul_(TensorDict& self, const at::Scalar& other);
+  //! sum / mean over batch dims (every dim of each leaf when dims is nullopt); sum_reduce / mean_reduce
+  virtual TensorDict reduce(const TensorDict& self, bool mean, const std::optional<std::vector<int64_t>>& dims,
+                            bool keepdim) const;
+  virtual at::Tensor reduce_leaves(const TensorDict& self, bool mean, const std::optional<std::vector<int64_t>>& dims,
+                                   bool keepdim) const;
 
   //! shared state of every node
   BatchSize batch_size;

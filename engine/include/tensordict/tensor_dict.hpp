@@ -82,6 +82,8 @@ struct ApplyOptions {
   TD_ARG(bool, propagate_lock) = false;
 };
 
+struct EntryMeta;  // tensordict/node.hpp
+
 class TensorDict {
  public:
   // ---------------------------------------------------------------- construction
@@ -118,6 +120,12 @@ class TensorDict {
   std::vector<Entry> values(const KeysOptions& options = {}) const;
   std::vector<std::pair<NestedKey, Entry>> items(const KeysOptions& options = {}) const;
   bool contains(const NestedKey& key) const;
+  //! what `key` holds (kind, dtype, shape, device; tensordict/node.hpp) without reading its data; nullopt
+  //! when missing or when a level on the way is a leaf
+  std::optional<EntryMeta> meta(const NestedKey& key) const;
+  //! lists the storage's structure again where the node caches it (HDF5, Redis, a Store): keys another
+  //! process or handle added show after this call; no-op for in-memory TensorDicts
+  void refresh();
 
   // ---------------------------------------------------------------- reading
   //! the tensor at key: KeyError if missing, TypeError if it is not a tensor

@@ -1,0 +1,463 @@
+// td.index_put_(idx, value) (upstream td[idx] = value): the dense node writes rows through the prepared
+// index (indexing_internal.hpp) with lazy preallocation of missing keys; every node kind gets the write
+// through Node::index_put_ (the lazy stack member by member, a node without a dense view in one request).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "indexing_internal.hpp"
+#include "lazy_stack_node.hpp"
+#include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
+
+namespace tensordict {
+namespace {
+
+using namespace detail::idx;
+using detail::shape_str;
+
+const char* const kSharedInplaceError =
+    "You're attempting to update a leaf in-place with a shared tensordict, but the new value does not match "
+    "the previous. If you're using NonTensorData, see the class documentation to see how to properly "
+    "pre-allocate memory in shared contexts.";
+
+// ----------------------------------------------------------------------------------- writing
+//! memcpy of a large block in pieces of 256 KiB. Above its non-temporal threshold (a share of the L3) glibc's memcpy
+//! switches to non-temporal stores
+//! and, when source and destination sit at about the same offset in their pages (a memmap row into another
+//! memmap, a page-aligned buffer into a file), to a loop that writes four pages far apart in turn. Into a
+//! fresh file mapping the kernel then faults and allocates the page cache page by page instead of in large
+//! folios. 245 MB written in 24 MB blocks into a fresh memmap file: whole blocks 0.07 s (2.8k faults) or,
+//! page-aligned source, 0.25 s (61k faults); 256 KiB pieces 0.066 s (2.8k faults) either way, and 0.009 s
+//! against 0.014 s when the pages are already there
+void copy_in_pieces(char* dst, const char* src, size_t n) {
+  constexpr size_t kPiece = size_t{256} << 10;
+  if (n < 4 * kPiece) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  for (size_t done = 0; done < n; done += kPiece) std::memcpy(dst + done, src + done, std::min(kPiece, n - done));
+}
+
+//! dst[row(s)] = v as memcpy when both are contiguous CPU tensors of one dtype and v has exactly the
+//! indexed shape; false when the general path must do it
+bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
+  if (p.kind != Prepared::Kind::Int && p.kind != Prepared::Kind::Slice) return false;
+  if (dst.layout() != at::kStrided || v.layout() != at::kStrided) return false;
+  if (!dst.is_cpu() || !v.is_cpu() || dst.scalar_type() != v.scalar_type()) return false;
+  if (c10::isQIntType(dst.scalar_type())) return false;
+  if (dst.dim() == 0 || !dst.is_contiguous() || !v.is_contiguous()) return false;
+  if (dst.requires_grad() || v.requires_grad()) return false;
+  if (dst.is_conj() || v.is_conj() || dst.is_neg() || v.is_neg()) return false;
+  const auto ds = dst.sizes();
+  const auto vs = v.sizes();
+  const auto row_shape = ds.slice(1);
+  int64_t rows = 1;
+  int64_t start = p.i;
+  int64_t step = 1;
+  if (p.kind == Prepared::Kind::Int) {
+    if (!vs.equals(row_shape)) return false;
+  } else {
+    if (vs.size() != ds.size() || vs[0] != p.sl.length || !vs.slice(1).equals(row_shape)) return false;
+    rows = p.sl.length;
+    start = p.sl.start;
+    step = p.sl.step;
+  }
+  if (v.is_alias_of(dst)) return false;  // possible overlap: let torch sort it out
+  const size_t esize = dst.element_size();
+  int64_t row_numel = 1;
+  for (auto s : row_shape) row_numel *= s;
+  const size_t row_bytes = static_cast<size_t>(row_numel) * esize;
+  if (rows > 0 && row_bytes > 0) {
+    const size_t stride_bytes = static_cast<size_t>(dst.stride(0)) * esize;
+    char* base = static_cast<char*>(dst.data_ptr()) + static_cast<size_t>(start) * stride_bytes;
+    const char* src = static_cast<const char*>(v.data_ptr());
+    // into a file mapping, the file blocks of the rows are reserved first (memmap_file.hpp, reserve_for_store:
+    // one fallocate per 256 KiB block the first time a store reaches it, a bit test after): a full disk is a
+    // BackendError before any store instead of a SIGBUS, and a large block is allocated in one call (245 MB in
+    // 24 MB blocks into a fresh memmap, 0.063 s -> 0.047 s)
+    if (step == 1 && (rows == 1 || stride_bytes == row_bytes)) {
+      const size_t n = row_bytes * static_cast<size_t>(rows);
+      if (backends::made_here(dst)) backends::reserve_for_store(dst, base, static_cast<int64_t>(n));
+      copy_in_pieces(base, src, n);
+    } else {
+      if (backends::made_here(dst) && backends::reserves_stores(dst)) {
+        for (int64_t r = 0; r < rows; ++r)
+          backends::reserve_for_store(dst, base + static_cast<size_t>(r * step) * stride_bytes, static_cast<int64_t>(row_bytes));
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        char* row = base + static_cast<size_t>(r * step) * stride_bytes;
+        copy_in_pieces(row, src + static_cast<size_t>(r) * row_bytes, row_bytes);
+      }
+    }
+  }
+  dst.unsafeGetTensorImpl()->bump_version();
+  return true;
+}
+
+void put_leaf(const at::Tensor& dst, const at::Tensor& v, const Prepared& p, const std::string& key) {
+  if (memcpy_rows(dst, v, p)) return;
+  try {
+    p.put(dst, v);
+  } catch (const c10::Error& e) {
+    detail::rethrow_torch_error(e, "td[idx] = value: cannot write a value of shape " + shape_str(v.sizes()) +
+                                       " into key '" + key + "' of shape " + shape_str(dst.sizes()));
+  }
+}
+
+//! every leaf key of value (nested, non-tensors included) exists in dst: the write adds no key
+bool keys_exist(const TensorDict& dst, const TensorDict& value) {
+  for (const auto& k : value.keys(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true)))
+    if (!dst.contains(k)) return false;
+  return true;
+}
+
+//! upstream __setitem__: a value whose batch differs from the indexed batch is expanded on the left when
+//! its dims are the trailing ones, else re-batched on a shallow copy (its leaves already carry the indexed
+//! dims), else RuntimeError "indexed destination TensorDict batch size is ...". A value without batch dims
+//! whose keys all exist is broadcast as torch broadcasts t[:2] = row (upstream's `indexed_bs[-0:]` slip
+//! refuses it); one that would preallocate new keys is refused as upstream.
+TensorDict broadcast_value(const TensorDictImpl& dst, const BatchSize& ibs, const TensorDict& value,
+                           const Index& orig) {
+  const BatchSize& vb = value.batch_size();
+  if (vb == ibs) return value;
+  const bool trailing = vb.size() <= ibs.size() && std::equal(vb.begin(), vb.end(), ibs.end() - static_cast<long>(vb.size()));
+  auto expand = [&]() {
+    const size_t nv = vb.size();
+    return detail::map_batch(
+        value, ibs,
+        [&](const at::Tensor& t) {
+          BatchSize shape = ibs;
+          shape.insert(shape.end(), t.sizes().begin() + static_cast<long>(nv), t.sizes().end());
+          return t.expand(shape);
+        },
+        false);
+  };
+  if (trailing && !vb.empty()) return expand();
+  try {
+    TensorDict c = value.copy();
+    c.set_batch_size(ibs);
+    return c;
+  } catch (const Error&) {
+    if (vb.empty() && keys_exist(TensorDict(std::const_pointer_cast<Node>(dst.shared_from_this())), value)) {
+      return expand();
+    }
+    throw RuntimeError("indexed destination TensorDict batch size is " + shape_str(ibs) + " (batch_size = " +
+                         shape_str(dst.batch_size) + ", index=" + index_repr(orig) +
+                         "), which differs from the source batch size " + shape_str(vb));
+  }
+}
+
+void assign_stack(NonTensorStack& s, const Prepared& p, const Entry& value) {
+  auto select = [&p](const at::Tensor& pos) { return p.get(pos); };
+  if (value.is_non_tensor_data()) {
+    s.assign(select, {value.non_tensor_data().value()});
+  } else {
+    s.assign(select, value.non_tensor_stack().values());
+  }
+}
+
+void put_non_tensor(const TensorDictImpl& dst, Entry& de, const std::string& key, const Entry& ve, const Prepared& p,
+                    const BatchSize& ibs) {
+  if (!ve.is_non_tensor()) {
+    throw TypeError(std::string("td[idx] = value: key '") + key + "' holds a " + Entry::kind_name(de.kind()) +
+                    " but the value holds a " + Entry::kind_name(ve.kind()));
+  }
+  if (detail::prod(ibs) == 0) return;  // nothing selected
+  if (de.is_non_tensor_data()) {
+    const JsonValue& cur = de.non_tensor_data().value();
+    bool differs = false;
+    if (ve.is_non_tensor_data()) {
+      differs = ve.non_tensor_data().value() != cur;
+    } else {
+      for (const auto& x : ve.non_tensor_stack().values()) differs = differs || x != cur;
+    }
+    if (!differs) return;
+    if (dst.is_shared || dst.is_memmap) throw RuntimeError(kSharedInplaceError);
+    // a NonTensorData that receives another value somewhere becomes a stack (even when locked, as upstream)
+    NonTensorStack s = NonTensorStack::filled(cur, de.non_tensor_data().batch_size());
+    assign_stack(s, p, ve);
+    de = Entry(std::move(s));
+  } else {
+    NonTensorStack s = de.non_tensor_stack();
+    assign_stack(s, p, ve);
+    de = Entry(std::move(s));
+  }
+}
+
+void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const TensorDict& value_in,
+            const Index& orig);
+
+//! a key of the value that dst lacks: zeros of the full size (upstream _SubTensorDict._set_str), then written
+void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, const Prepared& p, const BatchSize& ibs,
+                 const Index& orig) {
+  if (dst.locked) detail::check_unlocked(dst, "td[idx] = value would add the key '" + key + "'");
+  const size_t ni = ibs.size();
+  switch (ve.kind()) {
+    case Entry::Kind::Tensor: {
+      const at::Tensor& v = ve.tensor();
+      BatchSize shape = sub_batch(dst.batch_size, BatchSize(v.sizes().begin(), v.sizes().end()), ni);
+      at::Tensor t = prealloc_zeros(shape, v.options().device(dst.device ? *dst.device : v.device()));
+      dst.entries.emplace_back(key, Entry(t));
+      put_leaf(t, v, p, key);
+      return;
+    }
+    case Entry::Kind::TensorDict: {
+      TensorDict vs = ve.tensordict();
+      TensorDict sub = detail::make_empty(dst, sub_batch(dst.batch_size, vs.batch_size(), ni));
+      dst.entries.emplace_back(key, Entry(sub));
+      put_td(*sub.impl(), p, sub_batch(ibs, vs.batch_size(), ni), vs, orig);
+      return;
+    }
+    case Entry::Kind::NonTensorData: {
+      // expanded: every slot gets the value
+      const auto& d = ve.non_tensor_data();
+      dst.entries.emplace_back(key, Entry(NonTensorData(d.value(), sub_batch(dst.batch_size, d.batch_size(), ni))));
+      return;
+    }
+    case Entry::Kind::NonTensorStack: {
+      // unwritten slots hold null (upstream's None)
+      NonTensorStack s =
+          NonTensorStack::filled(JsonValue(), sub_batch(dst.batch_size, ve.non_tensor_stack().batch_size(), ni));
+      assign_stack(s, p, ve);
+      dst.entries.emplace_back(key, Entry(std::move(s)));
+      return;
+    }
+    default:
+      throw TypeError(std::string("td[idx] = value: cannot preallocate key '") + key + "' from a " +
+                      Entry::kind_name(ve.kind()));
+  }
+}
+
+void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const TensorDict& value_in,
+            const Index& orig) {
+  TensorDict value = broadcast_value(dst, ibs, value_in.node()->dense_form(value_in), orig);
+  const TensorDictImpl& vimpl = *value.impl();
+  const size_t n = vimpl.entries.size();
+  for (size_t j = 0; j < n; ++j) {
+    const std::string& key = vimpl.entries[j].first;
+    const Entry& ve = vimpl.entries[j].second;
+    // same key order is the common case: try the same position first
+    Entry* de = (j < dst.entries.size() && dst.entries[j].first == key) ? &dst.entries[j].second : dst.find(key);
+    if (!de) {
+      preallocate(dst, key, ve, p, ibs, orig);
+      continue;
+    }
+    switch (de->kind()) {
+      case Entry::Kind::Tensor:
+        if (!ve.is_tensor()) {
+          throw TypeError("td[idx] = value: key '" + key + "' holds a Tensor but the value holds a " +
+                          Entry::kind_name(ve.kind()));
+        }
+        put_leaf(de->tensor(), ve.tensor(), p, key);
+        break;
+      case Entry::Kind::TensorDict: {
+        if (ve.is_tensor()) {
+          // upstream _set_at_str: sub_td[idx] = tensor, i.e. every leaf of the sub-TensorDict filled with it
+          TensorDict sub = de->tensordict();
+          sub.index_put_(p.as_index(), ve.tensor());
+          break;
+        }
+        if (!ve.is_tensordict()) {
+          throw TypeError("td[idx] = value: key '" + key + "' holds a TensorDict but the value holds a " +
+                          Entry::kind_name(ve.kind()));
+        }
+        TensorDict sub = de->tensordict();
+        if (!sub.is_dense()) {
+          sub.index_put_(p.as_index(), ve.tensordict());
+          break;
+        }
+        put_td(*sub.impl(), p, sub_batch(p.batch, sub.batch_size(), p.src_dims), ve.tensordict(), orig);
+        break;
+      }
+      case Entry::Kind::NonTensorData:
+      case Entry::Kind::NonTensorStack:
+        put_non_tensor(dst, *de, key, ve, p, ibs);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+//! fn(key, leaf) for every tensor leaf of the dense levels; other(sub) for a sub-TensorDict of another node
+//! kind (a lazy stack below a dense TensorDict), which writes itself
+template <class F, class G>
+void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn, const G& other) {
+  detail::tree::for_each_leaf(
+      impl,
+      [&](const detail::tree::KeyPath& p, const Entry& e) {
+        if (e.is_tensor()) fn(p.name(), e.tensor());
+      },
+      [&](const detail::tree::KeyPath&, const TensorDict& sub) {
+        TensorDict s = sub;
+        other(s);
+      },
+      detail::tree::Descend::DenseOnly);
+}
+
+}  // namespace
+
+//! an index of a write: upstream raises RuntimeError for too many indices in td[idx] = value (IndexError on
+//! reads)
+template <class F>
+auto on_write_index(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const IndexError& e) {
+    if (e.message().rfind("too many indices", 0) == 0) throw RuntimeError(e.message());
+    throw;
+  }
+}
+
+Prepared prepare_write(const BatchSize& batch, const Index& index) {
+  return on_write_index([&] { return prepare(batch, index); });
+}
+
+//! upstream __setitem__'s check of a TensorDict value, for nodes that write it their own way (lazy stacks):
+//! the value's batch is the indexed batch, its trailing dims, or its leaves carry the indexed batch
+void check_write_value(const TensorDict& td, const Index& index, const TensorDict& value) {
+  const BatchSize& batch = td.batch_size();
+  const BatchSize ibs =
+      only_full_slices(index) ? batch : on_write_index([&] { return getitem_batch_size(batch, index); });
+  const BatchSize& vb = value.batch_size();
+  if (vb == ibs) return;
+  if (!vb.empty() && vb.size() <= ibs.size() &&
+      std::equal(vb.begin(), vb.end(), ibs.end() - static_cast<long>(vb.size()))) {
+    return;
+  }
+  if (vb.empty() && keys_exist(td, value)) return;  // a row broadcast over existing keys (see broadcast_value)
+  bool fits = true;
+  for (const auto& kv : value.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    const BatchSize s = kv.second.shape();
+    if (s.size() < ibs.size() || !std::equal(ibs.begin(), ibs.end(), s.begin())) fits = false;
+  }
+  if (fits) return;
+  throw RuntimeError("indexed destination TensorDict batch size is " + shape_str(ibs) + " (batch_size = " +
+                     shape_str(batch) + ", index=" + index_repr(index) +
+                     "), which differs from the source batch size " + shape_str(vb));
+}
+
+
+//! torch's index_put_ rule for td[idx] = tensor with an advanced index (an index tensor or a mask): the value
+//! must have each leaf's dtype (upstream's tensor[idx] = value raises "Index put requires the source and
+//! destination dtypes match"). Checked on every leaf first, so that nothing is written when one refuses.
+void check_index_put_dtype(const TensorDict& td, const Index& index, const at::Tensor& value) {
+  bool advanced = false;
+  for (const auto& e : index) {
+    if (e.is_tensor() && e.tensor().defined() && (e.tensor().dim() > 0 || e.tensor().scalar_type() == at::kBool)) {
+      advanced = true;
+    }
+  }
+  if (!advanced) return;
+  for (const auto& kv : detail::key_metas(td, KeysOptions().include_nested(true).leaves_only(true))) {  // no read
+    const at::ScalarType dst = kv.second.dtype;
+    if (dst != value.scalar_type()) {
+      throw RuntimeError("td[idx] = value: Index put requires the source and destination dtypes match, got " +
+                         std::string(c10::toString(dst)) + " for the destination and " +
+                         c10::toString(value.scalar_type()) + " for the source (key " + kv.first.repr() + ")");
+    }
+  }
+}
+
+namespace {
+//! td[idx] = tensor / scalar on a remote node (HDF5, Redis): read the rows, write the value into them, write
+//! them back (one request each)
+template <class V>
+void remote_fill(TensorDict& td, const Index& index, const V& value) {
+  on_write_index([&] {
+    validate_for_node(td.batch_size(), index);
+    TensorDict rows = td.index(index).contiguous();
+    rows.index_put_(Index{}, value);
+    td.node()->write(index, rows);
+  });
+}
+}  // namespace
+
+// each reaches its node; a node without a dense view writes itself (one request), a store runs the dense
+// node's form on its view, the lazy stack splits the value per member
+TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) {
+  if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined TensorDict");
+  detail::node_of(*this, "index_put_").index_put_(*this, index, value);
+  return *this;
+}
+
+TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) {
+  if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined tensor");
+  check_index_put_dtype(*this, index, value);
+  detail::node_of(*this, "index_put_").index_put_(*this, index, value);
+  return *this;
+}
+
+TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) {
+  detail::node_of(*this, "index_put_").index_put_(*this, index, value);
+  return *this;
+}
+
+void Node::index_put_(TensorDict& self, const Index& index, const TensorDict& value) {
+  if (auto view = dense_view()) return view->index_put_(self, index, value);
+  check_write_value(self, index, value);
+  on_write_index([&] {
+    validate_for_node(batch_size, index);
+    write(index, value);
+  });
+}
+
+void Node::index_put_(TensorDict& self, const Index& index, const at::Tensor& value) {
+  if (auto view = dense_view()) return view->index_put_(self, index, value);
+  remote_fill(self, index, value);
+}
+
+void Node::index_put_(TensorDict& self, const Index& index, const at::Scalar& value) {
+  if (auto view = dense_view()) return view->index_put_(self, index, value);
+  remote_fill(self, index, value);
+}
+
+void LazyStackNode::index_put_(TensorDict& self, const Index& index, const TensorDict& value) {
+  check_write_value(self, index, value);
+  on_write_index([&] { index_put(index, &value, nullptr, nullptr); });
+}
+
+void LazyStackNode::index_put_(TensorDict&, const Index& index, const at::Tensor& value) {
+  on_write_index([&] {
+    validate_for_node(batch_size, index);
+    index_put(index, nullptr, &value, nullptr);
+  });
+}
+
+void LazyStackNode::index_put_(TensorDict&, const Index& index, const at::Scalar& value) {
+  on_write_index([&] {
+    validate_for_node(batch_size, index);
+    index_put(index, nullptr, nullptr, &value);
+  });
+}
+
+void TensorDictImpl::index_put_(TensorDict&, const Index& index, const TensorDict& value) {
+  Prepared p = prepare_write(batch_size, index);
+  TensorDict v = value;
+  if (device && v.device() != device) v = v.to(*device);
+  put_td(*this, p, p.batch, v, index);
+}
+
+void TensorDictImpl::index_put_(TensorDict&, const Index& index, const at::Tensor& value) {
+  Prepared p = prepare_write(batch_size, index);
+  for_each_tensor_leaf(
+      *this, [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); },
+      [&](TensorDict& sub) { sub.index_put_(p.as_index(), value); });
+}
+
+void TensorDictImpl::index_put_(TensorDict&, const Index& index, const at::Scalar& value) {
+  Prepared p = prepare_write(batch_size, index);
+  for_each_tensor_leaf(
+      *this,
+      [&](const std::string& key, const at::Tensor& t) {
+        try {
+          p.fill(t, value);
+        } catch (const c10::Error& e) {
+          detail::rethrow_torch_error(e, "td[idx] = scalar: cannot fill key '" + key + "'");
+        }
+      },
+      [&](TensorDict& sub) { sub.index_put_(p.as_index(), value); });
+}
+
+}  // namespace tensordict

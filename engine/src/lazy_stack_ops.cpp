@@ -1,0 +1,170 @@
+// LazyStackNode's operations (issue 34, item 2): upstream's LazyStackedTensorDict works member by member
+// and returns lazy stacks; what it has no form for runs Node's defaults (node.cpp: on the dense form).
+// Its shape ops are in shape_ops.cpp beside the dense ones.
+#include <algorithm>
+#include <string>
+
+#include "lazy_stack_node.hpp"
+#include "tensor_dict_internal.hpp"
+
+namespace tensordict {
+
+namespace {
+//! what an operation without a form for a lazy stack says (the dense-only paths' text)
+[[noreturn]] void not_dense(const Node& node) {
+  throw NotImplementedError("this operation is not supported on a " + node.type_name() +
+                            " (dense TensorDicts only); densify it first with contiguous()");
+}
+
+void check_locked(const Node& node) {
+  if (node.locked) {
+    throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+                      "method and make sure the key is present.");
+  }
+}
+}  // namespace
+
+EntryMeta LazyStackNode::as_entry_meta() const {
+  EntryMeta m = Node::as_entry_meta();
+  m.kind = EntryMeta::Kind::LazyStack;
+  return m;
+}
+
+TensorDict LazyStackNode::open_child(const std::string& key) {
+  if (read(key) || std::find(batch_size.begin(), batch_size.end(), -1) == batch_size.end()) {
+    return Node::open_child(key);
+  }
+  // ragged members: each gets a sub-TensorDict of its own batch size
+  for (auto& m : members) m.set(NestedKey(key), Entry(TensorDict(m.batch_size(), m.device())));
+  return read(key)->tensordict();
+}
+
+void LazyStackNode::set_entry(const NestedKey& key, const Entry& value, bool inplace) {
+  if (inplace && meta(key.back())) return put_inplace(key.back(), value);
+  check_locked(*this);
+  put(key.back(), value);
+}
+
+void LazyStackNode::rename_key(TensorDict&, const NestedKey& old_key, const NestedKey& new_key, bool safe) {
+  check_locked(*this);
+  for (auto& m : members) m.rename_key_(old_key, new_key, safe);
+}
+
+void LazyStackNode::clear(TensorDict&) { not_dense(*this); }
+
+void LazyStackNode::fill(TensorDict&, const NestedKey& key, const at::Scalar& value) {
+  for (auto& m : members) m.fill_(key, value);
+}
+
+void LazyStackNode::set_batch_size(TensorDict&, BatchSize) {
+  throw RuntimeError("Modifying the batch size of a lazy representation of a tensordict is not permitted. Consider "
+                     "instantiating the tensordict first by calling `td = td.to_tensordict()` before resetting "
+                     "the batch size.");
+}
+
+int64_t LazyStackNode::bytes(const TensorDict&) const {
+  int64_t n = 0;
+  for (const auto& m : members) n += m.bytes();
+  return n;
+}
+
+//! a lazy stack of `parts` along this stack's dim; an empty stack keeps the members' batch
+static TensorDict restack_parts(const LazyStackNode& lz, std::vector<TensorDict> parts) {
+  if (parts.empty()) {
+    return TensorDict(std::shared_ptr<Node>(std::make_shared<LazyStackNode>(lz.member_batch, lz.stack_dim, lz.device)));
+  }
+  return detail::make_lazy(std::move(parts), lz.stack_dim);
+}
+
+TensorDict LazyStackNode::empty(const TensorDict&, bool recurse) const {
+  std::vector<TensorDict> parts;
+  for (const auto& m : members) parts.push_back(m.empty(recurse));
+  return restack_parts(*this, std::move(parts));
+}
+
+TensorDict LazyStackNode::select(const TensorDict& self, const std::vector<NestedKey>& keys, bool strict,
+                                 bool inplace) const {
+  if (inplace) return Node::select(self, keys, strict, inplace);
+  if (strict)
+    for (const auto& k : keys)
+      if (!self.contains(k)) detail::missing_in_node(k, self);
+  std::vector<TensorDict> parts;
+  for (const auto& m : members) parts.push_back(m.select(keys, /*strict=*/false));
+  return detail::make_lazy(std::move(parts), stack_dim);
+}
+
+TensorDict LazyStackNode::exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const {
+  std::vector<TensorDict> parts;
+  for (const auto& m : members) parts.push_back(m.exclude(keys, inplace));
+  if (inplace) return self;
+  return detail::make_lazy(std::move(parts), stack_dim);
+}
+
+TensorDict LazyStackNode::clone(const TensorDict&, bool recurse) const {
+  std::vector<TensorDict> parts;
+  for (const auto& m : members) parts.push_back(m.clone(recurse));
+  return restack_parts(*this, std::move(parts));
+}
+
+TensorDict LazyStackNode::to(const TensorDict&, at::Device device) const {
+  std::vector<TensorDict> parts;
+  for (const auto& m : members) parts.push_back(m.to(device));
+  return detail::make_lazy(std::move(parts), stack_dim);
+}
+
+// ============================================================================ apply, fills, in-place arithmetic
+TensorDict LazyStackNode::apply(const TensorDict&, const LeafFn& fn, const ApplyOptions& options) const {
+  // member by member: a lazy stack again (upstream test_stack_apply)
+  if (options.batch_size()) throw NotImplementedError("apply with batch_size on a LazyStackedTensorDict");
+  std::vector<TensorDict> out;
+  for (const auto& m : members) out.push_back(m.apply(fn, options));
+  return detail::make_lazy(std::move(out), stack_dim);
+}
+
+TensorDict LazyStackNode::apply(const TensorDict&, const MultiLeafFn&, const std::vector<TensorDict>&,
+                                const ApplyOptions&) const {
+  not_dense(*this);
+}
+
+void LazyStackNode::apply_(TensorDict&, const LeafFn& fn) {
+  for (auto& m : members) m.apply_(fn);
+}
+
+void LazyStackNode::apply_(TensorDict&, const MultiLeafFn&, const std::vector<TensorDict>&) { not_dense(*this); }
+
+void LazyStackNode::zero_(TensorDict&) {
+  for (auto& m : members) m.zero_();
+}
+
+void LazyStackNode::masked_fill_(TensorDict& self, const at::Tensor& mask, const at::Scalar& value) {
+  self.index_put_({mask.to(at::kBool)}, value);
+}
+
+void LazyStackNode::add_(TensorDict& self, const TensorDict& other) {
+  // member by member, other split along the stack dim
+  std::vector<TensorDict> parts = other.unbind(stack_dim);
+  if (parts.size() != members.size()) {
+    throw BatchSizeError("add_: the other TensorDict has batch size " + detail::shape_str(other.batch_size()) +
+                         ", the lazy stack " + detail::shape_str(self.batch_size()));
+  }
+  for (size_t i = 0; i < parts.size(); ++i) members[i].add_(parts[i]);
+}
+
+void LazyStackNode::add_(TensorDict&, const at::Scalar& other) {
+  for (auto& m : members) m.add_(other);
+}
+
+void LazyStackNode::mul_(TensorDict&, const at::Scalar& other) {
+  for (auto& m : members) m.mul_(other);
+}
+
+void LazyStackNode::memmap_(TensorDict&, const std::string&, const MemmapOptions&) { not_dense(*this); }
+TensorDict LazyStackNode::memmap(const TensorDict&, const std::string&, const MemmapOptions&) const {
+  not_dense(*this);
+}
+TensorDict LazyStackNode::memmap_like(const TensorDict&, const std::string&, const MemmapOptions&) const {
+  not_dense(*this);
+}
+void LazyStackNode::share_memory_(TensorDict&) { not_dense(*this); }
+
+}  // namespace tensordict

@@ -1,0 +1,663 @@
+// TensorDict writes: set / set_ / update / del / rename_key_ / fill_, the key-structure ops (select,
+// exclude, split_keys, flatten_keys, empty), clone / to, lock. Each operation reaches its node (node.hpp);
+// the dense node's forms are here.
+#include <algorithm>
+#include <string>
+
+#include "lazy_stack_node.hpp"
+#include "tensor_dict_internal.hpp"
+#include "tensor_dict_paths.hpp"
+#include "tensordict/backends/memmap_file.hpp"
+#include "tree_visitor.hpp"
+#include "tensordict/index_math.hpp"
+
+namespace tensordict {
+
+using detail::check_node_unlocked;
+using detail::check_unlocked;
+using detail::dense_walk;
+using detail::make_empty;
+using detail::missing_in_node;
+using detail::node_of;
+using detail::parent_of;
+using detail::prepare_value;
+using detail::shape_str;
+using detail::throw_missing_key;
+
+// ============================================================================ writing
+static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
+  if (dest.is_tensor()) {
+    if (!value.is_tensor()) {
+      throw TypeError("in-place write of a " + std::string(Entry::kind_name(value.kind())) + " into tensor " +
+                      key.repr());
+    }
+    at::Tensor d = dest.tensor();
+    const at::Tensor& v = value.tensor();
+    backends::reserve_for_store(d);  // a memmap leaf: a full disk is a BackendError, not a SIGBUS
+    if (!v.sizes().equals(d.sizes())) {
+      // copy_ broadcasts; upstream allows it too, but a larger value is an error
+      try {
+        d.copy_(v);
+      } catch (const c10::Error& err) {
+        throw BatchSizeError("cannot copy a value of shape " + shape_str(v.sizes()) + " into " + key.repr() +
+                             " of shape " + shape_str(d.sizes()));
+      }
+      return;
+    }
+    d.copy_(v);
+  } else if (dest.is_tensordict()) {
+    TensorDict d = dest.tensordict();
+    if (value.is_tensordict()) {
+      d.update_(value.tensordict());
+    } else if (value.is_dict()) {
+      d.update_(TensorDict(value.dict(), d.batch_size(), d.device()));
+    } else {
+      throw TypeError("in-place write of a " + std::string(Entry::kind_name(value.kind())) + " into TensorDict " +
+                      key.repr());
+    }
+  } else if (dest.is_non_tensor()) {
+    if (!value.is_non_tensor()) throw TypeError("in-place write of a tensor into non-tensor " + key.repr());
+    BatchSize bs = dest.shape();
+    if (value.is_non_tensor_data()) {
+      dest = Entry(NonTensorData(value.non_tensor_data().value(), bs));
+    } else {
+      if (value.non_tensor_stack().batch_size() != bs) {
+        throw BatchSizeError("cannot write a NonTensorStack of batch " + shape_str(value.non_tensor_stack().batch_size()) +
+                             " into " + key.repr() + " of batch " + shape_str(bs));
+      }
+      dest = value;
+    }
+  }
+}
+
+TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inplace) {
+  if (key.empty()) throw KeyError("empty key");
+  TensorDictImpl* p = nullptr;
+  if (!dense_walk(dense_, key, /*create=*/dense_ && (!dense_->locked || !inplace), &p)) {
+    if (!node_) d("set");
+    TensorDict parent = parent_of(*this, key, /*create=*/!is_locked() || !inplace);
+    if (!parent.defined()) missing_in_node(key, *this);
+    parent.node()->set_entry(key, value, inplace);
+    return *this;
+  }
+  if (!p) throw_missing_key(key, *d());
+  Entry* existing = p->find(key.back());
+  if (existing && inplace) {
+    copy_into(*existing, prepare_value(*p, key.back(), value), key);
+    return *this;
+  }
+  if (p->locked) check_unlocked(*p, "set " + key.repr());
+  Entry v = prepare_value(*p, key.back(), value);
+  p->put(key.back(), std::move(v));
+  return *this;
+}
+
+TensorDict& TensorDict::set(const char* key, const Entry& value, bool inplace) {
+  // an unlocked dense node, not in place: what the general path does for a one-part key, without the NestedKey
+  if (dense_ && !inplace && !dense_->locked && key && *key) {
+    std::string k(key);
+    dense_->put_entry(k, prepare_value(*dense_, k, value));
+    return *this;
+  }
+  return set(NestedKey(key), value, inplace);
+}
+
+TensorDict& TensorDict::set_(const NestedKey& key, const Entry& value) {
+  if (key.empty()) throw KeyError("empty key");
+  TensorDictImpl* p = nullptr;
+  if (!dense_walk(dense_, key, false, &p)) {
+    if (!node_) d("set_");
+    TensorDict parent = parent_of(*this, key, false);
+    if (!parent.defined()) {
+      throw KeyError("key " + key.repr() + " not found in tensordict, call td.set(key, value) to add a new key");
+    }
+    parent.node()->update_entry(key, value);
+    return *this;
+  }
+  Entry* existing = p ? p->find(key.back()) : nullptr;
+  if (!existing) {
+    throw KeyError("key " + key.repr() + " not found in tensordict, call td.set(key, value) to add a new key");
+  }
+  copy_into(*existing, prepare_value(*p, key.back(), value), key);
+  return *this;
+}
+
+TensorDict& TensorDict::set_at_(const NestedKey& key, const at::Tensor& value, const Index& index) {
+  node_of(node_, "set_at_").set_at(*this, key, value, index);
+  return *this;
+}
+
+void TensorDictImpl::set_at(TensorDict& self, const NestedKey& key, const at::Tensor& value, const Index& index) {
+  at::Tensor t = self.get(key);  // a view of the leaf: written in place
+  t.index_put_(index, value);
+}
+
+void TensorDictImpl::set_entry(const NestedKey& key, const Entry& value, bool inplace) {
+  TensorDict(std::static_pointer_cast<TensorDictImpl>(shared_from_this())).set(NestedKey(key.back()), value, inplace);
+}
+
+void TensorDictImpl::update_entry(const NestedKey& key, const Entry& value) {
+  TensorDict(std::static_pointer_cast<TensorDictImpl>(shared_from_this())).set_(NestedKey(key.back()), value);
+}
+
+void TensorDictImpl::del_entry(const NestedKey& key) {
+  TensorDict(std::static_pointer_cast<TensorDictImpl>(shared_from_this())).del(NestedKey(key.back()));
+}
+
+TensorDict& TensorDict::set_non_tensor(const NestedKey& key, const JsonValue& value) {
+  return set(key, Entry(value));
+}
+
+static void update_impl(TensorDict& self, const TensorDict& other, const UpdateOptions& o, const NestedKey& prefix) {
+  const std::vector<std::pair<std::string, Entry>> theirs = other.node()->read_all();
+  for (const auto& kv : theirs) {
+    NestedKey k(kv.first);
+    NestedKey full = prefix + k;
+    if (o.keys_to_update()) {
+      const auto& ks = *o.keys_to_update();
+      std::string joined = full.join(".");
+      bool wanted = false;
+      for (const auto& w : ks)
+        if (w == joined || joined.rfind(w + ".", 0) == 0 || w.rfind(joined + ".", 0) == 0) wanted = true;
+      if (!wanted) continue;
+    }
+    std::optional<Entry> mine = self.node()->read(kv.first);
+    if (kv.second.is_tensordict() && mine && mine->is_tensordict()) {
+      TensorDict sub = mine->tensordict();
+      update_impl(sub, kv.second.tensordict(), o, full);
+      continue;
+    }
+    Entry v = kv.second;
+    if (o.clone()) {
+      if (v.is_tensor()) v = Entry(v.tensor().clone());
+      if (v.is_tensordict()) v = Entry(v.tensordict().clone());
+    }
+    if (o.inplace() && mine) {
+      self.set(k, v, true);
+    } else if (o.ignore_lock()) {
+      bool was = self.node()->locked;
+      self.node()->locked = false;
+      try {
+        self.set(k, v);
+      } catch (...) {
+        self.node()->locked = was;
+        throw;
+      }
+      self.node()->locked = was;
+    } else {
+      self.set(k, v);
+    }
+  }
+}
+
+TensorDict& TensorDict::update(const TensorDict& other, const UpdateOptions& options) {
+  if (other.is_same(*this)) return *this;
+  update_impl(*this, other, options, NestedKey());
+  return *this;
+}
+
+static void check_all_exist(const TensorDict& self, const TensorDict& other) {
+  for (const auto& k : other.keys(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    if (!self.contains(k)) {
+      throw KeyError("key " + k.repr() + " not found in the destination TensorDict: update_ only writes existing keys");
+    }
+  }
+}
+
+TensorDict& TensorDict::update_(const TensorDict& other) {
+  if (other.is_same(*this)) return *this;
+  check_all_exist(*this, other);
+  for (const auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    set_(kv.first, kv.second);
+  }
+  return *this;
+}
+
+TensorDict& TensorDict::update_(const TensorDict& other, const std::vector<NestedKey>& keys_to_update) {
+  if (other.is_same(*this)) return *this;
+  auto selected = [&](const NestedKey& k) {
+    for (const auto& u : keys_to_update)
+      if (u.size() <= k.size() && std::equal(u.parts().begin(), u.parts().end(), k.parts().begin())) return true;
+    return false;
+  };
+  std::vector<std::pair<NestedKey, Entry>> items;
+  for (auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    if (!selected(kv.first)) continue;
+    if (!contains(kv.first)) {
+      throw KeyError("key " + kv.first.repr() + " not found in the destination TensorDict: update_ only writes "
+                     "existing keys");
+    }
+    items.push_back(std::move(kv));
+  }
+  for (const auto& kv : items) set_(kv.first, kv.second);
+  return *this;
+}
+
+TensorDict& TensorDict::update_at_(const TensorDict& other, const Index& index) {
+  check_all_exist(*this, other);
+  if (!dense_) {
+    this->index(index).update_(other);
+    return *this;
+  }
+  for (const auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true))) {
+    get(kv.first).index_put_(index, kv.second.tensor());
+  }
+  return *this;
+}
+
+Entry TensorDict::pop(const NestedKey& key) {
+  Entry e = get_entry(key);
+  del(key);
+  return e;
+}
+
+Entry TensorDict::pop(const NestedKey& key, const Entry& default_value) {
+  if (!contains(key)) return default_value;
+  return pop(key);
+}
+
+TensorDict& TensorDict::del(const NestedKey& key) {
+  if (key.empty()) throw KeyError("empty key");
+  TensorDictImpl* p = nullptr;
+  if (!dense_walk(dense_, key, false, &p)) {
+    if (!node_) d("del");
+    TensorDict parent = parent_of(*this, key, false);
+    if (!parent.defined() || !parent.node()->read(key.back())) missing_in_node(key, parent.defined() ? parent : *this);
+    parent.node()->del_entry(key);
+    return *this;
+  }
+  if (!p || !p->find(key.back())) throw_missing_key(key, p ? *p : *d());
+  if (p->locked) check_unlocked(*p, "del " + key.repr());
+  p->erase(key.back());
+  return *this;
+}
+
+TensorDict& TensorDict::rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe) {
+  node_of(node_, "rename_key_").rename_key(*this, old_key, new_key, safe);
+  return *this;
+}
+
+void TensorDictImpl::rename_key(TensorDict& self, const NestedKey& old_key, const NestedKey& new_key, bool safe) {
+  check_unlocked(*this, "rename_key_");
+  if (old_key == new_key) return;
+  if (safe && self.contains(new_key)) {
+    throw KeyError("key " + new_key.repr() + " already present in TensorDict (rename_key_ with safe=true)");
+  }
+  Entry e = self.get_entry(old_key);
+  TensorDictImpl* op = detail::walk(this, old_key, false);
+  check_unlocked(*op, "rename_key_");
+  // upstream: the renamed key is popped and set again, so it moves to the end of its level
+  self.del(old_key);
+  self.set(new_key, e);
+}
+
+Entry TensorDict::setdefault(const NestedKey& key, const Entry& default_value) {
+  if (!contains(key)) set(key, default_value);
+  return get_entry(key);
+}
+
+TensorDict& TensorDict::clear() {
+  node_of(node_, "clear").clear(*this);
+  return *this;
+}
+
+void TensorDictImpl::clear(TensorDict&) {
+  check_unlocked(*this, "clear");
+  entries.clear();
+}
+
+TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
+  node_of(node_, "fill_").fill(*this, key, value);
+  return *this;
+}
+
+void TensorDictImpl::fill(TensorDict& self, const NestedKey& key, const at::Scalar& value) {
+  Entry e = self.get_entry(key);  // views: filled in place
+  if (e.is_tensordict()) {
+    e.tensordict().apply_([&](const at::Tensor& t) { return t.fill_(value); });
+  } else {
+    e.tensor().fill_(value);
+  }
+}
+
+// ============================================================================ key-structure ops
+TensorDict TensorDict::empty(bool recurse) const { return node_of(node_, "empty").empty(*this, recurse); }
+
+TensorDict TensorDictImpl::empty(const TensorDict&, bool recurse) const {
+  TensorDict out = make_empty(*this, batch_size);
+  if (recurse) {
+    for (const auto& kv : entries)
+      if (kv.second.is_tensordict()) out.impl()->put(kv.first, Entry(kv.second.tensordict().empty(true)));
+  }
+  return out;
+}
+
+TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, bool inplace) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).select(keys, strict, inplace));
+  return node_of(node_, "select").select(*this, keys, strict, inplace);
+}
+
+TensorDict TensorDictImpl::select(const TensorDict& self, const std::vector<NestedKey>& keys, bool strict,
+                                  bool inplace) const {
+  TensorDictImpl* d = const_cast<TensorDictImpl*>(this);  // inplace: this level's entries are replaced
+  if (inplace) check_unlocked(*this, "select(inplace=true)");
+  TensorDict out = make_empty(*this, batch_size);
+  for (const auto& k : keys) {
+    auto e = self.get_entry_opt(k);
+    if (!e && strict) throw_missing_key(k, *this);
+    // rebuild intermediate levels with their own batch sizes; with strict=false a missing leaf still keeps
+    // the levels above it that exist (upstream)
+    TensorDictImpl* dst = out.impl().get();
+    const TensorDictImpl* src = this;
+    bool reached = true;
+    for (size_t i = 0; i + 1 < k.size(); ++i) {
+      const Entry* se = src->find(k[i]);
+      if (!se || !se->is_tensordict()) {
+        reached = false;
+        break;
+      }
+      src = se->tensordict().impl().get();
+      Entry* de = dst->find(k[i]);
+      if (!de) {
+        dst->put(k[i], Entry(make_empty(*src, src->batch_size)));
+        de = dst->find(k[i]);
+      }
+      dst = de->tensordict().impl().get();
+    }
+    if (e && reached) dst->put(k.back(), *e);
+  }
+  if (inplace) {
+    d->entries = out.impl()->entries;
+    return self;
+  }
+  return out;
+}
+
+static void exclude_into(const TensorDictImpl& src, TensorDictImpl& dst, const std::vector<NestedKey>& keys) {
+  for (const auto& kv : src.entries) {
+    bool drop = false;
+    std::vector<NestedKey> sub;
+    for (const auto& k : keys) {
+      if (k.front() != kv.first) continue;
+      if (k.size() == 1) {
+        drop = true;
+      } else {
+        sub.push_back(k.tail());
+      }
+    }
+    if (drop) continue;
+    if (!sub.empty() && kv.second.is_tensordict()) {
+      const auto& child = *kv.second.tensordict().impl();
+      TensorDict c = make_empty(child, child.batch_size);
+      exclude_into(child, *c.impl(), sub);
+      dst.entries.emplace_back(kv.first, Entry(c));
+    } else {
+      dst.entries.emplace_back(kv.first, kv.second);
+    }
+  }
+}
+
+TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).exclude(keys, inplace));
+  return node_of(node_, "exclude").exclude(*this, keys, inplace);
+}
+
+TensorDict TensorDictImpl::exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const {
+  // upstream allows exclude(inplace=True) on a locked (memmap, shared) TensorDict: no lock check here
+  TensorDict out = make_empty(*this, batch_size);
+  exclude_into(*this, *out.impl(), keys);
+  if (inplace) {
+    const_cast<TensorDictImpl*>(this)->entries = out.impl()->entries;
+    return self;
+  }
+  return out;
+}
+
+static std::vector<TensorDict> split_keys_impl(const TensorDict& self,
+                                               const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
+                                               bool strict, const Entry* default_value) {
+  std::vector<TensorDict> out;
+  std::vector<NestedKey> all;
+  for (const auto& ks : key_sets) {
+    if (!default_value) {
+      out.push_back(self.select(ks, strict));
+    } else {  // upstream default=: a missing key gets the default value
+      std::vector<NestedKey> present, missing;
+      for (const auto& k : ks) (self.contains(k) ? present : missing).push_back(k);
+      TensorDict part = self.select(present, strict);
+      for (const auto& k : missing) part.set(k, *default_value);
+      out.push_back(part);
+    }
+    all.insert(all.end(), ks.begin(), ks.end());
+  }
+  if (inplace) {
+    out.push_back(self.exclude(all, true));
+  } else {
+    out.push_back(self.exclude(all).clone());
+  }
+  return out;
+}
+
+std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets,
+                                               const Entry& default_value, bool inplace) const {
+  return split_keys_impl(*this, key_sets, inplace, /*strict=*/true, &default_value);
+}
+
+std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
+                                               bool strict) const {
+  return split_keys_impl(*this, key_sets, inplace, strict, nullptr);
+}
+
+TensorDict TensorDict::flatten_keys(const std::string& separator, bool inplace) const {
+  return node_of(node_, "flatten_keys").flatten_keys(*this, separator, inplace);
+}
+
+TensorDict TensorDictImpl::flatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const {
+  TensorDictImpl* d = const_cast<TensorDictImpl*>(this);  // inplace: this level's entries are replaced
+  TensorDict out = make_empty(*this, batch_size);
+  for (auto& kv : self.items(KeysOptions().include_nested(true))) {
+    const Entry& e = kv.second;
+    if (e.is_tensordict()) continue;  // upstream: sub-TensorDicts (empty ones too) leave no key
+    std::string k = kv.first.join(separator);
+    if (out.impl()->find(k)) {
+      throw KeyError("flatten_keys: the flattened key '" + k + "' collides with an existing key");
+    }
+    out.impl()->entries.emplace_back(k, e);
+  }
+  if (inplace) {
+    check_unlocked(*this, "flatten_keys(inplace=true)");
+    d->entries = out.impl()->entries;
+    return self;
+  }
+  return out;
+}
+
+TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace) const {
+  return node_of(node_, "unflatten_keys").unflatten_keys(*this, separator, inplace);
+}
+
+TensorDict TensorDictImpl::unflatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const {
+  TensorDictImpl* d = const_cast<TensorDictImpl*>(this);  // inplace: this level's entries are replaced
+  if (separator.empty()) throw ValueError("unflatten_keys: empty separator");
+  TensorDict out = make_empty(*this, batch_size);
+  // plain keys first so that a collision is detected whatever the order
+  for (const auto& kv : entries) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    while (true) {
+      size_t pos = kv.first.find(separator, start);
+      parts.push_back(kv.first.substr(start, pos - start));
+      if (pos == std::string::npos) break;
+      start = pos + separator.size();
+    }
+    NestedKey k{std::vector<std::string>(parts)};
+    Entry v = kv.second;
+    if (v.is_tensordict()) v = Entry(v.tensordict().unflatten_keys(separator));
+    if (out.contains(k)) {
+      Entry cur = out.get_entry(k);
+      if (cur.is_tensordict() && v.is_tensordict()) {
+        cur.tensordict().update(v.tensordict());
+        continue;
+      }
+      throw KeyError("unflatten_keys: key '" + kv.first + "' collides with another key unflattened to " + k.repr());
+    }
+    try {
+      out.set(k, v);
+    } catch (const ValueError& e) {  // a level of k is a leaf
+      throw KeyError("unflatten_keys: key '" + kv.first + "' collides with a leaf (" + e.what() + ")");
+    }
+  }
+  if (inplace) {
+    check_unlocked(*this, "unflatten_keys(inplace=true)");
+    d->entries = out.impl()->entries;
+    return self;
+  }
+  return out;
+}
+
+// ============================================================================ clone, to
+namespace {
+//! the tree visitor's rebuild for clone: leaves copied (recurse) or shared; a sub-TensorDict of another
+//! node kind clones itself; typed sub-TensorDicts keep their schema
+struct CloneVisitor : detail::tree::RebuildVisitor {
+  bool recurse;
+  at::Tensor tensor(const detail::tree::KeyPath&, const at::Tensor& t, const detail::tree::Matched&) {
+    return recurse ? t.clone() : t;
+  }
+  BatchSize sub_batch(const BatchSize&, size_t, const BatchSize& own) { return own; }
+  const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
+    return detail::tree::level_of(sub, detail::tree::Descend::DenseOnly);
+  }
+  std::optional<TensorDict> other_node(const detail::tree::KeyPath&, const TensorDict& sub, const BatchSize&,
+                                       const detail::tree::Matched&) {
+    return sub.clone(recurse);
+  }
+  std::optional<TensorDict> sub_result(const detail::tree::KeyPath&, const TensorDict& sub, TensorDict out, bool) {
+    return detail::keep_type(sub, std::move(out));
+  }
+};
+}  // namespace
+
+TensorDict TensorDict::clone(bool recurse) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).clone(recurse));
+  return node_of(node_, "clone").clone(*this, recurse);
+}
+
+TensorDict TensorDictImpl::clone(const TensorDict&, bool recurse) const {
+  CloneVisitor v{{}, recurse};
+  return detail::tree::rebuild(*this, batch_size, v);
+}
+
+namespace {
+//! the tree visitor's rebuild for shallow_copy: every level a new node with the source's flags, directory
+//! and class records, unlocked; leaves shared
+struct CopyNodesVisitor : detail::tree::RebuildVisitor {
+  TensorDict make_level(const detail::tree::KeyPath&, const TensorDictImpl& src, BatchSize) {
+    auto out = std::make_shared<TensorDictImpl>(src);  // flags, directory, records (entries rebuilt)
+    out->entries.clear();
+    out->locked = false;
+    out->locked_parents.clear();
+    return TensorDict(std::move(out));
+  }
+  //! another node kind below: NotImplementedError, as impl() says
+  const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
+    return sub.impl().get();
+  }
+};
+}  // namespace
+
+TensorDict TensorDict::shallow_copy() const {
+  CopyNodesVisitor v;
+  return detail::tree::rebuild(*d(), d()->batch_size, v);
+}
+
+TensorDict TensorDict::to(at::Device device) const { return node_of(node_, "to").to(*this, device); }
+
+TensorDict TensorDictImpl::to(const TensorDict& self, at::Device device) const {
+  if (this->device && *this->device == device) return self;
+  std::optional<at::Device> target = device;
+  auto set_dev = [&](TensorDictImpl& root) {
+    root.device = target;
+    detail::tree::for_each_entry(root, [&](const detail::tree::KeyPath&, const Entry& e) -> const TensorDictImpl* {
+      if (!e.is_tensordict()) return nullptr;
+      TensorDictImpl* level = e.tensordict().impl().get();  // another node kind: NotImplementedError
+      level->device = target;
+      return level;
+    });
+  };
+  // apply() moves results to the result's device (upstream): run it on a device-less structure copy
+  TensorDict src = self.clone(false);
+  target = std::nullopt;
+  set_dev(*src.impl());
+  TensorDict out = src.apply([&](const at::Tensor& t) { return t.to(device); });
+  target = device;
+  set_dev(*out.impl());
+  return out;
+}
+
+TensorDict TensorDict::to(at::ScalarType dtype) const {
+  return apply([&](const at::Tensor& t) { return t.to(dtype); });
+}
+
+// ============================================================================ lock
+TensorDict& TensorDict::lock_() {
+  if (!node_) d("lock_");
+  node_->locked = true;
+  detail::lock_children(node_);
+  return *this;
+}
+
+void TensorDictImpl::unlock() {
+  locked = false;
+  is_memmap = false;
+  is_shared = false;
+}
+
+static void unlock_node(const std::shared_ptr<Node>& node) {
+  node->unlock();
+  for (const auto& child : node->child_nodes()) {
+    auto& lp = child->locked_parents;
+    lp.erase(std::remove_if(lp.begin(), lp.end(),
+                            [&](const std::weak_ptr<Node>& w) {
+                              auto s = w.lock();
+                              return !s || s == node;
+                            }),
+             lp.end());
+    if (lp.empty()) unlock_node(child);
+  }
+}
+
+TensorDict& TensorDict::unlock_() {
+  if (!node_) d("unlock_");
+  for (auto& w : node_->locked_parents) {
+    auto parent = w.lock();
+    if (parent && parent->locked && detail::contains_node(*parent, node_.get())) {
+      throw LockedError("Cannot unlock a tensordict that is part of a locked graph. Unlock the root tensordict "
+                        "first. If the tensordict is part of multiple graphs, group the graphs under a common "
+                        "tensordict an unlock this root.");
+    }
+  }
+  node_->locked_parents.clear();
+  unlock_node(node_);
+  return *this;
+}
+
+LockGuard::LockGuard(TensorDict td) : td_(std::move(td)), was_locked_(td_.is_locked()) {
+  if (!was_locked_) td_.lock_();
+}
+LockGuard::~LockGuard() {
+  if (!was_locked_) {
+    try {
+      td_.unlock_();
+    } catch (...) {
+    }
+  }
+}
+UnlockGuard::UnlockGuard(TensorDict td) : td_(std::move(td)), was_locked_(td_.is_locked()) {
+  if (was_locked_) td_.unlock_();
+}
+UnlockGuard::~UnlockGuard() {
+  if (was_locked_) td_.lock_();
+}
+
+}  // namespace tensordict
