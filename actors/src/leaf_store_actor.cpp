@@ -300,7 +300,7 @@ class LeafStoreActor final : public HotActor {
 
 std::shared_ptr<LeafStoreClient> LeafStoreClient::open(std::shared_ptr<Runtime> rt,
                                                        std::shared_ptr<backends::LeafStore> store) {
-  if (!rt || !store) throw ValueError("LeafStoreClient::open: no runtime or no store");
+  if (!rt || !store) throw ValueError("opening a storage: no engine runtime or no store");
   std::shared_ptr<LeafStoreClient> c(new LeafStoreClient());
   c->describe_ = store->describe();
   c->driver_ = store->driver();

@@ -229,6 +229,19 @@ TensorDictStore TensorDictStore::from_tensordict(const TensorDict& td, const Red
   if (!td.defined()) throw ValueError("TensorDictStore.from_tensordict: the TensorDict is undefined");
   auto tree = create(td.batch_size(), options);
   remote::upload_all(*tree, {}, td);
+  // a NonTensorStack (one value per row along dim 0) as upstream's from_tensordict stores it: ONE json blob of
+  // its tolist(), which Python and this library read back as a NonTensorStack
+  std::vector<std::pair<backends::LeafPath, JsonValue>> stacks;
+  for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+    if (kv.second.is_non_tensor_stack() && kv.second.non_tensor_stack().batch_size().size() == 1)
+      stacks.emplace_back(kv.first.parts(), JsonValue::array(kv.second.non_tensor_stack().values()));
+  }
+  if (!stacks.empty()) {
+    tree->client()->run([&](backends::LeafStore& s) {
+      for (const auto& st : stacks) s.write_non_tensor(st.first, backends::NonTensorValue{st.second, false});
+    });
+    tree->reload();
+  }
   TensorDictStore out(remote::make_remote(tree));
   // a TensorClass's TensorDict: its class path, as Python's from_tensordict(tc) stores it
   if (td.typed_schema() && td.typed_schema()->tensorclass) out.set_tensorclass(td.typed_schema()->class_path);
@@ -292,7 +305,7 @@ std::string TensorDictStore::save_lazy_stack(const LazyStackedTensorDict& td, co
   for (const auto& m : td.tensordicts()) {
     inner = m.batch_size();
     std::vector<std::pair<backends::LeafPath, at::Tensor>> leaves;
-    TensorDict dense = m.is_dense() ? m : m.contiguous();
+    TensorDict dense = m.node()->dense_form(m);
     for (const auto& kv : dense.items(KeysOptions().include_nested(true).leaves_only(true))) {
       leaves.emplace_back(kv.first.parts(), kv.second.tensor().detach().cpu().contiguous());
     }
@@ -301,6 +314,24 @@ std::string TensorDictStore::save_lazy_stack(const LazyStackedTensorDict& td, co
   auto store = backends::RedisLazyStackStore::create(backend_options(options, runtime_of(options.engine())->config()),
                                                      members, td.stack_dim(), inner, device_str(options));
   return store->td_id();
+}
+
+bool TensorDictStore::is_lazy_stack(const std::string& td_id, const RedisOptions& options) {
+  if (td_id.empty()) throw ValueError("TensorDictStore.is_lazy_stack: empty td_id");
+  RedisOptions o = options;
+  o.td_id(td_id);
+  const backends::RedisOptions b = backend_options(o, runtime_of(o.engine())->config());
+  backends::RedisClient client(b.connect_options());
+  const backends::RedisReply r = client.command({"GET", backends::redis_key(b.prefix(), td_id, "__type__")});
+  return r.is_string() && r.str == "lazy_stack";
+}
+
+std::string TensorDictStore::address_of(const std::string& td_id, const RedisOptions& options) {
+  RedisOptions o = options;
+  o.td_id(td_id);
+  const backends::RedisOptions b = backend_options(o, runtime_of(o.engine())->config());
+  const std::string where = b.unix_socket().empty() ? b.host() + ":" + std::to_string(b.port()) : b.unix_socket();
+  return "redis://" + where + "/" + std::to_string(b.db()) + "?prefix=" + b.prefix() + "&td_id=" + td_id;
 }
 
 const std::string& TensorDictStore::td_id() const {

@@ -191,11 +191,23 @@ Input open_store_input(const std::string& path, InputKind kind) {
   } else {
     td::RedisOptions o = td::RedisOptions::from_url(path);
     if (o.td_id().empty()) throw ToolError("'" + shown(path) + "': the address names no store (add &td_id=ID)");
+    if (td::TensorDictStore::is_lazy_stack(o.td_id(), o)) {  // Python's LazyStackedTensorDictStore
+      in.lazy.emplace(td::TensorDictStore::load_lazy_stack(o.td_id(), o));
+      in.td = *in.lazy;
+      in.type = "LazyStackedTensorDictStore";
+      in.close = [] {};
+      return in;
+    }
     td::TensorDictStore s = td::TensorDictStore::from_store(o.td_id(), o);
     in.close = [s] { s.close(); };
     in.td = s;
   }
   return in;
+}
+
+std::string input_type(const Input& in) {
+  if (!in.type.empty()) return in.type;
+  return in.lazy ? std::string("LazyStackedTensorDict") : in.td.type_name();
 }
 
 std::vector<int64_t> full_shape(std::vector<int64_t> shape, const td::BatchSize& batch) {

@@ -73,13 +73,19 @@ bool is_redis_address(const std::string& s);
 //! an existing input: a Redis address, an HDF5 file, or (anything else) a memmap directory
 InputKind input_kind(const std::string& path);
 
-//! an open input: the TensorDict (an HDF5 file's and a Redis store's read through their store actor)
+//! an open input: the TensorDict (an HDF5 file's and a Redis store's read through their store actor), or a lazy
+//! stack (a Redis lazy-stack store, read whole by TensorDictStore::load_lazy_stack; `td` is then its handle too)
 struct Input {
   InputKind kind = InputKind::Memmap;
   td::TensorDict td;
+  std::optional<td::LazyStackedTensorDict> lazy;
+  //! the upstream class a user gets for it (loaded_type): "LazyStackedTensorDictStore" for a Redis lazy stack
+  std::string type;
   std::function<void()> close;
 };
 Input open_store_input(const std::string& path, InputKind kind);
+//! the type a reader of this input gets, as upstream names it (dump's loaded_type, info's root line)
+std::string input_type(const Input& in);
 
 //! replaces the first dim of a shape by the batch's (a 1-row preview -> the full shape)
 std::vector<int64_t> full_shape(std::vector<int64_t> shape, const td::BatchSize& batch);

@@ -39,20 +39,51 @@ namespace {
 
 namespace fs = std::filesystem;
 
-//! the source of a convert: memmap directories load read-only (private mappings); lazy stacks are refused
+//! the source of a convert: memmap directories load read-only (private mappings), lazy-stack directories and
+//! stores as lazy stacks
 Input open_source(const std::string& path) {
   const InputKind kind = input_kind(path);
   if (kind != InputKind::Memmap) return open_store_input(path, kind);
   check_input_dir(path);
-  if (td::is_lazy_stack_dir(path))
-    throw ToolError("'" + shown(path) + "' holds a lazy stack: convert copies TensorDicts (stack it first)");
+  const auto load = td::LoadOptions().writable(false).on_warning([](const std::string& w) {
+    std::cerr << "tdx: warning: " << escape_text(w) << "\n";
+  });
   Input in;
   in.kind = kind;
-  in.td = td::TensorDict::load_memmap(path, td::LoadOptions().writable(false).on_warning([](const std::string& w) {
-    std::cerr << "tdx: warning: " << escape_text(w) << "\n";
-  }));
+  if (td::is_lazy_stack_dir(path)) {
+    in.lazy.emplace(td::LazyStackedTensorDict::load_memmap(path, load));
+    in.td = *in.lazy;
+  } else {
+    in.td = td::TensorDict::load_memmap(path, load);
+  }
   in.close = [] {};
   return in;
+}
+
+//! what a copy of a lazy stack must hold: stack dim, and per member its batch size and every leaf's kind, dtype
+//! and shape (sorted by key: a store lists its keys sorted)
+std::string lazy_signature(const td::LazyStackedTensorDict& l) {
+  std::string out = "stack_dim " + std::to_string(l.stack_dim()) + "\n";
+  for (const auto& m : l.tensordicts()) {
+    std::map<std::string, std::string> leaves;
+    for (const auto& kv : m.items(td::KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+      const td::Entry& e = kv.second;
+      leaves[key_str(kv.first)] = e.is_tensor() ? short_dtype(e.tensor().scalar_type()) + " " + shape_str(e.tensor().sizes().vec())
+                                                : std::string("non-tensor");
+    }
+    out += "member " + shape_str(m.batch_size()) + "\n";
+    for (const auto& kv : leaves) out += "  " + kv.first + ": " + kv.second + "\n";
+  }
+  return out;
+}
+
+//! an HDF5 file holds no lazy stack: its members stacked densely when they stack (the same keys and shapes)
+td::TensorDict dense_for_h5(const td::LazyStackedTensorDict& l, const std::string& src_path) {
+  td::TensorDict dense = td::maybe_dense_stack(l.tensordicts(), l.stack_dim());
+  if (td::LazyStackedTensorDict::is_lazy_stack(dense))
+    throw ToolError("'" + shown(src_path) + "' holds a lazy stack whose members differ in keys or shapes: an HDF5 "
+                    "file cannot hold it (convert it to a memmap directory or a Redis store, which keep lazy stacks)");
+  return dense;
 }
 
 // ------------------------------------------------------------------------------------------ Redis, raw
@@ -353,7 +384,12 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
   }
 
   Input src = open_source(src_path);
-  const Layout l = layout_of(src.td);
+  if (src.lazy && kind == DstKind::H5) {  // copied as the dense TensorDict its members stack into
+    src.td = dense_for_h5(*src.lazy, src_path);
+    src.lazy.reset();
+    src.kind = InputKind::Redis;  // in memory: rows are copied as they are read
+  }
+  const Layout l = src.lazy ? Layout{} : layout_of(src.td);
   td::Schema schema;
   for (const auto& s : l.tensors) schema.push_back({s.key, {s.elem, s.dtype}});
 
@@ -392,7 +428,32 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
   Copied c;
   std::string address;
   try {
-    {
+    if (src.lazy) {
+      // a lazy stack stays one: a lazy-stack directory (members in 0/, 1/, ...) or a lazy-stack store
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string want = lazy_signature(*src.lazy);
+      std::vector<td::TensorDict> members;
+      for (const auto& m : src.lazy->tensordicts()) {
+        members.push_back(m.clone());
+        for (const auto& kv : m.items(td::KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
+          ++c.leaves;
+          if (kv.second.is_tensor()) c.bytes += static_cast<int64_t>(kv.second.tensor().nbytes());
+        }
+      }
+      td::LazyStackedTensorDict copy(std::move(members), src.lazy->stack_dim());
+      std::string got;
+      if (kind == DstKind::Redis) {
+        td::TensorDictStore::save_lazy_stack(copy, stage_ro);
+        got = lazy_signature(td::TensorDictStore::load_lazy_stack(stage_ro.td_id(), stage_ro));
+      } else {
+        copy.memmap_(stage);
+        got = lazy_signature(td::LazyStackedTensorDict::load_memmap(stage, td::LoadOptions().writable(false)));
+      }
+      if (got != want)
+        throw ToolError("the copy's members differ from the source's: nothing was replaced (source:\n" + want +
+                        "copy:\n" + got + ")");
+      c.secs = c.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
       td::TensorDict dst;
       bool like = false;
       if (kind == DstKind::Redis) {
@@ -414,14 +475,18 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
       dst_close();
       dst_close = [] {};
     }  // a memmap copy's mappings are released here, before its directory is renamed
-    check_copy(l, src.kind == InputKind::Memmap ? src.td.type_name() : "", stage, kind, stage_ro);
+    if (!src.lazy) check_copy(l, src.kind == InputKind::Memmap ? src.td.type_name() : "", stage, kind, stage_ro);
     if (kind == DstKind::Redis) {
       if (!replace_id.empty()) raw->switch_in(stage_ro.td_id(), replace_id);
       td::RedisOptions final_ro = ro;
       final_ro.td_id(replace_id.empty() ? stage_ro.td_id() : replace_id);
-      td::TensorDictStore s = td::TensorDictStore::from_store(final_ro.td_id(), final_ro);
-      address = s.address();
-      s.close();
+      if (src.lazy) {
+        address = td::TensorDictStore::address_of(final_ro.td_id(), final_ro);
+      } else {
+        td::TensorDictStore s = td::TensorDictStore::from_store(final_ro.td_id(), final_ro);
+        address = s.address();
+        s.close();
+      }
     } else {
       if (o.durable) sync_tree(staging->path());  // every leaf, meta.json / the .h5 file, their directories
       switch_path_in(stage, dst_path, pk != PathKind::Missing, kind == DstKind::Memmap);

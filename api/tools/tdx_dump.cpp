@@ -477,6 +477,32 @@ void validate(const DumpOptions& o) {
   if (o.indent < 0 || o.indent > 64) throw ToolError("--indent must be between 0 and 64, got " + std::to_string(o.indent));
 }
 
+//! a lazy stack (a directory's or a Redis store's, in memory or mapped) as JSON or text; `type` is the class a
+//! reader gets (loaded_type)
+void dump_lazy(const td::LazyStackedTensorDict& stack, const std::string& type, const DumpOptions& o) {
+  if (o.json) {
+    JsonValue d = td::describe(stack, false);
+    for (auto& kv : d.as_object())
+      if (kv.first == "loaded_type") kv.second = JsonValue(type);
+    JsonStreamer::LeafReader reader;
+    if (o.values)
+      reader = [&](int member, const td::NestedKey& key, const std::function<void(const at::Tensor&)>& piece) {
+        stream_tensor(stack.tensordicts().at(static_cast<size_t>(member)).get(key), piece);
+      };
+    JsonStreamer(std::cout, o.indent, o.compact, reader).write(d);
+    return;
+  }
+  const TensorPrinter printer(o.threshold, o.edgeitems);
+  std::ostream& os = std::cout;
+  os << type << " batch_size=" << shape_str(stack.batch_size()) << " stack_dim=" << stack.stack_dim()
+     << " members=" << stack.tensordicts().size() << "\n";
+  for (size_t i = 0; i < stack.tensordicts().size(); ++i) {
+    const td::TensorDict& m = stack.tensordicts()[i];
+    os << "[" << i << "]: " << m.type_name() << " batch_size=" << shape_str(m.batch_size()) << "\n";
+    dump_td_text(m, td::NestedKey("[" + std::to_string(i) + "]"), o, printer, os);
+  }
+}
+
 }  // namespace
 
 int cmd_dump(const std::string& path, const DumpOptions& o) {
@@ -484,7 +510,9 @@ int cmd_dump(const std::string& path, const DumpOptions& o) {
   const int indent = o.indent;
   if (InputKind k = input_kind(path); k != InputKind::Memmap) {
     Input in = open_store_input(path, k);
-    if (o.json) {
+    if (in.lazy) {
+      dump_lazy(*in.lazy, input_type(in), o);
+    } else if (o.json) {
       const td::TensorDict t = in.td;
       const Layout l = layout_of(t);
       JsonStreamer::LeafReader reader;
@@ -510,40 +538,25 @@ int cmd_dump(const std::string& path, const DumpOptions& o) {
   check_input_dir(path);
   const auto load = td::LoadOptions().writable(false).on_warning(
       [](const std::string& w) { std::cerr << "tdx: warning: " << escape_text(w) << "\n"; });
-  const bool lazy = td::is_lazy_stack_dir(path);
-  std::optional<td::LazyStackedTensorDict> stack;
-  td::TensorDict t;
-  if (lazy)
-    stack.emplace(td::LazyStackedTensorDict::load_memmap(path, load));
-  else
-    t = td::TensorDict::load_memmap(path, load);
-
+  if (td::is_lazy_stack_dir(path)) {
+    dump_lazy(td::LazyStackedTensorDict::load_memmap(path, load), "LazyStackedTensorDict", o);
+    return 0;
+  }
+  const td::TensorDict t = td::TensorDict::load_memmap(path, load);
   if (o.json) {
-    JsonValue d = lazy ? td::describe(*stack, false) : td::describe(t, false);
+    JsonValue d = td::describe(t, false);
     JsonStreamer::LeafReader reader;
     if (o.values)
-      reader = [&](int member, const td::NestedKey& key, const std::function<void(const at::Tensor&)>& piece) {
-        const td::TensorDict& owner = lazy ? stack->tensordicts().at(static_cast<size_t>(member)) : t;
-        stream_tensor(owner.get(key), piece);
+      reader = [&](int, const td::NestedKey& key, const std::function<void(const at::Tensor&)>& piece) {
+        stream_tensor(t.get(key), piece);
       };
     JsonStreamer(std::cout, indent, o.compact, reader).write(d);
     return 0;
   }
   const TensorPrinter printer(o.threshold, o.edgeitems);
-  std::ostream& os = std::cout;
-  if (lazy) {
-    os << "LazyStackedTensorDict batch_size=" << shape_str(stack->batch_size()) << " stack_dim=" << stack->stack_dim()
-       << " members=" << stack->tensordicts().size() << "\n";
-    for (size_t i = 0; i < stack->tensordicts().size(); ++i) {
-      const td::TensorDict& m = stack->tensordicts()[i];
-      os << "[" << i << "]: " << m.type_name() << " batch_size=" << shape_str(m.batch_size()) << "\n";
-      dump_td_text(m, td::NestedKey("[" + std::to_string(i) + "]"), o, printer, os);
-    }
-  } else {
-    os << t.type_name() << " batch_size=" << shape_str(t.batch_size()) << " device="
-       << (t.device() ? t.device()->str() : std::string("None")) << "\n";
-    dump_td_text(t, td::NestedKey(), o, printer, os);
-  }
+  std::cout << t.type_name() << " batch_size=" << shape_str(t.batch_size()) << " device="
+            << (t.device() ? t.device()->str() : std::string("None")) << "\n";
+  dump_td_text(t, td::NestedKey(), o, printer, std::cout);
   return 0;
 }
 

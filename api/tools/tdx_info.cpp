@@ -216,8 +216,8 @@ void print_rows(const std::vector<Row>& rows, std::ostream& os) {
 
 int cmd_info_store(const std::string& path, InputKind kind, size_t width) {
   Input in = open_store_input(path, kind);
-  const td::BatchSize batch = in.td.batch_size();
-  td::TensorDict p = preview_of(in.td);
+  td::BatchSize batch = in.td.batch_size();
+  td::TensorDict p = in.lazy ? td::TensorDict() : preview_of(in.td);
   std::vector<Row> rows;
   Totals totals;
   std::function<void(const td::TensorDict&, int)> walk = [&](const td::TensorDict& d, int depth) {
@@ -260,8 +260,24 @@ int cmd_info_store(const std::string& path, InputKind kind, size_t width) {
       }
     }
   };
-  walk(p, 0);
-  std::cout << shown(path) << "\n" << escape_text(store_root_line(in.td)) << "\n";
+  std::string root = store_root_line(in.td);
+  if (in.lazy) {  // a lazy-stack store (read whole): its members, as for a lazy-stack directory
+    const auto& members = in.lazy->tensordicts();
+    root = input_type(in) + "  batch_size=" + shape_str(in.lazy->batch_size()) +
+           "  stack_dim=" + std::to_string(in.lazy->stack_dim()) + "  members=" + std::to_string(members.size());
+    for (size_t i = 0; i < members.size(); ++i) {
+      batch = members[i].batch_size();
+      Row r;
+      r.name = "[" + std::to_string(i) + "]/";
+      r.kind = members[i].type_name();
+      r.shape = "batch " + shape_str(batch);
+      rows.push_back(std::move(r));
+      walk(members[i], 1);
+    }
+  } else {
+    walk(p, 0);
+  }
+  std::cout << shown(path) << "\n" << escape_text(root) << "\n";
   if (!rows.empty()) print_rows(rows, std::cout);
   std::cout << "total: " << count(totals.tensors + totals.non_tensors, "leaf", "leaves") << " ("
             << count(totals.tensors, "tensor", "tensors") << ", "

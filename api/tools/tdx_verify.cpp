@@ -133,7 +133,18 @@ int cmd_verify_store(const std::string& path, InputKind kind, const VerifyOption
       }
     };
     try {
-      v.check(in.td);
+      if (in.lazy) {  // a lazy-stack store, read whole (its layout and every member's bytes checked): each member
+        int64_t leaves = 0, bytes = 0;
+        for (const auto& m : in.lazy->tensordicts()) {
+          v.check(m);
+          leaves += v.leaves;
+          bytes += v.bytes;
+        }
+        v.leaves = leaves;
+        v.bytes = bytes;
+      } else {
+        v.check(in.td);
+      }
     } catch (...) {
       close();
       throw;

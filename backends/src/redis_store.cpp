@@ -276,8 +276,8 @@ bool RedisStore::erase(const LeafPath& path) {
 NonTensorValue RedisStore::read_non_tensor(const LeafPath& path) {
   std::string joined = redis_join_path(path);
   std::string dkey = key("d:" + joined), mkey = key("m:" + joined);
-  std::vector<RedisReply> r =
-      client().pipeline({RedisCommand{"HGETALL", mkey}, RedisCommand{"GET", dkey}});
+  std::vector<RedisReply> r = client().pipeline(
+      {RedisCommand{"HGETALL", mkey}, RedisCommand{"GET", dkey}, RedisCommand{"GET", key("__batch_size__")}});
   if (r[0].is_error()) redis_reply_error(r[0], mkey);
   if (r[1].is_error()) redis_reply_error(r[1], dkey);
   auto fields = hash_fields(r[0]);
@@ -286,7 +286,14 @@ NonTensorValue RedisStore::read_non_tensor(const LeafPath& path) {
   meta_cache_[joined] = m;
   if (m.info.kind != LeafKind::NonTensor) throw TypeError("key '" + joined + "' in " + describe() + " is a tensor");
   if (r[1].is_nil()) throw FormatError(dkey + ": the value of a non-tensor is missing");
-  return decode_redis_non_tensor(dkey, m.encoding, r[1].str);
+  NonTensorValue v = decode_redis_non_tensor(dkey, m.encoding, r[1].str);
+  // upstream stores a NonTensorStack as ONE json blob of its tolist() (from_tensordict, set), and its reader
+  // turns a list of one value per row back into a NonTensorStack: so does this one (a 1-dim batch)
+  if (m.encoding == "json" && v.value.is_array() && r[2].is_string()) {
+    const std::vector<int64_t> batch = parse_redis_shape(r[2].str, key("__batch_size__"));
+    if (batch.size() == 1 && static_cast<int64_t>(v.value.as_array().size()) == batch[0]) v.stacked = true;
+  }
+  return v;
 }
 
 void RedisStore::write_non_tensor(const LeafPath& path, const NonTensorValue& value) {
@@ -355,7 +362,8 @@ std::shared_ptr<LeafStore> open_redis_store(const RedisOptions& options) {
   if (r[0].is_nil()) {
     if (r[1].is_string() && r[1].str == "lazy_stack")
       throw KeyError("td_id '" + options.td_id() + "' (prefix '" + options.prefix() +
-                     "') is a lazy-stack store (no __batch_size__): open it with RedisLazyStackStore");
+                     "') is a lazy-stack store (Python's LazyStackedTensorDictStore, no __batch_size__): read it with "
+                     "TensorDictStore::load_lazy_stack");
     throw KeyError("no Redis store with td_id '" + options.td_id() + "' (prefix '" + options.prefix() + "') at " +
                    store->client().endpoint() + ": " + store->key("__batch_size__") + " is missing");
   }

@@ -76,7 +76,8 @@ JsonValue tensor_values(const at::Tensor& t) {
   } else if (at::isComplexType(c.scalar_type())) {
     at::Tensor r = at::view_as_real(c.to(at::kComplexDouble)).reshape({-1});
     auto p = r.data_ptr<double>();
-    for (int64_t i = 0; i < r.numel(); ++i) a.emplace_back(p[i]);
+    for (int64_t i = 0; i + 1 < r.numel(); i += 2)  // one [re, im] pair per element
+      a.emplace_back(JsonValue::array({JsonValue(p[i]), JsonValue(p[i + 1])}));
   } else {
     at::Tensor d = c.to(at::kDouble);
     auto p = d.data_ptr<double>();

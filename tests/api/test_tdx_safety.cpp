@@ -363,4 +363,72 @@ BOOST_AUTO_TEST_CASE(a_killed_convert_leaves_a_sibling_that_the_next_convert_rem
   BOOST_TEST(back.get("a").equal(at::arange(12, at::kFloat).reshape({4, 3})));
 }
 
+// issue 35 item 4: a lazy stack is read and copied as one: a Python lazy-stack store (python-store.rdb) dumps,
+// shows and verifies under its upstream class name, and lazy stacks convert directory <-> store keeping their
+// ragged members; HDF5 gets the dense stack when the members stack and a clear refusal (nothing written) otherwise
+BOOST_AUTO_TEST_CASE(lazy_stacks_convert_and_dump_between_directories_and_stores) {
+  TempDir dir("tdx_lazy");
+  const std::string base = fs::canonical(dir.path).string();
+  testutil::RedisServer server(testutil::RedisServerOptions{fixtures::shared_dir() + "/fixtures/redis/python-store.rdb", "", false});
+  const std::string url = "redis://127.0.0.1:" + std::to_string(server.port()) + "/0";
+  const std::string py = url + "?prefix=tensordict&td_id=c3d4e5f6-a7b8-4c9d-8e0f-1a2b3c4d5e6f";
+  Run d = run_tdx(dir, {"dump", py, "--json", "--compact"});
+  BOOST_TEST(d.rc == 0, d.err);
+  BOOST_TEST(d.out.find("\"loaded_type\":\"LazyStackedTensorDictStore\"") != std::string::npos, d.out);
+  BOOST_TEST(d.out.find("\"shape\":[5],\"values\":[0.0,10.0,20.0,30.0,40.0]") != std::string::npos, d.out);
+  Run i = run_tdx(dir, {"info", py});
+  BOOST_TEST(i.rc == 0, i.err);
+  BOOST_TEST(i.out.find("LazyStackedTensorDictStore  batch_size=[2]  stack_dim=0  members=2") != std::string::npos, i.out);
+  Run v = run_tdx(dir, {"verify", py});
+  BOOST_TEST((v.rc == 0 && starts(v.out, "OK: 4 leaves, 48 bytes")), v.out << v.err);
+  // store -> directory -> new store -> directory: the ragged members as they were
+  Run c1 = run_tdx(dir, {"convert", "--quiet", py, base + "/a.mm"});
+  BOOST_REQUIRE_MESSAGE(c1.rc == 0, c1.err);
+  BOOST_TEST(is_lazy_stack_dir(base + "/a.mm"));
+  Run c2 = run_tdx(dir, {"convert", "--quiet", base + "/a.mm", url + "?prefix=lz"});
+  BOOST_REQUIRE_MESSAGE(c2.rc == 0, c2.err);
+  RedisOptions ro = RedisOptions::from_url(c2.out.substr(0, c2.out.find('\n')));
+  BOOST_REQUIRE(TensorDictStore::is_lazy_stack(ro.td_id(), ro));
+  LazyStackedTensorDict back = TensorDictStore::load_lazy_stack(ro.td_id(), ro);
+  LazyStackedTensorDict fixture = LazyStackedTensorDict::load_memmap(fixtures::python_written("f_lazy_stack"));
+  BOOST_REQUIRE(back.tensordicts().size() == 2u);
+  for (size_t m = 0; m < 2; ++m) {
+    BOOST_TEST(back.tensordicts()[m].get("x").equal(fixture.tensordicts()[m].get("x")));
+    BOOST_TEST(back.tensordicts()[m].get("shared").equal(fixture.tensordicts()[m].get("shared")));
+  }
+  // the Python fixture directory -> directory keeps the lazy stack
+  Run c3 = run_tdx(dir, {"convert", "--quiet", fixtures::python_written("f_lazy_stack"), base + "/f.mm"});
+  BOOST_REQUIRE_MESSAGE(c3.rc == 0, c3.err);
+  LazyStackedTensorDict f = LazyStackedTensorDict::load_memmap(base + "/f.mm");
+  BOOST_TEST(f.tensordicts()[1].get("x").equal(fixture.tensordicts()[1].get("x")));
+  // HDF5: ragged members are refused before anything is written
+  Run h = run_tdx(dir, {"convert", "--quiet", base + "/f.mm", base + "/f.h5"});
+  BOOST_TEST(h.rc == 2);
+  BOOST_TEST(h.err.find("HDF5 file cannot hold it") != std::string::npos, h.err);
+  BOOST_TEST(!fs::exists(base + "/f.h5"));
+  BOOST_TEST(entries_starting(base, ".f.h5").empty());
+  // members that stack: the dense stack
+  lazy_stack({TensorDict({{"x", at::arange(3, at::kFloat)}}, {}), TensorDict({{"x", at::arange(3, 6).to(at::kFloat)}}, {})})
+      .memmap_(base + "/even.mm");
+  Run h2 = run_tdx(dir, {"convert", "--quiet", base + "/even.mm", base + "/even.h5"});
+  BOOST_REQUIRE_MESSAGE(h2.rc == 0, h2.err);
+  PersistentTensorDict dense = PersistentTensorDict::from_h5(base + "/even.h5", "r");
+  BOOST_TEST(dense.batch_size().at(0) == 2);  // HDF5 keeps no batch size: it is inferred again, as upstream
+  BOOST_TEST(dense.get("x").equal(at::arange(6, at::kFloat).reshape({2, 3})));
+  dense.close();
+}
+
+// issue 35 item 6: dump --json writes complex values as [re, im] pairs (streamed pieces included)
+BOOST_AUTO_TEST_CASE(dump_json_writes_complex_values_as_pairs) {
+  TempDir dir("tdx_complex");
+  const std::string p = fs::canonical(dir.path).string() + "/c";
+  at::Tensor z = at::view_as_complex(at::tensor({1.f, 2.f, 3.f, -4.f}).reshape({2, 2}));
+  TensorDict({{"z", z}}, {2}).memmap_(p);
+  Run compact = run_tdx(dir, {"dump", p, "--json", "--compact"});
+  BOOST_TEST(compact.rc == 0, compact.err);
+  BOOST_TEST(compact.out.find("\"values\":[[1.0,2.0],[3.0,-4.0]]") != std::string::npos, compact.out);
+  Run pretty = run_tdx(dir, {"dump", p, "--json"});
+  BOOST_TEST(pretty.out.find("\"values\": [[1.0, 2.0], [3.0, -4.0]]") != std::string::npos, pretty.out);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -70,6 +70,11 @@ std::string error_of(F&& f) {
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+//! a tensorclass that declares the Python class path it maps to (issue 35 item 10)
+struct DeclaredPair : TensorClass<DeclaredPair> {
+  TD_FIELDS_AT(DeclaredPair, "mypkg.models.Pair", TD_TENSOR(a), TD_DATA(std::string, label))
+};
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(tensordict_store)
@@ -294,6 +299,66 @@ BOOST_AUTO_TEST_CASE(non_tensors_whole_per_row_and_refused) {
   TensorDict two({{"x", at::zeros({2, 2})}}, {2, 2});
   two.set("s", Entry(NonTensorStack({JsonValue("a"), JsonValue("b"), JsonValue("c"), JsonValue("d")}, {2, 2})));
   BOOST_CHECK_THROW(TensorDictStore::from_tensordict(two, o), NotImplementedError);
+}
+
+// issue 35 item 7: Python's TensorDictStore.from_tensordict stores a NonTensorStack as ONE json blob of its
+// tolist() (encoding "json"); it reads back as a NonTensorStack with one value per row, both ways
+BOOST_AUTO_TEST_CASE(non_tensor_stacks_use_the_python_layout_both_ways) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  backends::RedisConnectOptions c;
+  c.port = server.port();
+  backends::RedisClient raw(c);
+  // written as Python writes it (from_tensordict of a TensorDict with a NonTensorStack "names", batch [3])
+  const std::string base = "tensordict:{py-nts}:";
+  for (const auto& cmd : std::vector<backends::RedisCommand>{
+           {"SET", base + "__batch_size__", "[3]"},
+           {"SET", base + "__device__", ""},
+           {"SADD", base + "__keys__", "names", "x"},
+           {"SET", base + "d:names", "[\"a\", \"b\", \"c\"]"},
+           {"HSET", base + "m:names", "is_non_tensor", "1", "encoding", "json"},
+           {"SET", base + "d:x", std::string(12, '\0')},
+           {"HSET", base + "m:x", "dtype", "torch.float32", "shape", "[3]"}})
+    raw.command(cmd);
+  TensorDictStore py = TensorDictStore::from_store("py-nts", o);
+  Entry e = py.get_entry("names");
+  BOOST_REQUIRE_MESSAGE(e.is_non_tensor_stack(), "read back as " << Entry::kind_name(e.kind()));
+  BOOST_TEST(e.non_tensor_stack().batch_size() == BatchSize({3}));
+  BOOST_TEST(e.non_tensor_stack().at(1).as_string() == "b");
+  BOOST_TEST(py.index({2}).get_non_tensor("names").as_string() == "c");
+  BOOST_TEST(py.to_tensordict().get_entry("names").is_non_tensor_stack());
+  // written here: the same layout (one json blob, Python's spacing), read back as a NonTensorStack
+  TensorDict td({{"x", at::zeros({3})}}, {3});
+  td.set(NestedKey{"sub", "names"}, Entry(NonTensorStack({JsonValue("p"), JsonValue("q"), JsonValue("r")}, {3})));
+  TensorDictStore ours = TensorDictStore::from_tensordict(td, o);
+  const std::string ob = "tensordict:{" + ours.td_id() + "}:";
+  BOOST_TEST(raw.command({"GET", ob + "d:sub.names"}).str == "[\"p\", \"q\", \"r\"]");
+  BOOST_TEST(raw.command({"HGET", ob + "m:sub.names", "encoding"}).str == "json");
+  BOOST_TEST(raw.command({"HGET", ob + "m:sub.names", "is_non_tensor"}).str == "1");
+  Entry back = TensorDictStore::from_store(ours.td_id(), o).get_entry(NestedKey{"sub", "names"});
+  BOOST_REQUIRE(back.is_non_tensor_stack());
+  BOOST_TEST(back.non_tensor_stack().at(2).as_string() == "r");
+  // a NonTensorData that is not one value per row stays one value
+  TensorDict one({{"x", at::zeros({3})}}, {3});
+  one.set("pair", Entry(JsonValue::array({JsonValue(1), JsonValue(2)})));
+  BOOST_TEST(TensorDictStore::from_tensordict(one, o).get_entry("pair").is_non_tensor_data());
+}
+
+// issue 35 item 10: a tensorclass records the Python class path it declares (TD_FIELDS_AT), in a Redis store's
+// __tensorclass__ and in a memmap directory's meta.json _type alike; TD_FIELDS records "__main__.<Name>"
+BOOST_AUTO_TEST_CASE(tensorclass_records_its_declared_class_path_in_redis_and_memmap) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  DeclaredPair p({{"a", at::arange(4, at::kFloat).reshape({2, 2})}, {"label", "l"}}, {2});
+  BOOST_TEST(DeclaredPair::schema()->class_path == "mypkg.models.Pair");
+  TensorDictStore s = TensorDictStore::from_tensordict(p.tensordict(), o);
+  BOOST_TEST(s.tensorclass() == "mypkg.models.Pair");
+  fixtures::TempDir dir("tc_path");
+  p.memmap_(dir.path + "/p");
+  std::ifstream f(dir.path + "/p/meta.json");
+  const std::string meta((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  BOOST_TEST(has(meta, "<class 'mypkg.models.Pair'>"), meta);
+  BOOST_TEST(DeclaredPair::load_memmap(dir.path + "/p").label() == "l");
 }
 
 BOOST_AUTO_TEST_CASE(credentials_by_url_acl_user_and_environment_never_printed) {

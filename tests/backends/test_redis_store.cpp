@@ -338,6 +338,13 @@ BOOST_AUTO_TEST_CASE(non_tensors) {
   NonTensorValue st = s->read_non_tensor({"st"});
   BOOST_TEST(st.stacked);
   BOOST_TEST(st.value == arr);
+  // upstream's NonTensorStack (from_tensordict: ONE json blob of its tolist()): a json list of one value per row
+  // reads back stacked (issue 35 item 7); [1, 2] above (2 items for 3 rows) stays one value
+  s->write_non_tensor({"nts"}, NonTensorValue{JsonValue::array({"x", "y", "z"}), false});
+  BOOST_TEST(s->client().command(RedisCommand{"HGET", s->key("m:nts"), "encoding"}).str == "json");
+  NonTensorValue nts = s->read_non_tensor({"nts"});
+  BOOST_TEST(nts.stacked);
+  BOOST_TEST(nts.value == JsonValue::array({"x", "y", "z"}));
   // pickle (written by Python when JSON fails): kept opaque, re-written verbatim
   std::string pickle("\x80\x04\x95\x00\xff", 5);
   s->client().transaction({RedisCommand{"SET", s->key("d:pk"), pickle},

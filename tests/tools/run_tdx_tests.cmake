@@ -705,12 +705,9 @@ run_tdx(c convert "${_n}" "${_n}.mm" --quiet)
 run_tdx(i info "${_n}.mm")
 check("c_rc EQUAL 0 AND i_out MATCHES \"d1/ +TensorDict +batch \\\\[2, 2\\\\]\" AND i_out MATCHES \"d2/ +TensorDict +batch \\\\[2, 2, 2\\\\]\""
       "nested batches -> memmap: ${c_rc} '${c_err}' info '${i_out}${i_err}'")
-# (3) a tensorclass directory stays one (loaded_type Pair), and every fixture directory converts memmap -> memmap
-# and back with dump --json equal to its expected.json
+# (3) a tensorclass directory stays one (loaded_type Pair), a lazy stack one (item 4), and every fixture
+# directory converts memmap -> memmap and back with dump --json equal to its expected.json
 foreach(_c ${CASES})
-  if(_c STREQUAL "f_lazy_stack")
-    continue()
-  endif()
   file(READ "${PW}/${_c}.expected.json" _exp)
   run_tdx(c convert "${PW}/${_c}" "${_i35}/${_c}.mm" --quiet)
   run_tdx(c2 convert "${_i35}/${_c}.mm" "${_i35}/${_c}.mm2" --quiet)
@@ -788,9 +785,31 @@ if(_up)
     string(JSON _pfx GET "${_st}" prefix)
     string(JSON _type GET "${_st}" store_type)
     set(_addr "redis://127.0.0.1:${_port}/0?prefix=${_pfx}&td_id=${_id}")
-    if(NOT _type STREQUAL "TensorDictStore")  # a lazy-stack store: not a TensorDictStore, a clear error
-      run_tdx(e info "${_addr}")
-      check("NOT e_rc EQUAL 0 AND e_err MATCHES \"lazy-stack\"" "${_name} (${_type}): tdx info: ${e_rc} '${e_err}'")
+    if(NOT _type STREQUAL "TensorDictStore")  # a lazy-stack store (issue 35 item 4): read as a lazy stack
+      run_tdx(d dump "${_addr}" --json)
+      check("d_rc EQUAL 0" "${_name}: tdx dump --json exit ${d_rc}: ${d_err}")
+      if(d_rc EQUAL 0)
+        cmp_dump("redis ${_name}" "${d_out}" "${_st}" TRUE)
+      endif()
+      run_tdx(i info "${_addr}")
+      check("i_rc EQUAL 0 AND i_out MATCHES \"LazyStackedTensorDictStore +batch_size=\\\\[2\\\\]\" AND i_out MATCHES \"\\\\[1\\\\]/\""
+            "${_name}: tdx info: ${i_rc} '${i_out}${i_err}'")
+      run_tdx(v verify "${_addr}")
+      check("v_rc EQUAL 0 AND v_out MATCHES \"^OK: 4 leaves\"" "${_name}: tdx verify: ${v_rc} '${v_out}${v_err}'")
+      # store -> lazy-stack directory -> new lazy-stack store: the members as they were (ragged x kept)
+      run_tdx(c convert "${_addr}" "${WORK_DIR}/${_name}.mm" --quiet)
+      run_tdx(c2 convert "${WORK_DIR}/${_name}.mm" "redis://127.0.0.1:${_port}/0?prefix=tdxlazy" --quiet)
+      string(STRIP "${c2_out}" _lz)
+      run_tdx(d dump "${_lz}" --json)
+      check("c_rc EQUAL 0 AND c2_rc EQUAL 0 AND d_rc EQUAL 0"
+            "${_name}: store -> memmap -> store: ${c_rc} '${c_err}' ${c2_rc} '${c2_err}' dump ${d_rc} '${d_err}'")
+      if(d_rc EQUAL 0)
+        cmp_dump("redis ${_name} -> memmap -> redis" "${d_out}" "${_st}" TRUE)
+      endif()
+      # HDF5 holds no lazy stack: ragged members are refused, nothing is written
+      run_tdx(h convert "${_addr}" "${WORK_DIR}/${_name}.h5" --quiet)
+      check("h_rc EQUAL 2 AND h_err MATCHES \"HDF5 file cannot hold it\" AND NOT EXISTS \"${WORK_DIR}/${_name}.h5\""
+            "${_name}: convert -> h5: ${h_rc} '${h_err}'")
       continue()
     endif()
     run_tdx(d dump "${_addr}" --json)

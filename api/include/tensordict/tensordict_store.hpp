@@ -90,6 +90,11 @@ class TensorDictStore : public TensorDict {
   //! writes a lazy stack of tensor leaves as Python's TensorDictStore.from_tensordict(lazy_stack) does
   //! (element-major data, offset tables for ragged leaves); returns the new store's td_id
   static std::string save_lazy_stack(const LazyStackedTensorDict& td, const RedisOptions& options = {});
+  //! whether td_id names a lazy-stack store (load_lazy_stack reads it) rather than a TensorDictStore (from_store)
+  static bool is_lazy_stack(const std::string& td_id, const RedisOptions& options = {});
+  //! the address of the store td_id under `options` (the config's redis.* values filled in), as address() gives
+  //! it: for a lazy-stack store too
+  static std::string address_of(const std::string& td_id, const RedisOptions& options = {});
 
   //! the tensorclass path stored in __tensorclass__ ("module.QualName", as Python stores it; "" when none).
   //! from_tensordict of a TensorClass's tensordict() records its class path there.

@@ -15,7 +15,7 @@ JsonValue describe(const LazyStackedTensorDict& lazy, bool values = true);
 //! a tensor's dtype as Python prints it ("torch.float32")
 std::string dtype_repr(at::ScalarType dtype);
 //! the flattened (C-order) values of a tensor as a JSON array (bools as booleans, ints as ints,
-//! floating types as their exact double values)
+//! floating types as their exact double values, complex ones as [re, im] pairs)
 JsonValue tensor_values(const at::Tensor& t);
 
 }  // namespace tensordict
