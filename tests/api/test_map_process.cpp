@@ -250,8 +250,10 @@ BOOST_FIXTURE_TEST_CASE(worker_sigkilled_from_outside, Fixture) {
 BOOST_FIXTURE_TEST_CASE(worker_killed_at_each_stage_chunks_are_reassigned, Fixture) {
   // TD_FAULT_MAP_WORKER (actors/src/process_workers.cpp): worker 1 SIGKILLs itself once connected, once its job
   // is open, or after it wrote its first chunk into out but before it said so; the other finishes the map
+  // 60 chunks of 40 ms (2.4 s of work): worker 1 starts and takes a job before worker 0 could finish alone, even
+  // on a loaded machine under ASan (30 chunks were not always enough there)
   TempDir tmp;
-  TensorDict td = dataset(600);
+  TensorDict td = dataset(1200);
   td.memmap_(tmp.sub("src"));
   for (const char* stage : {"hello", "job", "reply"}) {
     TensorDict out = td.memmap_like(tmp.sub(std::string("out-") + stage));
@@ -260,7 +262,7 @@ BOOST_FIXTURE_TEST_CASE(worker_killed_at_each_stage_chunks_are_reassigned, Fixtu
     auto t0 = steady_clock::now();
     std::string error;
     try {
-      td.map("mp_slow", procs(2).chunksize(20).out(out));  // 30 chunks of 40 ms: both workers take part
+      td.map("mp_slow", procs(2).chunksize(20).out(out));  // both workers take part
     } catch (const std::exception& e) {
       error = e.what();
     }
