@@ -16,12 +16,6 @@ namespace {
                             " (dense TensorDicts only); densify it first with contiguous()");
 }
 
-void check_locked(const Node& node) {
-  if (node.locked) {
-    throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
-                      "method and make sure the key is present.");
-  }
-}
 }  // namespace
 
 EntryMeta LazyStackNode::as_entry_meta() const {
@@ -41,12 +35,12 @@ TensorDict LazyStackNode::open_child(const std::string& key) {
 
 void LazyStackNode::set_entry(const NestedKey& key, const Entry& value, bool inplace) {
   if (inplace && meta(key.back())) return put_inplace(key.back(), value);
-  check_locked(*this);
+  detail::check_node_unlocked(*this);
   put(key.back(), value);
 }
 
 void LazyStackNode::rename_key(TensorDict&, const NestedKey& old_key, const NestedKey& new_key, bool safe) {
-  check_locked(*this);
+  detail::check_node_unlocked(*this);
   for (auto& m : members) m.rename_key_(old_key, new_key, safe);
 }
 

@@ -18,12 +18,6 @@ namespace {
                             " (dense TensorDicts only); densify it first with contiguous()");
 }
 
-void check_locked(const Node& node) {
-  if (node.locked) {
-    throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
-                      "method and make sure the key is present.");
-  }
-}
 }  // namespace
 
 // ============================================================================ the node interface, the dense node
@@ -191,7 +185,7 @@ std::vector<std::pair<std::string, Entry>> Node::read_all() const {
 }
 
 void Node::set_entry(const NestedKey& key, const Entry& value, bool inplace) {
-  if (!(inplace && meta(key.back()))) check_locked(*this);
+  if (!(inplace && meta(key.back()))) detail::check_node_unlocked(*this);
   put(key.back(), value);  // an existing key is written in place
 }
 
@@ -203,14 +197,14 @@ void Node::update_entry(const NestedKey& key, const Entry& value) {
 }
 
 void Node::del_entry(const NestedKey& key) {
-  check_locked(*this);
+  detail::check_node_unlocked(*this);
   erase(key.back());
 }
 
 void Node::rename_key(TensorDict& self, const NestedKey& old_key, const NestedKey& new_key, bool safe) {
   if (auto view = dense_view()) return view->rename_key(self, old_key, new_key, safe);
   // the value copied to the new key, then the old one removed
-  check_locked(*this);
+  detail::check_node_unlocked(*this);
   if (safe && self.contains(new_key)) throw KeyError("key " + new_key.repr() + " already present in TensorDict.");
   Entry v = self.get_entry(old_key);
   self.set(new_key, v);
@@ -219,7 +213,7 @@ void Node::rename_key(TensorDict& self, const NestedKey& old_key, const NestedKe
 
 void Node::clear(TensorDict& self) {
   if (auto view = dense_view()) return view->clear(self);
-  check_locked(*this);
+  detail::check_node_unlocked(*this);
   for (const auto& k : self.keys()) self.del(k);
 }
 

@@ -384,12 +384,13 @@ void collect_node_metas(const TensorDict& td, const NestedKey& prefix, const Key
 }  // namespace
 
 namespace detail {
-void check_node_unlocked(const TensorDict& td) {
-  if (td.is_locked()) {
+void check_node_unlocked(const Node& node) {
+  if (node.locked) {
     throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
                       "method and make sure the key is present.");
   }
 }
+void check_node_unlocked(const TensorDict& td) { check_node_unlocked(node_of(td, "is_locked")); }
 }  // namespace detail
 using detail::check_node_unlocked;
 

@@ -176,6 +176,8 @@ std::vector<std::pair<NestedKey, EntryMeta>> key_metas(const TensorDict& td, con
 Node& node_of(const TensorDict& td, const char* what);
 //! LockedError with upstream's text when td is locked (the node-generic paths)
 void check_node_unlocked(const TensorDict& td);
+//! LockedError (upstream's text) when `node` is locked
+void check_node_unlocked(const Node& node);
 [[noreturn]] void missing_in_node(const NestedKey& key, const TensorDict& where);
 //! LockedError with upstream's text when locked
 //! LockedError when impl is locked; hot callers test `impl.locked` first so that `what` is built only then
