@@ -976,6 +976,19 @@ std::optional<ShmTensorHandle> handle_of(const at::Tensor& t) {
 // =====================================================================================================
 // stale cleanup, diagnostics, dtypes
 
+namespace {
+//! false only when the pid + start time in a segment's name certainly name no live process of this PID namespace
+//! (a second witness beside the lock, for segments made by builds that took no lock: their live creators in this
+//! namespace keep them)
+bool creator_alive(pid_t pid, uint64_t starttime) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  auto st = read_proc_stat(pid);
+  if (!st) return errno != ENOENT && errno != ESRCH;  // unreadable (e.g. hidepid): assume alive
+  if (st->state == 'Z' || st->state == 'X') return false;
+  return st->starttime == starttime;
+}
+}  // namespace
+
 size_t cleanup_stale_segments(const std::string& prefix) {
   check_prefix(prefix);
   DIR* dir = ::opendir(kShmDir);
@@ -986,7 +999,9 @@ size_t cleanup_stale_segments(const std::string& prefix) {
     if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
     pid_t pid = 0;
     uint64_t start = 0;
-    if (parse_name_tail(name.substr(prefix.size()), &pid, &start)) candidates.push_back(std::move(name));
+    // a segment whose named creator lives in this namespace is kept whatever its lock says
+    if (parse_name_tail(name.substr(prefix.size()), &pid, &start) && !creator_alive(pid, start))
+      candidates.push_back(std::move(name));
   }
   ::closedir(dir);
   size_t removed = 0;

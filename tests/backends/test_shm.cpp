@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,6 +74,19 @@ char proc_state(pid_t pid) {
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto p = s.rfind(')');
   return (p == std::string::npos || p + 2 >= s.size()) ? '?' : s[p + 2];
+}
+
+//! field 22 of /proc/<pid>/stat (start time in clock ticks), 0 when unreadable
+uint64_t proc_starttime(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto p = s.rfind(')');
+  if (p == std::string::npos) return 0;
+  std::istringstream rest(s.substr(p + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i)
+    if (i == 22) return std::stoull(field);
+  return 0;
 }
 
 struct Pipe {
@@ -557,6 +571,28 @@ BOOST_AUTO_TEST_CASE(opener_killed_midway) {
   BOOST_TEST(shm_exists(name));
   alloc = ShmAllocation{};
   BOOST_TEST(!shm_exists(name));
+}
+
+BOOST_AUTO_TEST_CASE(a_lockless_segment_of_a_live_creator_is_kept) {
+  // a segment made by a build that took no lock: its named creator, alive in this PID namespace, keeps it (the
+  // lock alone would call it dead); once that creator is gone the segment goes
+  pid_t child = spawn([]() -> int {
+    for (;;) ::pause();
+  });
+  const uint64_t start = proc_starttime(child);
+  BOOST_TEST_REQUIRE(start > 0u);
+  const std::string name = prefix() + std::to_string(child) + "_" + std::to_string(start) + "_0_ab";
+  int fd = ::shm_open(("/" + name).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  BOOST_TEST_REQUIRE(fd >= 0);
+  BOOST_TEST_REQUIRE(::ftruncate(fd, 4096) == 0);
+  ::close(fd);
+  cleanup_stale_segments(prefix());
+  BOOST_TEST(shm_exists(name), "the live creator's lockless segment was removed");
+  ::kill(child, SIGKILL);
+  BOOST_TEST(WTERMSIG(wait_status(child)) == SIGKILL);
+  cleanup_stale_segments(prefix());
+  BOOST_TEST(!shm_exists(name), "the dead creator's lockless segment was kept");
+  ::shm_unlink(("/" + name).c_str());
 }
 
 BOOST_AUTO_TEST_CASE(killed_creator_cleaned_by_cleanup_stale_segments) {

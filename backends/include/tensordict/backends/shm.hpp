@@ -34,6 +34,8 @@
 //!         without exec shares the lock until it closes its copy or exits), and the kernel drops the lock when
 //!         the holder dies, however it dies. Cleanup removes a segment only if it can take LOCK_EX|LOCK_NB on
 //!         it. A lock holds across PID namespaces (containers sharing /dev/shm), where pids prove nothing.
+//!         The pid and start time in the name are a second witness: a creator they name that lives in this
+//!         PID namespace keeps its segment whatever the lock says (segments of builds that took no lock).
 //!         create() calls it for its prefix (at most once a second per prefix and process, as it lists /dev/shm).
 //!  * Processes that only open() a segment never unlink it, so a killed opener leaks nothing: its mapping
 //!    goes away with it. A child created by fork() inherits the parent's segments and tensors but never
