@@ -120,11 +120,28 @@ PersistentTensorDict::PersistentTensorDict(const TensorDict& td) : TensorDict(td
 PersistentTensorDict PersistentTensorDict::from_dict(const TensorDict& td, const std::string& filename,
                                                      const H5Options& options) {
   if (!td.defined()) throw ValueError("PersistentTensorDict.from_dict: the TensorDict is undefined");
+  // a leaf HDF5 cannot hold is refused before the file is made: a refused write creates nothing
+  for (const NestedKey& key : td.keys(KeysOptions().include_nested(true).leaves_only(true))) {
+    std::optional<EntryMeta> m = td.meta(key);
+    if (m && m->kind == EntryMeta::Kind::Tensor && !backends::h5_can_store(m->dtype))
+      throw TypeError("PersistentTensorDict.from_dict('" + filename + "'): key " + key.repr() + ": dtype " +
+                      c10::toString(m->dtype) +
+                      " cannot be stored in HDF5 (numpy has no such dtype; upstream cannot write it either); "
+                      "nothing was written");
+  }
   H5Options o = options;
   if (o.mode() == "r") o.mode("w");
   o.batch_size(td.batch_size());
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(filename, ec);
   auto tree = open_tree(filename, o);
-  remote::upload_all(*tree, {}, td);
+  try {
+    remote::upload_all(*tree, {}, td);
+  } catch (...) {
+    tree.reset();
+    if (!existed) std::filesystem::remove(filename, ec);  // a file this call made is not left half-written
+    throw;
+  }
   return PersistentTensorDict(remote::make_remote(tree));
 }
 

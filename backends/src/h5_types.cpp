@@ -272,5 +272,10 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace h5_detail
+
+bool h5_can_store(at::ScalarType dtype) {
+  h5_detail::LibraryGuard g;
+  return h5_detail::h5_type_of(dtype).has_value();
+}
 }  // namespace backends
 }  // namespace tensordict

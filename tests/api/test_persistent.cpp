@@ -296,6 +296,24 @@ BOOST_AUTO_TEST_CASE(an_unsupported_dataset_fails_only_on_its_key) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_refused_dtype_creates_no_file) {
+  // bfloat16 has no numpy dtype: to_h5 refuses it before making the file (it left an empty .h5 behind)
+  TempDir dir("persistent");
+  const std::string file = dir.path + "/bf16.h5";
+  TensorDict td({{"x", at::zeros({4, 2})}, {NestedKey{"sub", "y"}, at::zeros({4}, at::kBFloat16)}}, {4});
+  bool typed = false;
+  try {
+    to_h5(td, file);
+  } catch (const TypeError& e) {
+    const std::string what = e.what();
+    typed = what.find("BFloat16") != std::string::npos && what.find(file) != std::string::npos &&
+            what.find("sub") != std::string::npos;
+    BOOST_TEST(typed, what);
+  }
+  BOOST_TEST(typed);
+  BOOST_TEST(!std::filesystem::exists(file), "a refused to_h5 left " << file);
+}
+
 BOOST_AUTO_TEST_CASE(memmap_and_share_memory_need_a_dense_copy) {
   TempDir dir("persistent");
   PersistentTensorDict h5 = PersistentTensorDict::from_dict(sample(8), dir.path + "/m.h5");

@@ -45,6 +45,9 @@ std::string to_string(H5Mode mode);
 std::shared_ptr<LeafStore> open_h5_store(const std::string& file, H5Mode mode, const LeafPath& group = {},
                                          const CreateOptions& defaults = {}, bool durable = true);
 
+//! whether a tensor of `dtype` can be stored (numpy has such a dtype); create() refuses the others with a TypeError
+bool h5_can_store(at::ScalarType dtype);
+
 //! Reopens a store from its spec_fields() ({"path", "group", "mode"[, "durable": false]}); `mode_override` replaces the
 //! recorded mode (another process opens with H5Mode::Read). FormatError for malformed fields.
 std::shared_ptr<LeafStore> open_h5_store(const JsonValue& spec_fields, std::optional<H5Mode> mode_override = std::nullopt);
