@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,12 @@ inline pid_t spawn(const std::function<int()>& fn) {
     ::_exit(rc);
   }
   return pid;
+}
+
+//! the whole text of a file a child wrote; "" when it is missing (the caller's assertions say what was expected)
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 //! in a child: exec `exe` with `args`; returns 97 only when exec fails

@@ -63,10 +63,7 @@ pid_t run_client_on_small_fs(const std::string& dir, int kib, const std::vector<
   return testutil::spawn_on_small_fs(dir, kib, [&] { return testutil::exec_program(TD_STORE_CLIENT_EXE, args); });
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using testutil::read_text;
 
 std::shared_ptr<Engine> engine_with_timeout(int64_t ms) {
   return std::make_shared<Engine>(Config::load("{\"request_timeout_ms\": " + std::to_string(ms) + "}"));

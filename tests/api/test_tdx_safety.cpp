@@ -37,12 +37,6 @@ using fixtures::TempDir;
 
 namespace {
 
-std::string slurp(const std::string& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool starts(const std::string& s, const std::string& head) { return s.compare(0, head.size(), head) == 0; }
 
@@ -90,8 +84,8 @@ Run run_tdx(const TempDir& dir, const std::vector<std::string>& args, const std:
   const pid_t pid = start_tdx(args, out, err, extra_env);
   Run r;
   r.rc = testutil::wait_child(pid, std::chrono::seconds(120));
-  r.out = slurp(out);
-  r.err = slurp(err);
+  r.out = testutil::read_text(out);
+  r.err = testutil::read_text(err);
   return r;
 }
 
@@ -179,7 +173,7 @@ std::vector<Call> recorded_convert(const TempDir& dir, const std::vector<std::st
   Run r = run_tdx(dir, args, {std::string("LD_PRELOAD=") + TD_SYSCALL_RECORDER, "TD_SYSCALL_LOG=" + log,
                               asan_options_allowing_preload()});
   BOOST_REQUIRE_MESSAGE(r.rc == 0, "tdx " << joined(args) << ": " << testutil::describe_child(r.rc) << ": " << r.err);
-  const std::string text = slurp(log);
+  const std::string text = testutil::read_text(log);
   BOOST_TEST_MESSAGE(tag << ": recorded calls:\n" << text);
   return calls_of(text);
 }

@@ -34,12 +34,6 @@ using fixtures::TempDir;
 
 namespace {
 
-std::string slurp(const std::string& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 //! the entries of `dir` whose name starts with `head`
 std::vector<std::string> entries_starting(const std::string& dir, const std::string& head) {
@@ -56,7 +50,7 @@ std::vector<std::string> entries_starting(const std::string& dir, const std::str
 bool wait_for_file(const std::string& p, std::chrono::seconds limit = std::chrono::seconds(60)) {
   const auto end = Clock::now() + limit;
   while (Clock::now() < end) {
-    if (fs::exists(p) && !slurp(p).empty()) return true;
+    if (fs::exists(p) && !testutil::read_text(p).empty()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
@@ -113,7 +107,7 @@ BOOST_AUTO_TEST_CASE(a_live_writers_staging_directory_in_another_pid_namespace_s
   BOOST_REQUIRE_MESSAGE(wait_for_file(report), "the holder never reported its staging directory");
   std::string kind, stage;
   long ns_pid = 0;
-  std::istringstream(slurp(report)) >> kind >> ns_pid >> stage;
+  std::istringstream(testutil::read_text(report)) >> kind >> ns_pid >> stage;
   own_namespace = kind == "ns";
   if (!own_namespace) {
     // no new PID namespace here: the holder is in this namespace, its directory renamed to carry a dead pid
@@ -138,7 +132,7 @@ BOOST_AUTO_TEST_CASE(a_live_writers_staging_directory_in_another_pid_namespace_s
     ::_exit(0);
   });
   BOOST_TEST(testutil::wait_child(dead) == 0);
-  const std::string abandoned = slurp(dir / "abandoned");
+  const std::string abandoned = testutil::read_text(dir / "abandoned");
   BOOST_REQUIRE(fs::is_directory(abandoned));
 
   small_td(2).save(prefix);  // cleans the staging directories of the prefix it can prove abandoned
@@ -152,7 +146,7 @@ BOOST_AUTO_TEST_CASE(a_live_writers_staging_directory_in_another_pid_namespace_s
 
   if (!own_namespace) {  // back to its name: its owner removes it
     const std::string fake = stage;
-    stage = slurp(report).substr(slurp(report).rfind(' ') + 1);
+    stage = testutil::read_text(report).substr(testutil::read_text(report).rfind(' ') + 1);
     stage.erase(stage.find_last_not_of('\n') + 1);
     fs::rename(fake, stage);
     fs::rename(fake + ".lock", stage + ".lock");
@@ -230,7 +224,7 @@ BOOST_AUTO_TEST_CASE(a_load_racing_saves_of_the_same_prefix_sees_one_whole_save)
   const int rc = testutil::wait_child(writer);
   BOOST_TEST(rc == 0, "writer " << testutil::describe_child(rc));
   BOOST_TEST_MESSAGE("racing loads: " << whole << " whole, " << errors << " typed errors, " << mixed
-                                      << " mixed; " << distinct << " save changes seen; saves: " << slurp(count));
+                                      << " mixed; " << distinct << " save changes seen; saves: " << testutil::read_text(count));
   for (const auto& t : error_texts) BOOST_TEST_MESSAGE("  error: " << t);
   BOOST_TEST(mixed == 0, "loads mixing saves: " << mixed << (mix_texts.empty() ? "" : ", e.g. " + mix_texts[0]));
   BOOST_TEST(whole > 0);
@@ -273,7 +267,7 @@ BOOST_AUTO_TEST_CASE(a_writable_load_of_a_leaf_this_process_may_not_write_is_a_t
   const int rc = testutil::wait_child(child);
   BOOST_REQUIRE_MESSAGE(rc == 0, "child " << testutil::describe_child(rc) << " (60: cannot drop to uid 65534; 61: "
                                           "that user may write the leaf)");
-  const std::string got = slurp(report);
+  const std::string got = testutil::read_text(report);
   std::istringstream lines(got);
   std::string first, second;
   std::getline(lines, first);
@@ -342,7 +336,7 @@ void masked_full_disk(const std::string& how) {
     return 0;
   });
   const int rc = testutil::wait_child(pid);
-  std::istringstream in(slurp(report));
+  std::istringstream in(testutil::read_text(report));
   int64_t kept = -1;
   std::string verdict, what;
   in >> kept;
@@ -480,7 +474,7 @@ BOOST_AUTO_TEST_CASE(a_durable_save_fsyncs_leaves_and_meta_before_the_switch_and
   });
   const int rc = testutil::wait_child(pid);
   BOOST_REQUIRE_MESSAGE(rc == 0, "td_durable_save " << testutil::describe_child(rc));
-  const std::string text = slurp(log);
+  const std::string text = testutil::read_text(log);
   BOOST_TEST_MESSAGE("recorded calls:\n" << text);
   check_durable_save(calls_of_step(text, "save-new"), prefix, "a durable save into a new prefix");
   check_durable_save(calls_of_step(text, "save-over"), prefix, "a durable save over an existing one");
@@ -513,7 +507,7 @@ BOOST_AUTO_TEST_CASE(a_plain_save_is_not_fsynced_leaf_by_leaf) {
   });
   const int rc = testutil::wait_child(pid);
   BOOST_REQUIRE_MESSAGE(rc == 0, "td_durable_save " << testutil::describe_child(rc));
-  const auto calls = calls_of_step(slurp(log), "save-over");
+  const auto calls = calls_of_step(testutil::read_text(log), "save-over");
   BOOST_TEST(find_call(calls, [](const Call& c) { return c.op == "fsync" && c.a.find(".memmap") != std::string::npos; }) == -1);
   BOOST_TEST(find_call(calls, [](const Call& c) { return c.op == "fsync" && c.a.find(".meta.json.tmp") != std::string::npos; }) >= 0);
   BOOST_TEST(find_call(calls, [](const Call& c) { return starts(c.op, "rename") && c.a.find(".td-stage.") != std::string::npos; }) >= 0);
