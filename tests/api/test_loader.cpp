@@ -544,7 +544,7 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_process_has_its_batches_reassigned) {
 }
 
 BOOST_AUTO_TEST_CASE(a_worker_process_killed_at_each_stage_loses_no_batch) {
-  // TD_FAULT_LOADER_WORKER (api/src/loader.cpp): the first worker process to reach the stage SIGKILLs itself —
+  // TD_FAULT_LOADER_WORKER (api/src/loader_worker.cpp): the first worker process to reach the stage SIGKILLs itself —
   // attach (ring mapped, source not open), open (source open, not attached), claim (a batch claimed, nothing
   // written), write (the batch in its slot, not marked ready), ready (just after). The other finishes the epoch:
   // every batch once, every row right, the claimed batch of a dead worker redone by the other.
