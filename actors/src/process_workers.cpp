@@ -246,6 +246,10 @@ void open_job(remote_worker* self, const map_job_desc& d) {
   p.out = open_storage(StorageSpec::parse(d.out_spec));
   p.seed = d.seed;
   p.worker_threads = d.worker_threads;
+  if (d.out_write < static_cast<int32_t>(MapOutWrite::Copy) || d.out_write > static_cast<int32_t>(MapOutWrite::Populate)) {
+    throw ValueError("map: the job names an unknown out_write mode " + std::to_string(d.out_write));
+  }
+  p.out_write = static_cast<MapOutWrite>(d.out_write);
   p.chunks.clear();
   for (size_t i = 0; i < d.starts.size(); ++i) {
     MapChunk c;

@@ -496,6 +496,7 @@ TensorDict Runtime::map_named(const TensorDict& src, const std::string& name, co
     d.lengths.push_back(c.length);
   }
   d.log_level = config_.log_level;
+  d.out_write = static_cast<int32_t>(plan.out_write);
 
   // ---- run: the coordinator listens on 127.0.0.1, then the children start and connect back
   ActorMapIter it(shared_from_this(), job);

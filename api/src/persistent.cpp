@@ -179,16 +179,30 @@ void PersistentTensorDict::flush() const {
 
 namespace detail {
 
-//! the "h5" storage driver (another process reopens a file by its spec) and from_schema(..., "h5", ...)
+//! the "h5" storage driver: another process reopens a file by its spec ({"path", "group"}); from_schema(...,
+//! "h5", H5Options) creates one (its fields name the file "filename"; a spec's "path" does as well)
 void register_h5_storage() {
-  register_storage_driver("h5", [](const StorageSpec& spec, const OpenOptions& open) {
+  // the file a spec or H5Options' fields name
+  auto file_of = [](const StorageSpec& spec) {
+    const std::string path = str_field(spec.json(), "path");
+    return path.empty() ? spec.str("filename") : path;
+  };
+  StorageDriver driver;
+  driver.open = [file_of](const StorageSpec& spec, const OpenOptions& open) {
     H5Options o;
     o.mode(open.writable() ? "r+" : "r");
-    auto tree = open_tree(spec.str("path"), o, group_path(str_field(spec.json(), "group", "/")));
+    auto tree = open_tree(file_of(spec), o, group_path(str_field(spec.json(), "group", "/")));
     return TensorDict(remote::make_remote(tree));
-  });
-  register_schema_storage("h5", [](const Schema& schema, const BatchSize& batch, const JsonValue& fields) {
-    H5Options o = H5Options::from_fields(fields);
+  };
+  driver.exists = [file_of](const StorageSpec& spec) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(file_of(spec), ec);
+  };
+  driver.create = [file_of](const StorageSpec& spec, const OpenOptions& open) {
+    const Schema& schema = open.schema();
+    const BatchSize& batch = open.batch_size();
+    H5Options o = H5Options::from_fields(spec.json());
+    o.filename(file_of(spec));
     if (o.mode() == "r") o.mode("w");
     o.batch_size(batch);
     auto tree = open_tree(o.filename(), o);
@@ -205,7 +219,8 @@ void register_h5_storage() {
     });
     tree->reload();
     return TensorDict(remote::make_remote(tree));
-  });
+  };
+  register_storage_driver("h5", std::move(driver));
 }
 
 }  // namespace detail

@@ -99,6 +99,13 @@ class RemoteNode : public Node {
   void put(const std::string& key, const Entry& value) override;
   bool erase(const std::string& key) override;
   std::shared_ptr<Node> index(const Index& index) const override;
+  //! the selection over this node's level: this node's own index composed with `index` (resolved once)
+  std::optional<ResolvedIndex> resolve(const Index& index) const override;
+  std::shared_ptr<Node> index_at(const ResolvedIndex& index) const override;
+  void write_at(const ResolvedIndex& index, const TensorDict& value) override;
+  //! get(key)[index] = value with an index on the batch dims: the value written at the selected rows of
+  //! that leaf in one request, without reading (other indices: Node's read, write, write back)
+  void set_at(TensorDict& self, const NestedKey& key, const at::Tensor& value, const Index& index) override;
   std::vector<std::shared_ptr<Node>> child_nodes() const override { return {}; }
   TensorDict to_dense() const override;
   void write(const Index& index, const TensorDict& value) override;

@@ -87,7 +87,9 @@ class StoreNode : public Node {
   }
   std::shared_ptr<TensorDictImpl> dense_view() const override {
     TensorDict v = view();
-    std::shared_ptr<TensorDictImpl> impl = v.impl();
+    TensorDictImpl* dense = v.node()->dense_node();  // a snapshot is a dense node
+    if (!dense) return nullptr;
+    std::shared_ptr<TensorDictImpl> impl(v.node(), dense);
     std::lock_guard<std::mutex> lock(mu_);
     // every snapshot handed out stays alive with the node: callers hold raw pointers into it
     if (kept_.empty() || kept_.back() != impl) kept_.push_back(impl);

@@ -250,14 +250,12 @@ TensorDictStore TensorDictStore::from_tensordict(const TensorDict& td, const Red
 
 std::string TensorDictStore::tensorclass() const {
   std::string out;
-  node_of(*this).tree()->client()->run(
-      [&](backends::LeafStore& s) { out = dynamic_cast<backends::RedisStore&>(s).tensorclass(); });
+  node_of(*this).tree()->client()->run([&](backends::LeafStore& s) { out = s.tensorclass(); });
   return out;
 }
 
 void TensorDictStore::set_tensorclass(const std::string& class_path) const {
-  node_of(*this).tree()->client()->run(
-      [&](backends::LeafStore& s) { dynamic_cast<backends::RedisStore&>(s).set_tensorclass(class_path); });
+  node_of(*this).tree()->client()->run([&](backends::LeafStore& s) { s.set_tensorclass(class_path); });
 }
 
 TensorDictStore TensorDictStore::from_schema(const Schema& schema, const BatchSize& batch_size,
@@ -320,10 +318,8 @@ bool TensorDictStore::is_lazy_stack(const std::string& td_id, const RedisOptions
   if (td_id.empty()) throw ValueError("TensorDictStore.is_lazy_stack: empty td_id");
   RedisOptions o = options;
   o.td_id(td_id);
-  const backends::RedisOptions b = backend_options(o, runtime_of(o.engine())->config());
-  backends::RedisClient client(b.connect_options());
-  const backends::RedisReply r = client.command({"GET", backends::redis_key(b.prefix(), td_id, "__type__")});
-  return r.is_string() && r.str == "lazy_stack";
+  return backends::redis_store_kind(backend_options(o, runtime_of(o.engine())->config())) ==
+         backends::RedisStoreKind::LazyStack;
 }
 
 std::string TensorDictStore::address_of(const std::string& td_id, const RedisOptions& options) {
@@ -352,14 +348,7 @@ void TensorDictStore::close() const { node_of(*this).tree()->client()->close(); 
 
 void TensorDictStore::clear_redis() const {
   remote::RemoteNode& n = node_of(*this);
-  n.tree()->client()->run([](backends::LeafStore& s) {
-    for (const auto& info : s.list()) {
-      if (info.path.size() == 1) s.erase(info.path);
-    }
-    if (auto* r = dynamic_cast<backends::RedisStore*>(&s)) {
-      r->client().command({"DEL", r->key("__batch_size__"), r->key("__device__"), r->key("__keys__")});
-    }
-  });
+  n.tree()->client()->run([](backends::LeafStore& s) { s.clear(); });
   n.tree()->reload();
 }
 
@@ -370,15 +359,24 @@ TensorDictStore::StoreStats TensorDictStore::store_stats() const {
 
 namespace detail {
 
-//! the "redis" storage driver (another process reopens a store by its spec) and from_schema(..., "redis")
+//! the "redis" storage driver: another process reopens a store by its spec; from_schema(..., "redis") creates
+//! one (a new td_id unless the options name one); open_or_create opens the td_id when the server has it
 void register_redis_storage() {
-  register_storage_driver("redis", [](const StorageSpec& spec, const OpenOptions&) {
+  StorageDriver driver;
+  driver.open = [](const StorageSpec& spec, const OpenOptions&) {
     RedisOptions o = RedisOptions::from_fields(spec.json());
     return TensorDict(TensorDictStore::from_store(o.td_id(), o));
-  });
-  register_schema_storage("redis", [](const Schema& schema, const BatchSize& batch, const JsonValue& fields) {
-    return TensorDict(TensorDictStore::from_schema(schema, batch, RedisOptions::from_fields(fields)));
-  });
+  };
+  driver.create = [](const StorageSpec& spec, const OpenOptions& open) {
+    return TensorDict(
+        TensorDictStore::from_schema(open.schema(), open.batch_size(), RedisOptions::from_fields(spec.json())));
+  };
+  driver.exists = [](const StorageSpec& spec) {
+    RedisOptions o = RedisOptions::from_fields(spec.json());
+    return backends::redis_store_kind(backend_options(o, runtime_of(o.engine())->config())) !=
+           backends::RedisStoreKind::None;
+  };
+  register_storage_driver("redis", std::move(driver));
 }
 
 }  // namespace detail

@@ -18,6 +18,7 @@
 #include "tensordict/describe.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/persistent.hpp"
+#include "tensordict/tree.hpp"
 
 namespace tdx {
 
@@ -201,6 +202,7 @@ Input open_store_input(const std::string& path, InputKind kind) {
     td::TensorDictStore s = td::TensorDictStore::from_store(o.td_id(), o);
     in.close = [s] { s.close(); };
     in.td = s;
+    in.class_path = s.tensorclass();
   }
   return in;
 }
@@ -244,36 +246,31 @@ Layout layout_of(const td::TensorDict& t) {
   int64_t row_elems = 1;  // elements of one row of the batch past dim 0
   for (size_t i = 1; i < l.batch.size(); ++i)
     if (__builtin_mul_overflow(row_elems, l.batch[i], &row_elems)) row_elems = std::numeric_limits<int64_t>::max();
-  std::function<void(const td::TensorDict&, const td::NestedKey&)> walk = [&](const td::TensorDict& d,
-                                                                              const td::NestedKey& prefix) {
-    for (const auto& kv : d.items()) {
-      td::NestedKey key = prefix + kv.first;
-      const td::Entry& e = kv.second;
-      if (e.is_tensordict()) {
-        l.sub_batches.emplace_back(key, full_shape(e.tensordict().batch_size(), l.batch));
-        walk(e.tensordict(), key);
-      } else if (e.is_tensor()) {
-        LeafSpec s;
-        s.key = key;
-        s.dtype = e.tensor().scalar_type();
-        s.elem = e.tensor().sizes().vec();
-        if (s.elem.size() < l.batch.size())
-          throw td::FormatError("leaf '" + key_str(key) + "' has shape " + shape_str(s.elem) +
-                                ", fewer dims than the batch " + shape_str(l.batch));
-        s.elem.erase(s.elem.begin(), s.elem.begin() + static_cast<std::ptrdiff_t>(l.batch.size()));
-        int64_t n = static_cast<int64_t>(c10::elementSize(s.dtype));  // saturating: declared sizes may be absurd
-        if (!l.batch.empty() && __builtin_mul_overflow(n, row_elems, &n)) n = std::numeric_limits<int64_t>::max();
-        for (auto x : s.elem)
-          if (__builtin_mul_overflow(n, x, &n)) n = std::numeric_limits<int64_t>::max();
-        s.row_bytes = n;
-        if (__builtin_add_overflow(l.row_bytes, s.row_bytes, &l.row_bytes)) l.row_bytes = std::numeric_limits<int64_t>::max();
-        l.tensors.push_back(std::move(s));
-      } else {
-        l.non_tensors.emplace_back(key, e);
-      }
+  td::walk_entries(p, [&](const td::NestedKey& key, const td::Entry& e) {
+    if (e.is_tensordict()) {
+      l.sub_batches.emplace_back(key, full_shape(e.tensordict().batch_size(), l.batch));
+      return true;
+    } else if (e.is_tensor()) {
+      LeafSpec s;
+      s.key = key;
+      s.dtype = e.tensor().scalar_type();
+      s.elem = e.tensor().sizes().vec();
+      if (s.elem.size() < l.batch.size())
+        throw td::FormatError("leaf '" + key_str(key) + "' has shape " + shape_str(s.elem) +
+                              ", fewer dims than the batch " + shape_str(l.batch));
+      s.elem.erase(s.elem.begin(), s.elem.begin() + static_cast<std::ptrdiff_t>(l.batch.size()));
+      int64_t n = static_cast<int64_t>(c10::elementSize(s.dtype));  // saturating: declared sizes may be absurd
+      if (!l.batch.empty() && __builtin_mul_overflow(n, row_elems, &n)) n = std::numeric_limits<int64_t>::max();
+      for (auto x : s.elem)
+        if (__builtin_mul_overflow(n, x, &n)) n = std::numeric_limits<int64_t>::max();
+      s.row_bytes = n;
+      if (__builtin_add_overflow(l.row_bytes, s.row_bytes, &l.row_bytes)) l.row_bytes = std::numeric_limits<int64_t>::max();
+      l.tensors.push_back(std::move(s));
+    } else {
+      l.non_tensors.emplace_back(key, e);
     }
-  };
-  walk(p, td::NestedKey());
+    return false;
+  });
   return l;
 }
 

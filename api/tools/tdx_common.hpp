@@ -81,6 +81,9 @@ struct Input {
   std::optional<td::LazyStackedTensorDict> lazy;
   //! the upstream class a user gets for it (loaded_type): "LazyStackedTensorDictStore" for a Redis lazy stack
   std::string type;
+  //! the Python tensorclass the source records (a tensorclass directory's _type, a store's __tensorclass__;
+  //! "" when none): what a convert records in DST
+  std::string class_path;
   std::function<void()> close;
 };
 Input open_store_input(const std::string& path, InputKind kind);

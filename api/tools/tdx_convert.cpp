@@ -55,6 +55,7 @@ Input open_source(const std::string& path) {
     in.td = *in.lazy;
   } else {
     in.td = td::TensorDict::load_memmap(path, load);
+    in.class_path = in.td.class_path();
   }
   in.close = [] {};
   return in;
@@ -460,7 +461,12 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
         td::TensorDictStore s = td::TensorDictStore::from_schema(schema, l.batch, stage_ro);
         dst_close = [s] { s.close(); };
         dst = s;
+        if (!src.class_path.empty()) s.set_tensorclass(src.class_path);  // Python's __tensorclass__
       } else if (kind == DstKind::H5) {
+        if (!src.class_path.empty()) {  // upstream's h5 files record no class (printed with --quiet too)
+          std::cerr << "tdx: note: an HDF5 file records no tensorclass: the fields of " << escape_text(src.class_path)
+                    << " are copied as a TensorDict\n";
+        }
         dst = td::TensorDict::from_schema(schema, l.batch, "h5", td::H5Options().filename(stage).mode("w"));
         td::PersistentTensorDict h5(dst);
         dst_close = [h5] { h5.close(); };
@@ -469,7 +475,8 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
         dst = src.td.memmap_like(stage);
         like = true;
       } else {
-        dst = td::TensorDict::from_schema(schema, l.batch, "memmap", td::MemmapOptions().prefix(stage));
+        dst = td::TensorDict::from_schema(schema, l.batch, "memmap",
+                                          td::MemmapOptions().prefix(stage).class_path(src.class_path));
       }
       c = copy_rows(src, l, dst, kind, stage, o.quiet, like);
       dst_close();

@@ -20,6 +20,7 @@
 #include "tensordict/describe.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/lazy_stack.hpp"
+#include "tensordict/tree.hpp"
 
 namespace tdx {
 namespace {
@@ -256,14 +257,14 @@ void write_indented(const std::string& text, std::ostream& os) {
 
 void dump_td_text(const td::TensorDict& t, const td::NestedKey& prefix, const DumpOptions& o,
                   const TensorPrinter& printer, std::ostream& os) {
-  for (const auto& kv : t.items()) {
-    td::NestedKey key = prefix + kv.first;
-    const td::Entry& e = kv.second;
+  td::walk_entries(t, [&](const td::NestedKey& rel, const td::Entry& e) {
+    const td::NestedKey key = prefix + rel;
     const std::string name = key_path(key);
     if (e.is_tensordict()) {
       td::TensorDict c = e.tensordict();
       os << name << "/: " << c.type_name() << " batch_size=" << shape_str(c.batch_size()) << "\n";
-      dump_td_text(c, key, o, printer, os);
+      check_stdout();
+      return true;
     } else if (e.is_tensor()) {
       const at::Tensor& x = e.tensor();
       os << name << ": " << td::dtype_repr(x.scalar_type()) << " " << shape_str(x.sizes().vec()) << "\n";
@@ -276,7 +277,8 @@ void dump_td_text(const td::TensorDict& t, const td::NestedKey& prefix, const Du
       if (o.values) os << "    " << escape_text(truncate(json_line(e.non_tensor_stack().tolist()), o.width)) << "\n";
     }
     check_stdout();  // a full stdout stops the dump at the leaf it could not write
-  }
+    return false;
+  });
 }
 
 // ------------------------------------------------------------------------------------------ streamed JSON

@@ -8,6 +8,7 @@
 #include "tdx_common.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/describe.hpp"
+#include "tensordict/tree.hpp"
 
 namespace tdx {
 namespace {
@@ -220,19 +221,18 @@ int cmd_info_store(const std::string& path, InputKind kind, size_t width) {
   td::TensorDict p = in.lazy ? td::TensorDict() : preview_of(in.td);
   std::vector<Row> rows;
   Totals totals;
-  std::function<void(const td::TensorDict&, int)> walk = [&](const td::TensorDict& d, int depth) {
-    for (const auto& kv : d.items()) {
-      const td::Entry& e = kv.second;
+  auto walk = [&](const td::TensorDict& d, int depth0) {
+    td::walk_entries(d, [&](const td::NestedKey& key, const td::Entry& e) {
       Row r;
-      r.depth = depth;
-      r.name = escape_text(kv.first[kv.first.size() - 1]);
+      r.depth = depth0 + static_cast<int>(key.size()) - 1;
+      r.name = escape_text(key[key.size() - 1]);
       if (e.is_tensordict()) {
         r.name += "/";
         r.kind = e.tensordict().type_name();
         r.shape = "batch " + shape_str(full_shape(e.tensordict().batch_size(), batch));
         ++totals.subs;
         rows.push_back(std::move(r));
-        walk(e.tensordict(), depth + 1);
+        return true;
       } else if (e.is_tensor()) {
         const at::Tensor& x = e.tensor();
         std::vector<int64_t> shape = full_shape(x.sizes().vec(), batch);
@@ -258,7 +258,8 @@ int cmd_info_store(const std::string& path, InputKind kind, size_t width) {
         ++totals.non_tensors;
         rows.push_back(std::move(r));
       }
-    }
+      return false;
+    });
   };
   std::string root = store_root_line(in.td);
   if (in.lazy) {  // a lazy-stack store (read whole): its members, as for a lazy-stack directory

@@ -413,6 +413,20 @@ void H5Store::list_group(hid_t grp, const LeafPath& prefix, int depth, std::vect
   }
 }
 
+//! an opaque type tagged with a numpy dtype that upstream maps to a torch dtype (NUMPY_TO_TORCH_DTYPE_DICT:
+//! h5py's opaque encoding of int / float / bool values); such a dataset counts in upstream's batch inference
+static bool opaque_numpy_number(hid_t ftype) {
+  if (H5Tget_class(ftype) != H5T_OPAQUE) return false;
+  const std::string tag = h5_string(H5Tget_tag(ftype));
+  clear_errors();
+  if (tag.rfind("NUMPY:", 0) != 0) return false;
+  static const char* const kNumbers[] = {"|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4",
+                                         "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"};
+  for (const char* n : kNumbers)
+    if (tag.compare(6, std::string::npos, n) == 0) return true;
+  return false;
+}
+
 LeafInfo H5Store::dataset_info(hid_t ds, const LeafPath& path) const {
   LeafInfo info;
   info.path = path;
@@ -424,6 +438,11 @@ LeafInfo H5Store::dataset_info(hid_t ds, const LeafPath& path) const {
   // non-tensor) is the TypeError naming it (read_non_tensor, cached_tensor)
   if (tc.kind != TypeClass::Tensor) {
     info.kind = LeafKind::NonTensor;
+    if (opaque_numpy_number(ftype.get())) {
+      Id space = space_id(H5Dget_space(ds));
+      info.inferred_shape.emplace();
+      for (hsize_t d : dataspace_dims(path, space.get())) info.inferred_shape->push_back(static_cast<int64_t>(d));
+    }
     return info;
   }
   info.kind = LeafKind::Tensor;

@@ -273,6 +273,15 @@ bool RedisStore::erase(const LeafPath& path) {
   return true;
 }
 
+void RedisStore::clear() {
+  RedisCommand del{"DEL", key("__batch_size__"), key("__device__"), key("__keys__")};
+  for (const std::string& k : members()) del.arg(key("d:" + k)).arg(key("m:" + k)).arg(key("d:" + k + ":idx"));
+  invalidate_cache();
+  std::vector<RedisReply> replies = client().transaction({std::move(del)});
+  for (const auto& r : replies)
+    if (r.is_error()) redis_reply_error(r, key("__keys__"));
+}
+
 NonTensorValue RedisStore::read_non_tensor(const LeafPath& path) {
   std::string joined = redis_join_path(path);
   std::string dkey = key("d:" + joined), mkey = key("m:" + joined);
@@ -398,6 +407,17 @@ std::shared_ptr<LeafStore> open_redis_store(const JsonValue& spec, const std::st
   if (o.td_id().empty()) throw ValueError("a Redis storage spec needs a 'td_id'");
   o.password(password);  // empty: the client takes the environment's (redis_env_credentials)
   return open_redis_store(o);
+}
+
+RedisStoreKind redis_store_kind(const RedisOptions& options) {
+  if (options.td_id().empty()) return RedisStoreKind::None;
+  RedisStore store(options);
+  std::vector<RedisReply> r = store.client().pipeline(
+      {RedisCommand{"GET", store.key("__batch_size__")}, RedisCommand{"GET", store.key("__type__")}});
+  if (r[0].is_error()) redis_reply_error(r[0], store.key("__batch_size__"));
+  if (r[1].is_error()) redis_reply_error(r[1], store.key("__type__"));
+  if (!r[0].is_nil()) return RedisStoreKind::TensorDict;
+  return r[1].is_string() && r[1].str == "lazy_stack" ? RedisStoreKind::LazyStack : RedisStoreKind::None;
 }
 
 std::string redis_store_td_id(const LeafStore& store) {

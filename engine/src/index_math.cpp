@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include <ATen/ExpandUtils.h>
+
 #include "tensordict/errors.hpp"
 #include "torch_errors.hpp"
 
@@ -140,8 +142,11 @@ bool is_full_slice_index(const Index& index, int64_t batch_dims) {
   return n <= batch_dims;
 }
 
-BatchSize getitem_batch_size(const BatchSize& batch, const Index& index) {
-  const int64_t nd = static_cast<int64_t>(batch.size());
+namespace {
+
+//! upstream's checks of every element (index tensors' dtypes, at most one Ellipsis, no more indices than
+//! batch dims); true when the index holds a tensor or a bool (advanced indexing)
+bool check_elements(const Index& index, int64_t batch_dims) {
   bool advanced = false;
   int64_t n_ellipsis = 0;
   for (const auto& e : index) {
@@ -153,35 +158,87 @@ BatchSize getitem_batch_size(const BatchSize& batch, const Index& index) {
     if (e.is_ellipsis()) ++n_ellipsis;
   }
   if (n_ellipsis > 1) throw_two_ellipses(index, n_ellipsis);
-  check_count(index, nd);
+  check_count(index, batch_dims);
+  return advanced;
+}
 
-  if (!advanced) {
-    // ints select, slices resize, None inserts a dim of 1, Ellipsis spans the dims nobody names
-    const int64_t specified = count_indexed_dims(index);
-    BatchSize out;
-    out.reserve(batch.size() + index.size());
-    size_t dim = 0;
-    for (size_t k = 0; k < index.size(); ++k) {
-      const auto& e = index[k];
-      if (e.is_ellipsis()) {
-        const size_t span = static_cast<size_t>(nd - specified);
-        out.insert(out.end(), batch.begin() + static_cast<long>(dim), batch.begin() + static_cast<long>(dim + span));
-        dim += span;
-      } else if (e.is_integer()) {
-        wrap_index(e.integer(), batch[dim], static_cast<int64_t>(k));
-        ++dim;
-      } else if (e.is_slice()) {
-        out.push_back(slice_range(e.slice(), batch[dim]).length);
-        ++dim;
-      } else if (e.is_none()) {
-        out.push_back(1);
-      }
+//! ints select, slices resize, None inserts a dim of 1, Ellipsis spans the dims nobody names (after
+//! check_elements, for an index without tensors or bools)
+BatchSize basic_batch_size(const BatchSize& batch, const Index& index) {
+  const int64_t nd = static_cast<int64_t>(batch.size());
+  const int64_t specified = count_indexed_dims(index);
+  BatchSize out;
+  out.reserve(batch.size() + index.size());
+  size_t dim = 0;
+  for (size_t k = 0; k < index.size(); ++k) {
+    const auto& e = index[k];
+    if (e.is_ellipsis()) {
+      const size_t span = static_cast<size_t>(nd - specified);
+      out.insert(out.end(), batch.begin() + static_cast<long>(dim), batch.begin() + static_cast<long>(dim + span));
+      dim += span;
+    } else if (e.is_integer()) {
+      wrap_index(e.integer(), batch[dim], static_cast<int64_t>(k));
+      ++dim;
+    } else if (e.is_slice()) {
+      out.push_back(slice_range(e.slice(), batch[dim]).length);
+      ++dim;
+    } else if (e.is_none()) {
+      out.push_back(1);
     }
-    out.insert(out.end(), batch.begin() + static_cast<long>(dim), batch.end());
-    return out;
   }
+  out.insert(out.end(), batch.begin() + static_cast<long>(dim), batch.end());
+  return out;
+}
 
-  // advanced indexing: let torch decide on a stride-0 dummy (only the result is allocated)
+//! upstream _getitem_batch_size broadcasts the index tensors' shapes (a mask counts as [its number of
+//! True]) with torch.broadcast_shapes: false when they do not broadcast together
+bool index_tensors_broadcast(const Index& index) {
+  std::vector<int64_t> shape;
+  bool first = true;
+  for (const auto& e : index) {
+    if (!e.is_tensor()) continue;
+    const at::Tensor& t = e.tensor();
+    std::vector<int64_t> s = is_mask_dtype(t.scalar_type()) ? std::vector<int64_t>{t.count_nonzero().item<int64_t>()}
+                                                              : t.sizes().vec();
+    if (first) {
+      shape = std::move(s);
+      first = false;
+      continue;
+    }
+    try {
+      shape = at::infer_size(shape, s);
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }
+  return true;
+}
+
+//! torch's error for an advanced index, in upstream's classes: torch's Value/TypeError as they are; index
+//! tensors (masks included) that do not broadcast together a RuntimeError (upstream's broadcast_shapes); a
+//! mask of the wrong shape on its own, and any other torch error, an IndexError naming the index (upstream
+//! indexes each leaf with torch, which raises IndexError)
+[[noreturn]] void throw_index_error(const c10::Error& e, const BatchSize& batch, const Index& index) {
+  ErrorCode code = detail::torch_error_code(e, ErrorCode::Index);
+  const std::string msg = detail::torch_message(e);
+  if (msg.find("could not be broadcast") != std::string::npos ||
+      (msg.find("The shape of the mask") != std::string::npos && !index_tensors_broadcast(index))) {
+    throw RuntimeError("Shape mismatch: objects cannot be broadcast to a single shape (index " + index_repr(index) +
+                       " on batch size " + list_str(batch) + "; " + msg + ")");
+  }
+  throw_error(code, code != ErrorCode::Index
+                        ? msg
+                        : msg + " (index " + index_repr(index) + " on batch size " + list_str(batch) + ")");
+}
+
+}  // namespace
+
+at::Tensor index_batch(const at::Tensor& source, const Index& index) {
+  const BatchSize batch(source.sizes().begin(), source.sizes().end());
+  if (!check_elements(index, static_cast<int64_t>(batch.size()))) {
+    (void)basic_batch_size(batch, index);  // upstream's errors for ints and slices
+    return source.index(index);
+  }
   Index idx;
   idx.reserve(index.size());
   for (const auto& e : index) {
@@ -193,24 +250,27 @@ BatchSize getitem_batch_size(const BatchSize& batch, const Index& index) {
       idx.push_back(e);
     }
   }
-  at::Tensor dummy = at::empty({}, at::TensorOptions().dtype(at::kByte)).expand(batch);
   try {
-    at::Tensor r = dummy.index(idx);
-    return BatchSize(r.sizes().begin(), r.sizes().end());
+    return source.index(idx);
   } catch (const c10::Error& e) {
-    // torch's Value/TypeError as they are; any other torch error is an IndexError naming the index
-    ErrorCode code = detail::torch_error_code(e, ErrorCode::Index);
-    const std::string msg = detail::torch_message(e);
-    // malformed indices (a mask of the wrong shape, index tensors that do not broadcast together) are a
-    // RuntimeError upstream (_getitem_batch_size), out-of-range indices an IndexError
-    if (msg.find("The shape of the mask") != std::string::npos ||
-        msg.find("could not be broadcast") != std::string::npos) {
-      code = ErrorCode::Runtime;
-    }
-    throw_error(code, code != ErrorCode::Index
-                          ? msg
-                          : msg + " (index " + index_repr(index) + " on batch size " + list_str(batch) + ")");
+    throw_index_error(e, batch, index);
   }
+}
+
+BatchSize getitem_batch_size(const BatchSize& batch, const Index& index) {
+  if (!check_elements(index, static_cast<int64_t>(batch.size()))) return basic_batch_size(batch, index);
+  // advanced indexing: let torch decide on a stride-0 dummy (only the result is allocated)
+  at::Tensor dummy = at::empty({}, at::TensorOptions().dtype(at::kByte)).expand(batch);
+  at::Tensor r = index_batch(dummy, index);
+  return BatchSize(r.sizes().begin(), r.sizes().end());
+}
+
+bool selects_batch_dims_only(const Index& index, size_t batch_dims) {
+  for (const auto& e : index) {
+    if (e.is_none() || e.is_ellipsis() || e.is_boolean()) return false;
+    if (e.is_tensor() && (!e.tensor().defined() || e.tensor().dim() == 0)) return false;
+  }
+  return count_indexed_dims(index) <= static_cast<int64_t>(batch_dims);
 }
 
 std::string index_repr(const Index& index) {

@@ -15,6 +15,7 @@
 
 #include "lazy_stack_node.hpp"
 #include "indexing_internal.hpp"
+#include "spec_internal.hpp"
 #include "tensor_dict_internal.hpp"
 #include "tree_visitor.hpp"
 #include "torch_errors.hpp"
@@ -277,7 +278,7 @@ struct IndexVisitor : detail::tree::RebuildVisitor {
     return Entry(std::move(s));
   }
   std::optional<TensorDict> sub_result(const detail::tree::KeyPath&, const TensorDict& sub, TensorDict out, bool) {
-    return finish(*sub.impl(), std::move(out));
+    return finish(*detail::impl_of(sub), std::move(out));
   }
   TensorDict finish(const TensorDictImpl& src, TensorDict result) {
     if (p.preserve && (src.is_memmap || src.is_shared)) {
@@ -298,6 +299,13 @@ TensorDict index_impl(const TensorDictImpl& src, const Prepared& p, BatchSize ne
 
 }  // namespace
 
+// ============================================================================ resolved indices
+std::optional<ResolvedIndex> Node::resolve(const Index&) const { return std::nullopt; }
+
+std::shared_ptr<Node> Node::index_at(const ResolvedIndex&) const {
+  throw NotImplementedError("index_at (a resolved index) on a " + type_name());
+}
+
 // ============================================================================ public API
 TensorDict TensorDict::index(const Index& index) const {
   if (typed_) {  // the untyped index, then the schema put back (one handle copy, no revalidation)
@@ -307,14 +315,19 @@ TensorDict TensorDict::index(const Index& index) const {
   }
   if (node_ && only_full_slices(index)) return *this;  // upstream: td[:], td[...] are td, whatever the batch
   if (!dense_) {
-    if (node_ && !node_->dense_view()) validate_for_node(node_->batch_size, index);
-    return TensorDict(node_ ? node_->index(index) : TensorDict::undefined().node());
+    if (!node_) return TensorDict::undefined();
+    // a store node resolves the index once (upstream's errors included) and indexes with that
+    if (std::optional<ResolvedIndex> r = node_->resolve(index)) return TensorDict(node_->index_at(*r));
+    if (!node_->dense_view()) validate_for_node(node_->batch_size, index);
+    return TensorDict(node_->index(index));
   }
   Prepared p = prepare(d()->batch_size, index);
   if (p.kind == Prepared::Kind::Identity) return *this;
   try {
     BatchSize b = p.batch;
-    return index_impl(*d(), p, std::move(b));
+    TensorDict out = index_impl(*d(), p, std::move(b));
+    detail::carry_view_origin(*d(), index, out);  // a view of a memmap / shared td keeps its spec
+    return out;
   } catch (const c10::Error& e) {
     detail::rethrow_torch_error(e,
                                 "td.index(" + index_repr(index) + ") on batch size " + shape_str(d()->batch_size));

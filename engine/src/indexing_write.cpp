@@ -206,7 +206,7 @@ void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, c
       TensorDict vs = ve.tensordict();
       TensorDict sub = detail::make_empty(dst, sub_batch(dst.batch_size, vs.batch_size(), ni));
       dst.entries.emplace_back(key, Entry(sub));
-      put_td(*sub.impl(), p, sub_batch(ibs, vs.batch_size(), ni), vs, orig);
+      put_td(*detail::impl_of(sub), p, sub_batch(ibs, vs.batch_size(), ni), vs, orig);
       return;
     }
     case Entry::Kind::NonTensorData: {
@@ -232,7 +232,7 @@ void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, c
 void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const TensorDict& value_in,
             const Index& orig) {
   TensorDict value = broadcast_value(dst, ibs, value_in.node()->dense_form(value_in), orig);
-  const TensorDictImpl& vimpl = *value.impl();
+  const TensorDictImpl& vimpl = *detail::impl_of(value);
   const size_t n = vimpl.entries.size();
   for (size_t j = 0; j < n; ++j) {
     const std::string& key = vimpl.entries[j].first;
@@ -263,11 +263,11 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
                           Entry::kind_name(ve.kind()));
         }
         TensorDict sub = de->tensordict();
-        if (!sub.is_dense()) {
+        if (!sub.node()->dense_node()) {  // another node kind writes itself
           sub.index_put_(p.as_index(), ve.tensordict());
           break;
         }
-        put_td(*sub.impl(), p, sub_batch(p.batch, sub.batch_size(), p.src_dims), ve.tensordict(), orig);
+        put_td(*detail::impl_of(sub), p, sub_batch(p.batch, sub.batch_size(), p.src_dims), ve.tensordict(), orig);
         break;
       }
       case Entry::Kind::NonTensorData:
@@ -316,10 +316,9 @@ Prepared prepare_write(const BatchSize& batch, const Index& index) {
 
 //! upstream __setitem__'s check of a TensorDict value, for nodes that write it their own way (lazy stacks):
 //! the value's batch is the indexed batch, its trailing dims, or its leaves carry the indexed batch
-void check_write_value(const TensorDict& td, const Index& index, const TensorDict& value) {
+//! `ibs`: the indexed batch (from the index resolved once by the caller)
+void check_write_value(const TensorDict& td, const BatchSize& ibs, const Index& index, const TensorDict& value) {
   const BatchSize& batch = td.batch_size();
-  const BatchSize ibs =
-      only_full_slices(index) ? batch : on_write_index([&] { return getitem_batch_size(batch, index); });
   const BatchSize& vb = value.batch_size();
   if (vb == ibs) return;
   if (!vb.empty() && vb.size() <= ibs.size() &&
@@ -338,31 +337,73 @@ void check_write_value(const TensorDict& td, const Index& index, const TensorDic
                      "), which differs from the source batch size " + shape_str(vb));
 }
 
+void check_write_value(const TensorDict& td, const Index& index, const TensorDict& value) {
+  const BatchSize& batch = td.batch_size();
+  check_write_value(td, only_full_slices(index) ? batch : on_write_index([&] { return getitem_batch_size(batch, index); }),
+                    index, value);
+}
+
+namespace {
+
+//! the index tensors of `index` that torch's index_put_ writes through: index tensors of one dim or more and
+//! masks (a 0-dim integer tensor selects as an int)
+int64_t advanced_elements(const Index& index, int64_t* masks) {
+  int64_t n = 0;
+  *masks = 0;
+  for (const auto& e : index) {
+    if (!e.is_tensor() || !e.tensor().defined()) continue;
+    const bool mask = e.tensor().scalar_type() == at::kBool || e.tensor().scalar_type() == at::kByte;
+    if (e.tensor().dim() > 0 || mask) ++n;
+    if (mask) ++*masks;
+  }
+  return n;
+}
+
+//! RuntimeError unless every tensor leaf of td has `value` as dtype (read from the metas: no data)
+void check_leaf_dtypes(const TensorDict& td, at::ScalarType value) {
+  for (const auto& kv : detail::key_metas(td, KeysOptions().include_nested(true).leaves_only(true))) {  // no read
+    const at::ScalarType dst = kv.second.dtype;
+    if (dst != value) {
+      throw RuntimeError("td[idx] = value: Index put requires the source and destination dtypes match, got " +
+                         std::string(c10::toString(dst)) + " for the destination and " + c10::toString(value) +
+                         " for the source (key " + kv.first.repr() + ")");
+    }
+  }
+}
+
+}  // namespace
 
 //! torch's index_put_ rule for td[idx] = tensor with an advanced index (an index tensor or a mask): the value
 //! must have each leaf's dtype (upstream's tensor[idx] = value raises "Index put requires the source and
 //! destination dtypes match"). Checked on every leaf first, so that nothing is written when one refuses.
 void check_index_put_dtype(const TensorDict& td, const Index& index, const at::Tensor& value) {
-  bool advanced = false;
-  for (const auto& e : index) {
-    if (e.is_tensor() && e.tensor().defined() && (e.tensor().dim() > 0 || e.tensor().scalar_type() == at::kBool)) {
-      advanced = true;
-    }
+  int64_t masks = 0;
+  if (advanced_elements(index, &masks) > 0) check_leaf_dtypes(td, value.scalar_type());
+}
+
+//! the same rule for td[idx] = scalar: upstream turns a Python scalar into a tensor (torch.as_tensor: bool,
+//! int64, the default float dtype, complex) and writes it with tensor[idx] = value. With index tensors torch
+//! writes through index_put_ (the dtype rule), except a lone mask, which it writes with masked_fill_ (any
+//! dtype): an int with an index list, several index tensors, a multi-dim index tensor are refused on a
+//! dtype mismatch, a mask (with ints and slices) converts
+void check_index_put_dtype(const TensorDict& td, const Index& index, const at::Scalar& value) {
+  int64_t masks = 0;
+  const int64_t n = advanced_elements(index, &masks);
+  if (n == 0 || (n == 1 && masks == 1)) return;
+  at::ScalarType dtype = at::typeMetaToScalarType(at::get_default_dtype());
+  if (value.isBoolean()) {
+    dtype = at::kBool;
+  } else if (value.isIntegral(/*includeBool=*/false)) {
+    dtype = at::kLong;
+  } else if (value.isComplex()) {
+    dtype = at::toComplexType(dtype);
   }
-  if (!advanced) return;
-  for (const auto& kv : detail::key_metas(td, KeysOptions().include_nested(true).leaves_only(true))) {  // no read
-    const at::ScalarType dst = kv.second.dtype;
-    if (dst != value.scalar_type()) {
-      throw RuntimeError("td[idx] = value: Index put requires the source and destination dtypes match, got " +
-                         std::string(c10::toString(dst)) + " for the destination and " +
-                         c10::toString(value.scalar_type()) + " for the source (key " + kv.first.repr() + ")");
-    }
-  }
+  check_leaf_dtypes(td, dtype);
 }
 
 namespace {
-//! td[idx] = tensor / scalar on a remote node (HDF5, Redis): read the rows, write the value into them, write
-//! them back (one request each)
+//! td[idx] = tensor / scalar on a node without a resolved form: read the rows, write the value into them,
+//! write them back (one request each)
 template <class V>
 void remote_fill(TensorDict& td, const Index& index, const V& value) {
   on_write_index([&] {
@@ -371,6 +412,26 @@ void remote_fill(TensorDict& td, const Index& index, const V& value) {
     rows.index_put_(Index{}, value);
     td.node()->write(index, rows);
   });
+}
+
+//! td[idx] = tensor / scalar on a node that resolved the index (a store): `make(dtype, shape)` is the value
+//! of each tensor leaf at the selection, whose shapes and dtypes the selection's metas give (no read); every
+//! leaf is made before anything is written, then the whole TensorDict goes in ONE write request
+template <class Make>
+void fill_resolved(Node& node, const ResolvedIndex& r, const Make& make) {
+  const TensorDict sel(node.index_at(r));
+  TensorDict value(sel.batch_size(), sel.device());
+  for (const auto& kv : detail::key_metas(sel, KeysOptions().include_nested(true).leaves_only(true))) {
+    at::Tensor leaf;
+    try {
+      leaf = make(kv.second.dtype, kv.second.shape);
+    } catch (const c10::Error& e) {
+      detail::rethrow_torch_error(e, "td[idx] = value: cannot write the value into key " + kv.first.repr() +
+                                         " of indexed shape " + shape_str(kv.second.shape));
+    }
+    value.set(kv.first, leaf);
+  }
+  node.write_at(r, value);
 }
 }  // namespace
 
@@ -390,12 +451,22 @@ TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) 
 }
 
 TensorDict& TensorDict::index_put_(const Index& index, const at::Scalar& value) {
+  check_index_put_dtype(*this, index, value);
   detail::node_of(*this, "index_put_").index_put_(*this, index, value);
   return *this;
 }
 
+void Node::write_at(const ResolvedIndex&, const TensorDict&) {
+  throw NotImplementedError("write_at (a resolved index) on a " + type_name());
+}
+
+// a node with a resolved form (a store) resolves the index once here and writes with it
 void Node::index_put_(TensorDict& self, const Index& index, const TensorDict& value) {
   if (auto view = dense_view()) return view->index_put_(self, index, value);
+  if (std::optional<ResolvedIndex> r = on_write_index([&] { return resolve(index); })) {
+    check_write_value(self, r->result_batch(), index, value);
+    return write_at(*r, value);
+  }
   check_write_value(self, index, value);
   on_write_index([&] {
     validate_for_node(batch_size, index);
@@ -403,13 +474,24 @@ void Node::index_put_(TensorDict& self, const Index& index, const TensorDict& va
   });
 }
 
+// td[idx] = tensor / scalar on a store: the value broadcast to the selected leaves and written, no read
 void Node::index_put_(TensorDict& self, const Index& index, const at::Tensor& value) {
   if (auto view = dense_view()) return view->index_put_(self, index, value);
+  if (std::optional<ResolvedIndex> r = on_write_index([&] { return resolve(index); })) {
+    return fill_resolved(*this, *r, [&](at::ScalarType dtype, const BatchSize& shape) {
+      return value.to(dtype).expand(shape);
+    });
+  }
   remote_fill(self, index, value);
 }
 
 void Node::index_put_(TensorDict& self, const Index& index, const at::Scalar& value) {
   if (auto view = dense_view()) return view->index_put_(self, index, value);
+  if (std::optional<ResolvedIndex> r = on_write_index([&] { return resolve(index); })) {
+    return fill_resolved(*this, *r, [&](at::ScalarType dtype, const BatchSize& shape) {
+      return at::scalar_tensor(value, at::TensorOptions().dtype(dtype)).expand(shape);
+    });
+  }
   remote_fill(self, index, value);
 }
 

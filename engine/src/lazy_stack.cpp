@@ -17,11 +17,6 @@ using at::indexing::TensorIndex;
 
 namespace detail {
 
-LazyStackNode* lazy_node(const TensorDict& td) {
-  const auto& n = td.node();
-  return dynamic_cast<LazyStackNode*>(n.get());  // the class over its own node
-}
-
 TensorDict make_lazy(std::vector<TensorDict> members, int64_t stack_dim) {
   return TensorDict(std::shared_ptr<Node>(std::make_shared<LazyStackNode>(std::move(members), stack_dim)));
 }
@@ -92,19 +87,6 @@ std::vector<std::string> LazyStackNode::keys() const {
     common = std::move(keep);
   }
   return common;
-}
-
-std::vector<std::vector<std::string>> LazyStackNode::exclusive_keys() const {
-  std::vector<std::string> common = keys();
-  std::vector<std::vector<std::string>> out;
-  for (const auto& m : members) {
-    std::vector<std::string> k = m.node()->keys();
-    std::sort(k.begin(), k.end());
-    std::vector<std::string> only;
-    std::set_difference(k.begin(), k.end(), common.begin(), common.end(), std::back_inserter(only));
-    out.push_back(std::move(only));
-  }
-  return out;
 }
 
 std::optional<EntryMeta> LazyStackNode::meta(const std::string& key) const {
@@ -661,7 +643,7 @@ TensorDict LazyStackNode::to_dense() const { return detail::lazy_contiguous(*thi
 
 // ============================================================================ the class
 static LazyStackNode& lazy_of(const TensorDict& td) {
-  LazyStackNode* n = detail::lazy_node(td);
+  LazyStackNode* n = LazyStackNode::of(td);
   if (!n) {
     throw TypeError(std::string("expected a LazyStackedTensorDict, got a ") +
                     (td.defined() ? td.node()->type_name() : std::string("undefined TensorDict")));
@@ -674,7 +656,9 @@ LazyStackedTensorDict::LazyStackedTensorDict(std::vector<TensorDict> tensordicts
 
 LazyStackedTensorDict::LazyStackedTensorDict(const TensorDict& td) : TensorDict(td.node()) { lazy_of(td); }
 
-bool LazyStackedTensorDict::is_lazy_stack(const TensorDict& td) { return detail::lazy_node(td) != nullptr; }
+bool LazyStackedTensorDict::is_lazy_stack(const TensorDict& td) {
+  return td.defined() && static_cast<bool>(td.node()->stack_members());
+}
 
 const std::vector<TensorDict>& LazyStackedTensorDict::tensordicts() const { return lazy_of(*this).members; }
 int64_t LazyStackedTensorDict::stack_dim() const { return lazy_of(*this).stack_dim; }
@@ -769,11 +753,9 @@ LazyStackedTensorDict lazy_stack(const std::vector<TensorDict>& tds, int64_t dim
 }
 
 TensorDict maybe_dense_stack(const std::vector<TensorDict>& tds, int64_t dim) {
-  bool dense = !tds.empty();
-  for (const auto& td : tds) dense = dense && td.is_dense();
-  if (dense) {
+  if (!tds.empty()) {
     try {
-      return stack(tds, dim);
+      return stack(tds, dim);  // dense when the inputs stack densely (stack keeps other node kinds lazy)
     } catch (const Error&) {
     }
   }

@@ -22,6 +22,10 @@ struct LazyStackNode : Node {
   //! recomputes batch_size / member_batch / device from the members
   void refresh();
 
+  //! the stack node of td (LazyStackedTensorDict's own accessor), or nullptr
+  static LazyStackNode* of(const TensorDict& td);
+
+  StackMembers stack_members() const override { return {&members, stack_dim}; }
   std::string type_name() const override { return "LazyStackedTensorDict"; }
   NodeCaps caps() const override;
   //! the sorted intersection of the members' keys
@@ -40,6 +44,7 @@ struct LazyStackNode : Node {
   //! ragged members: each gets a sub-TensorDict of its own batch size
   TensorDict open_child(const std::string& key) override;
   EntryMeta as_entry_meta() const override;
+  std::string storage_spec() const override;  //!< {"driver": "stack", "dim", "members"} (spec_stack.cpp)
 
   // the operations member by member (upstream's LazyStackedTensorDict); the rest: Node's defaults
   void set_entry(const NestedKey& key, const Entry& value, bool inplace) override;
@@ -87,8 +92,6 @@ struct LazyStackNode : Node {
   void add_(TensorDict& self, const at::Scalar& other) override;
   void mul_(TensorDict& self, const at::Scalar& other) override;
 
-  //! keys present in some members only (upstream's exclusive_fields), sorted, per member
-  std::vector<std::vector<std::string>> exclusive_keys() const;
   //! the value unbound along the stack dim, one part per member (tensor, TensorDict or non-tensor)
   std::vector<Entry> split_value(const std::string& key, const Entry& value) const;
   //! set_ on every member (KeyError unless every member has the key)
@@ -99,8 +102,6 @@ struct LazyStackNode : Node {
 };
 
 namespace detail {
-//! the lazy node of td, or nullptr
-LazyStackNode* lazy_node(const TensorDict& td);
 //! a TensorDict over a new lazy-stack node
 TensorDict make_lazy(std::vector<TensorDict> members, int64_t stack_dim);
 //! the dense stack of the members (densifying lazy members); the stack error names the first misfit

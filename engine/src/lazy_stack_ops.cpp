@@ -9,6 +9,10 @@
 
 namespace tensordict {
 
+LazyStackNode* LazyStackNode::of(const TensorDict& td) {
+  return td.defined() ? dynamic_cast<LazyStackNode*>(td.node().get()) : nullptr;  // the class over its own node
+}
+
 namespace {
 //! what an operation without a form for a lazy stack says (the dense-only paths' text)
 [[noreturn]] void not_dense(const Node& node) {

@@ -7,7 +7,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include "spec_internal.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/lazy_stack.hpp"
 #include "torch_errors.hpp"
@@ -124,8 +126,7 @@ std::shared_ptr<MapBackend> require_backend(const char* what) {
 
 TensorDict TensorDict::map(const MapFn& fn, const MapOptions& options) const {
   if (!fn) throw ValueError("map: fn is empty");
-  // a lazy stack (or one nested below) is mapped on its dense form: the chunks are dense TensorDicts
-  if (defined() && !detail::is_dense_tree(*this)) return detail::dense_tree(*this).map(fn, options);
+  // a lazy stack (or one nested below) is mapped chunk by chunk on its dense form (map_detail::run_chunk)
   return require_backend("TensorDict::map")->map(*this, fn, options);
 }
 
@@ -200,7 +201,7 @@ MapPlan plan(const TensorDict& src, const MapOptions& o, bool for_iter, int64_t 
       throw ValueError(std::string(what) + ": worker processes write their results into out: give a memmap or "
                        "shared out (MapOptions().out(td.memmap_like(dir)) or a share_memory_()'d one)");
     }
-    if (o.out()->defined() && !(o.out()->is_memmap() || o.out()->is_shared())) {
+    if (o.out()->defined() && !(o.out()->is_memmap() || o.out()->is_shared() || detail::is_storage_view(*o.out()))) {
       throw ValueError(std::string(what) + ": worker processes need a memmap or shared out (they write into it "
                        "in place); out is an in-memory TensorDict");
     }
@@ -340,7 +341,11 @@ namespace {
 //! of result goes into its leaf of out_chunk by pwrite (a file mapping) or after MADV_POPULATE_WRITE, else by
 //! stores. False (nothing written) when the leaves do not pair up one to one (update_ then raises or copies).
 bool write_mapped(const TensorDict& view, const TensorDict& result, MapOutWrite mode) {
-  if (!view.is_dense() || !detail::is_dense_tree(view) || !detail::is_dense_tree(result)) return false;
+  // dense nodes through and through (the tree visitor's dense levels)
+  if (!detail::tree::level_of(view, detail::tree::Descend::DenseOnly) || !detail::is_dense_tree(view) ||
+      !detail::is_dense_tree(result)) {
+    return false;
+  }
   const auto leaves = result.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true));
   std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
   for (const auto& kv : leaves) {
@@ -426,7 +431,9 @@ TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan
   // OpenMP (Debian's build): set it only when it differs, right before fn runs on this scheduler thread.
   if (at::get_num_threads() != plan.worker_threads) at::set_num_threads(static_cast<int>(plan.worker_threads));
   WorkerScope scope(&ctx);
-  TensorDict chunk = take_chunk(src, plan, plan.chunks[i]);
+  // fn gets a dense TensorDict whichever way map was called (td.map, Engine::map, map_iter; a worker thread,
+  // actor or process): a chunk of a lazy stack (or of a tree holding one, or of a store) in its dense form
+  TensorDict chunk = detail::dense_tree(take_chunk(src, plan, plan.chunks[i]));
   TensorDict result = fn(chunk);
   if (plan.in_place_out) {
     write_chunk(*plan.out, plan, i, result);

@@ -15,12 +15,12 @@
 #include <functional>
 #include <thread>
 
-#include "lazy_stack_node.hpp"
 #include "memmap_internal.hpp"
 #include "tensor_dict_internal.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/lazy_stack.hpp"
+#include "tree_visitor.hpp"
 
 namespace fs = std::filesystem;
 
@@ -39,6 +39,18 @@ LeafMeta leaf_meta(const std::string& key, const at::Tensor& t) {
   return m;
 }
 
+//! the tensorclass record a save writes: "<class 'PATH'>" for MemmapOptions().class_path(PATH), else `own`
+std::string class_record(const MemmapOptions& o, const std::string& own) {
+  const std::string& path = o.class_path();
+  if (path.empty()) return own;
+  for (char c : path) {
+    if (c == '\'' || c == '"' || c == '<' || c == '>' || static_cast<unsigned char>(c) < 0x20) {
+      throw ValueError("MemmapOptions().class_path: '" + path + "' is not a class path (\"pkg.mod.Name\")");
+    }
+  }
+  return "<class '" + path + "'>";
+}
+
 void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string& prefix) {
   impl->is_memmap = true;
   impl->is_shared = false;
@@ -48,13 +60,13 @@ void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string&
     if (kv.second.is_tensordict()) {
       std::string sub = base.empty() ? "" : join_path(base, backends::encode_key(kv.first));
       TensorDict child = kv.second.tensordict();
-      if (const LazyStackNode* lz = detail::lazy_node(child)) {  // members in sub/0, sub/1, ...
-        for (size_t i = 0; i < lz->members.size(); ++i) {
-          mark_memmap(lz->members[i].impl(), sub.empty() ? "" : join_path(sub, std::to_string(i)));
+      if (const StackMembers lz = child.node()->stack_members()) {  // members in sub/0, sub/1, ...
+        for (size_t i = 0; i < lz.members->size(); ++i) {
+          mark_memmap(detail::impl_of((*lz.members)[i]), sub.empty() ? "" : join_path(sub, std::to_string(i)));
         }
         continue;
       }
-      mark_memmap(child.impl(), sub);
+      mark_memmap(detail::impl_of(child), sub);
     }
   }
 }
@@ -64,6 +76,19 @@ void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string&
 namespace {
 
 using namespace detail::memmap;
+
+//! every tensor leaf of the tree onto anonymous shared memory (memmap_ / memmap_like without a prefix);
+//! `copy`: with its values, a leaf that is mapped already kept as it is
+void map_anonymous_leaves(TensorDictImpl& root, bool copy) {
+  detail::tree::for_each_leaf_mut(root, [&](const detail::tree::KeyPath&, Entry& e) {
+    if (!e.is_tensor()) return;
+    const at::Tensor& t = e.tensor();
+    if (copy && backends::mapping_of(t)) return;
+    at::Tensor m = backends::map_anonymous(t.scalar_type(), t.sizes());
+    if (copy && t.numel() > 0) m.copy_(t);
+    e = Entry(m);
+  });
+}
 
 void make_dirs(const std::string& dir) {
   std::error_code ec;
@@ -311,28 +336,28 @@ std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir,
     } else if (e.is_tensordict()) {
       TensorDict child = e.tensordict();
       std::string cdir = join_path(td_dir, backends::encode_key(key));
-      if (const LazyStackNode* lz = detail::lazy_node(child)) {
+      if (const StackMembers lz = child.node()->stack_members()) {
         // a lazy stack inside the TensorDict: its directory {"_type", "stack_dim"} and its members in 0/, 1/...
         // (upstream's layout; loading keeps it lazy)
         make_dirs(plan.at(cdir));
         auto lnode = std::make_shared<DirNode>();
         lnode->kind = NodeKind::LazyStackedTensorDict;
         lnode->type_repr = backends::type_repr::kLazyStackedTensorDict;
-        lnode->stack_dim = lz->stack_dim;
+        lnode->stack_dim = lz.dim;
         lnode->batch_size = child.batch_size();
-        for (size_t i = 0; i < lz->members.size(); ++i) {
-          const TensorDict& m = lz->members[i];
-          if (!m.is_dense()) {
+        for (size_t i = 0; i < lz.members->size(); ++i) {
+          const TensorDict& m = (*lz.members)[i];
+          if (!detail::tree::level_of(m, detail::tree::Descend::DenseOnly)) {
             throw NotImplementedError("memmap of the lazy stack at '" + key + "': member " + std::to_string(i) +
                                       " is a " + m.node()->type_name() + " (dense members only)");
           }
-          plan_tree(*m.impl(), join_path(cdir, std::to_string(i)), o, like, replace, plan);
+          plan_tree(*detail::impl_of(m), join_path(cdir, std::to_string(i)), o, like, replace, plan);
         }
         plan.metas.emplace_back(plan.at(cdir), lnode);
         node->add_child(key, *lnode);
         continue;
       }
-      auto cnode = plan_tree(*child.impl(), cdir, o, like, replace, plan);
+      auto cnode = plan_tree(*detail::impl_of(child), cdir, o, like, replace, plan);
       DirNode copy = *cnode;
       node->add_child(key, copy);
     } else if (e.is_non_tensor()) {
@@ -447,30 +472,25 @@ void TensorDictImpl::memmap_(TensorDict& self, const std::string& prefix, const 
     throw ValueError("memmap_ and share_memory_ are mutually exclusive: this TensorDict is in shared memory");
   }
   if (prefix.empty()) {  // anonymous shared memory
-    std::function<void(TensorDictImpl&)> anon = [&](TensorDictImpl& impl) {
-      for (auto& kv : impl.entries) {
-        if (kv.second.is_tensor()) {
-          const at::Tensor& t = kv.second.tensor();
-          if (backends::mapping_of(t)) continue;
-          at::Tensor m = backends::map_anonymous(t.scalar_type(), t.sizes());
-          if (t.numel() > 0) m.copy_(t);
-          kv.second = Entry(m);
-        } else if (kv.second.is_tensordict()) {
-          anon(*kv.second.tensordict().impl());
-        }
-      }
-    };
-    anon(*this);
+    map_anonymous_leaves(*this, /*copy=*/true);
     mark_memmap(me, "");
     self.lock_();
     return;
   }
   check_prefix(prefix, options);
+  const std::string class_repr = class_record(options, type_repr);
   StagedSave stage(prefix, options.durable());
   WritePlan plan;
   plan.stage = &stage;
   plan.durable = options.durable();
-  plan_tree(*this, prefix, options, /*like=*/false, /*replace=*/true, plan);
+  const std::string own_repr = type_repr;
+  type_repr = class_repr;
+  try {
+    plan_tree(*this, prefix, options, /*like=*/false, /*replace=*/true, plan);
+  } catch (...) {
+    type_repr = own_repr;
+    throw;
+  }
   run_jobs(plan.leaves, options.num_threads(), plan.durable);
   for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
   stage.commit();
@@ -482,9 +502,9 @@ void TensorDictImpl::memmap_(TensorDict& self, const std::string& prefix, const 
 
 TensorDict TensorDictImpl::memmap(const TensorDict& self, const std::string& prefix, const MemmapOptions& options) const {
   TensorDict out = self.copy();
-  out.impl()->type_repr = type_repr;
-  out.impl()->class_fields = class_fields;
-  out.impl()->class_pickle = class_pickle;
+  detail::impl_of(out)->type_repr = type_repr;
+  detail::impl_of(out)->class_fields = class_fields;
+  detail::impl_of(out)->class_pickle = class_pickle;
   // the copy's leaves are this TensorDict's: re-writing them elsewhere is what memmap() means
   MemmapOptions o = options;
   o.copy_existing(true);
@@ -504,21 +524,11 @@ TensorDict TensorDict::save(const std::string& prefix, const MemmapOptions& opti
 TensorDict TensorDictImpl::memmap_like(const TensorDict& self, const std::string& prefix,
                                        const MemmapOptions& options) const {
   TensorDict out = self.copy();
-  out.impl()->type_repr = type_repr;
-  out.impl()->class_fields = class_fields;
+  detail::impl_of(out)->type_repr = class_record(options, type_repr);
+  detail::impl_of(out)->class_fields = class_fields;
   if (prefix.empty()) {
-    std::function<void(TensorDictImpl&)> anon = [&](TensorDictImpl& impl) {
-      for (auto& kv : impl.entries) {
-        if (kv.second.is_tensor()) {
-          const at::Tensor& t = kv.second.tensor();
-          kv.second = Entry(backends::map_anonymous(t.scalar_type(), t.sizes()));
-        } else if (kv.second.is_tensordict()) {
-          anon(*kv.second.tensordict().impl());
-        }
-      }
-    };
-    anon(*out.impl());
-    mark_memmap(out.impl(), "");
+    map_anonymous_leaves(*detail::impl_of(out), /*copy=*/false);
+    mark_memmap(detail::impl_of(out), "");
     out.lock_();
     return out;
   }
@@ -527,13 +537,13 @@ TensorDict TensorDictImpl::memmap_like(const TensorDict& self, const std::string
   WritePlan plan;
   plan.stage = &stage;
   plan.durable = options.durable();
-  plan_tree(*out.impl(), prefix, options, /*like=*/true, /*replace=*/true, plan);
+  plan_tree(*detail::impl_of(out), prefix, options, /*like=*/true, /*replace=*/true, plan);
   run_jobs(plan.leaves, options.num_threads(), plan.durable);
   for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
   stage.commit();
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
-  mark_memmap(out.impl(), prefix);
+  mark_memmap(detail::impl_of(out), prefix);
   out.lock_();
   return out;
 }

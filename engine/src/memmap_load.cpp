@@ -10,6 +10,7 @@
 #include "lazy_stack_node.hpp"
 #include "memmap_internal.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/lazy_stack.hpp"
@@ -28,14 +29,15 @@ backends::ReadOptions read_options(const LoadOptions& o) {
 }
 
 //! Hands every warning of the tree read by read_dir to o.on_warning (stderr when unset).
+void warn(const LoadOptions& o, const std::string& text) {
+  if (o.on_warning())
+    o.on_warning()(text);
+  else
+    std::cerr << "tensordict: warning: " << text << "\n";
+}
+
 void report_warnings(const DirNode& node, const LoadOptions& o) {
-  for (const auto& w : node.warnings) {
-    const std::string text = "'" + node.path + "': " + w;
-    if (o.on_warning())
-      o.on_warning()(text);
-    else
-      std::cerr << "tensordict: warning: " << text << "\n";
-  }
+  for (const auto& w : node.warnings) warn(o, "'" + node.path + "': " + w);
   for (const auto& de : node.entries)
     if (!de.is_leaf && de.child) report_warnings(*de.child, o);
 }
@@ -107,6 +109,12 @@ void build_from_node(TensorDictImpl& impl, const DirNode& node, const BatchSize&
       impl.device = at::Device(*node.device);
     } catch (const c10::Error&) {
       throw FormatError("'" + node.path + "/meta.json' has an unknown device '" + *node.device + "'");
+    }
+    if (!impl.device->is_cpu()) {  // memory-mapped leaves live on the CPU: so does the TensorDict
+      warn(o, "'" + node.path + "/meta.json' names the device '" + *node.device +
+                  "'; loaded on the CPU, where its memory-mapped leaves are (as upstream's "
+                  "load_memmap(prefix, device=\"cpu\")); move it with .to(device)");
+      impl.device = at::Device(at::kCPU);
     }
   }
   (void)parent_batch;
@@ -218,15 +226,15 @@ TensorDict& TensorDict::load_memmap_(const std::string& prefix, const LoadOption
   if (d()->locked) {
     throw LockedError("Cannot modify locked TensorDict: load_memmap_ replaces the entries; unlock it first");
   }
-  d()->entries = loaded.impl()->entries;
-  d()->batch_size = loaded.impl()->batch_size;
-  d()->device = loaded.impl()->device;
-  d()->type_repr = loaded.impl()->type_repr;
-  d()->class_fields = loaded.impl()->class_fields;
-  d()->class_pickle = loaded.impl()->class_pickle;
+  d()->entries = detail::impl_of(loaded)->entries;
+  d()->batch_size = detail::impl_of(loaded)->batch_size;
+  d()->device = detail::impl_of(loaded)->device;
+  d()->type_repr = detail::impl_of(loaded)->type_repr;
+  d()->class_fields = detail::impl_of(loaded)->class_fields;
+  d()->class_pickle = detail::impl_of(loaded)->class_pickle;
   for (auto& kv : d()->entries)
-    if (kv.second.is_tensordict()) kv.second.tensordict().impl()->locked_parents.clear();
-  mark_memmap(impl(), prefix);
+    if (kv.second.is_tensordict()) detail::impl_of(kv.second.tensordict())->locked_parents.clear();
+  mark_memmap(detail::impl_of(*this), prefix);
   lock_();
   return *this;
 }
@@ -241,7 +249,7 @@ static void refresh_impl(TensorDictImpl& impl, const DirNode& node, const LoadOp
   for (const auto& de : td_node->entries) {
     Entry* mine = impl.find(de.key);
     if (mine) {
-      if (!de.is_leaf && de.child && mine->is_tensordict()) refresh_impl(*mine->tensordict().impl(), *de.child, o);
+      if (!de.is_leaf && de.child && mine->is_tensordict()) refresh_impl(*detail::impl_of(mine->tensordict()), *de.child, o);
       continue;
     }
     TensorDictImpl tmp;
@@ -253,7 +261,7 @@ static void refresh_impl(TensorDictImpl& impl, const DirNode& node, const LoadOp
     build_from_node(tmp, one, impl.batch_size, o);
     for (auto& kv : tmp.entries) {
       if (kv.second.is_tensordict()) {
-        auto child = kv.second.tensordict().impl();
+        auto child = detail::impl_of(kv.second.tensordict());
         child->is_memmap = true;
         child->memmap_prefix = de.child ? de.child->path : "";
         if (impl.locked) {
@@ -326,7 +334,7 @@ TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape
     Entry* e = parent->find(key[i]);
     if (!e) e = &make_memmap_level(*parent, key[i]);  // as set(("a", "b"), x) creates "a" (upstream)
     if (!e->is_tensordict()) throw KeyError("make_memmap: '" + key[i] + "' is not a TensorDict");
-    parent = e->tensordict().impl().get();
+    parent = detail::impl_of(e->tensordict()).get();
   }
   if (parent->memmap_prefix.empty()) throw ValueError("make_memmap: the parent has no directory");
   std::string dir = parent->memmap_prefix;
@@ -350,15 +358,22 @@ std::string TensorDict::memmap_prefix() const { return d()->memmap_prefix; }
 
 std::string TensorDict::type_name() const {
   if (typed_) return typed_->name;
-  if (!is_dense() && node() && !node()->dense_view()) return node()->type_name();
+  if (node_ && !detail::tree::dense_level(*this)) return node_->type_name();  // no dense level: the node's class
   if (d()->type_repr.empty()) return "TensorDict";
-  // "<class 'pkg.mod.Name'>" -> "Name"
+  const std::string r = class_path();  // "pkg.mod.Name" -> "Name"
+  auto dot = r.rfind('.');
+  return dot == std::string::npos ? r : r.substr(dot + 1);
+}
+
+std::string TensorDict::class_path() const {
+  if (typed_) return typed_->tensorclass ? typed_->class_path : "";
+  if (node_ && !detail::tree::dense_level(*this)) return "";
+  // "<class 'pkg.mod.Name'>" -> "pkg.mod.Name"
   std::string r = d()->type_repr;
   auto q1 = r.find('\'');
   auto q2 = r.rfind('\'');
   if (q1 != std::string::npos && q2 != std::string::npos && q2 > q1) r = r.substr(q1 + 1, q2 - q1 - 1);
-  auto dot = r.rfind('.');
-  return dot == std::string::npos ? r : r.substr(dot + 1);
+  return r;
 }
 
 LazyStackedTensorDict LazyStackedTensorDict::load_memmap(const std::string& prefix, const LoadOptions& options) {

@@ -181,15 +181,17 @@ struct ApplyVisitor : tree::RebuildVisitor {
                         Entry::kind_name(m[i]->kind()) + " in others[" + std::to_string(i) + "]");
       }
     }
-    if (!child.is_dense() && c.unary && m.empty()) return nullptr;  // another node kind applies itself
-    return child.impl().get();
+    // another node kind (not a dense node) applies itself where it can (one tree, one fn)
+    const TensorDictImpl* level = tree::level_of(child, tree::Descend::DenseOnly);
+    if (!level && c.unary && m.empty()) return nullptr;
+    return level ? level : detail::impl_of(child).get();
   }
   std::vector<const TensorDictImpl*> descend_others(const tree::KeyPath&, const TensorDictImpl& child,
                                                     const tree::Matched& m) {
     std::vector<const TensorDictImpl*> out(m.size(), nullptr);
     if (child.entries.empty()) return out;  // nothing to match: the others' levels are not read
     for (size_t i = 0; i < m.size(); ++i)
-      if (m[i]) out[i] = m[i]->tensordict().impl().get();
+      if (m[i]) out[i] = detail::impl_of(m[i]->tensordict()).get();
     return out;
   }
   std::optional<TensorDict> other_node(const tree::KeyPath&, const TensorDict& sub, const BatchSize&,
@@ -260,10 +262,10 @@ TensorDict run_apply(const TensorDict& self, const std::vector<TensorDict>& othe
   if (c.opts.default_value() && !c.opts.default_value()->defined()) {
     throw ValueError(std::string(c.op) + ": the default value is an undefined tensor");
   }
-  const TensorDictImpl& s = *self.impl();
+  const TensorDictImpl& s = *detail::impl_of(self);
   std::vector<const TensorDictImpl*> levels(others.size(), nullptr);
   if (!s.entries.empty()) {  // nothing to match: the others' levels are not read
-    for (size_t i = 0; i < others.size(); ++i) levels[i] = others[i].impl().get();
+    for (size_t i = 0; i < others.size(); ++i) levels[i] = detail::impl_of(others[i]).get();
   }
   ApplyVisitor v(c);
   BatchSize nb = c.opts.batch_size() ? *c.opts.batch_size() : s.batch_size;
@@ -471,10 +473,10 @@ struct WhereVisitor : tree::RebuildVisitor {
   }
   const TensorDictImpl* descend(const tree::KeyPath& at, const TensorDict& sub, const tree::Matched& m) {
     other_of(at, Entry::Kind::TensorDict, m);
-    return sub.impl().get();
+    return detail::impl_of(sub).get();
   }
   std::vector<const TensorDictImpl*> descend_others(const tree::KeyPath&, const TensorDictImpl&, const tree::Matched& m) {
-    return {m[0]->tensordict().impl().get()};
+    return {detail::impl_of(m[0]->tensordict()).get()};
   }
   at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& x, const tree::Matched& m) {
     const Entry& y = other_of(at, Entry::Kind::Tensor, m);
@@ -497,7 +499,7 @@ TensorDict TensorDictImpl::where(const TensorDict& self, const at::Tensor& condi
   check_batch_mask(self, condition, "where", "condition");
   if (!other.defined()) throw ValueError("where: the other TensorDict is undefined");
   WhereVisitor v(condition);
-  return detail::tree::rebuild(*this, batch_size, v, {other.impl().get()});
+  return detail::tree::rebuild(*this, batch_size, v, {detail::impl_of(other).get()});
 }
 
 TensorDict TensorDict::where(const at::Tensor& condition, const at::Scalar& other) const {

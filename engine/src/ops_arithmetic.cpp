@@ -62,7 +62,7 @@ at::Tensor bin(Bin op, const at::Tensor& a, const Other& b) {
 //! tensor leaf keys (nested) of td
 std::set<NestedKey> leaf_keys(const TensorDict& td) {
   std::set<NestedKey> out;
-  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor&) { out.insert(k.full()); });
+  for_each_leaf(*detail::impl_of(td), [&](const tree::KeyPath& k, const at::Tensor&) { out.insert(k.full()); });
   return out;
 }
 
@@ -130,11 +130,11 @@ TensorDict binary_scalar(const TensorDict& self, const at::Scalar& other, Bin op
 }
 
 void scalar_inplace(TensorDict& td, const at::Scalar& s, const char* op, bool is_add) {
-  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
+  for_each_leaf(*detail::impl_of(td), [&](const tree::KeyPath& k, const at::Tensor& x) {
     check_writable(x, k, op);
     check_castable(at::result_type(x, s), x, k, op);
   });
-  for_each_leaf(*td.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
+  for_each_leaf(*detail::impl_of(td), [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
       if (is_add) {
         at::Tensor(x).add_(s);
@@ -156,7 +156,7 @@ TensorDict& write_result(TensorDict& self, const TensorDict& result, const char*
   }
   const TensorDict dense = detail::dense_tree(self);
   std::vector<std::pair<NestedKey, at::Tensor>> writes;
-  for_each_leaf(*result.impl(), [&](const tree::KeyPath& k, const at::Tensor& r) {
+  for_each_leaf(*detail::impl_of(result), [&](const tree::KeyPath& k, const at::Tensor& r) {
     const at::Tensor x = dense.get(k.full());
     check_writable(x, k, op);
     check_castable(r.scalar_type(), x, k, op);

@@ -108,7 +108,7 @@ struct CompareVisitor : tree::RebuildVisitor {
   }
   const TensorDictImpl* descend(const tree::KeyPath& at, const TensorDict& sub, const tree::Matched& m) {
     check_kinds(at, Entry::Kind::TensorDict, *m[0]);
-    return sub.impl().get();
+    return detail::impl_of(sub).get();
   }
   at::Tensor tensor(const tree::KeyPath& at, const at::Tensor& x, const tree::Matched& m) {
     check_kinds(at, Entry::Kind::Tensor, *m[0]);
@@ -123,8 +123,8 @@ struct CompareVisitor : tree::RebuildVisitor {
 
 TensorDict compare_td(const TensorDict& self, const TensorDict& other, Cmp op) {
   CompareVisitor v(op);
-  const TensorDictImpl& a = *self.impl();
-  return tree::rebuild(a, a.batch_size, v, {other.impl().get()});
+  const TensorDictImpl& a = *detail::impl_of(self);
+  return tree::rebuild(a, a.batch_size, v, {detail::impl_of(other).get()});
 }
 
 TensorDict compare_td_top(const TensorDict& self, const TensorDict& other, Cmp op) {
@@ -174,8 +174,10 @@ struct EqualVisitor : tree::WalkVisitor {
     if (x.kind() != y->kind()) return tree::Step::Stop;
     if (x.is_tensordict()) {
       const TensorDict tx = x.tensordict(), ty = y->tensordict();
-      if (!tx.is_dense() || !ty.is_dense()) return tx.equal(ty) ? tree::Step::Next : tree::Step::Stop;
-      return same_shape(*tx.impl(), *ty.impl()) ? tree::Step::Enter : tree::Step::Stop;
+      const TensorDictImpl* a = level(tx);
+      const TensorDictImpl* b = level(ty);
+      if (!a || !b) return tx.equal(ty) ? tree::Step::Next : tree::Step::Stop;  // another node kind: its own form
+      return same_shape(*a, *b) ? tree::Step::Enter : tree::Step::Stop;
     }
     const at::Tensor& t = x.tensor();
     const at::Tensor& u = y->tensor();
@@ -187,7 +189,7 @@ struct EqualVisitor : tree::WalkVisitor {
   static bool same_shape(const TensorDictImpl& a, const TensorDictImpl& b) {
     return a.batch_size == b.batch_size && a.entries.size() == b.entries.size();
   }
-  //! both sides are dense nodes here (checked in visit)
+  //! the dense levels the walk enters (both sides have one when visit says Enter)
   const TensorDictImpl* level(const TensorDict& sub) { return tree::level_of(sub, tree::Descend::DenseOnly); }
 };
 
@@ -241,10 +243,10 @@ bool TensorDictImpl::equal(const TensorDict& self, const TensorDict& other) cons
 
 bool LazyStackNode::equal(const TensorDict& self, const TensorDict& other) const {
   // two lazy stacks of the same layout: member by member
-  const auto* b = dynamic_cast<const LazyStackNode*>(other.node().get());
-  if (b && self.batch_size() == other.batch_size() && stack_dim == b->stack_dim && members.size() == b->members.size()) {
+  const StackMembers b = other.node()->stack_members();
+  if (b && self.batch_size() == other.batch_size() && stack_dim == b.dim && members.size() == b.members->size()) {
     for (size_t i = 0; i < members.size(); ++i)
-      if (!members[i].equal(b->members[i])) return false;
+      if (!members[i].equal((*b.members)[i])) return false;
     return true;
   }
   return Node::equal(self, other);

@@ -123,9 +123,9 @@ template <class Fn>
 TensorDict transform(const TensorDict& td_in, const BatchMap& batch_map, Fn&& fn, NonTensorPolicy policy,
                      const char* op, const std::vector<TensorDict>& others = {}) {
   const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
-  const TensorDictImpl& s = *td.impl();
+  const TensorDictImpl& s = *detail::impl_of(td);
   std::vector<const TensorDictImpl*> levels;
-  for (const auto& o : others) levels.push_back(o.impl().get());
+  for (const auto& o : others) levels.push_back(detail::impl_of(o).get());
   TransformVisitor<std::remove_reference_t<Fn>> v(batch_map, fn, policy, op);
   return tree::rebuild(s, batch_map(s.batch_size), v, levels);
 }

@@ -61,7 +61,7 @@ TensorDict all_any_dim(const TensorDict& self, int64_t dim, bool is_all) {
 bool all_any(const TensorDict& self, bool is_all) {
   if (!detail::is_dense_tree(self)) return all_any(detail::dense_tree(self), is_all);
   bool result = is_all;
-  for_each_leaf(*self.impl(), [&](const tree::KeyPath& k, const at::Tensor& t) {
+  for_each_leaf(*detail::impl_of(self), [&](const tree::KeyPath& k, const at::Tensor& t) {
     if (result != is_all) return;
     bool v = is_all;
     try {
@@ -119,7 +119,7 @@ at::Tensor reduce_all_leaves(const TensorDict& self_in, Red r, const std::option
   const BatchSize out_bs = reduce_batch(dims, keepdim)(bs);
   const int64_t nd = static_cast<int64_t>(bs.size());
   std::vector<at::Tensor> parts;
-  for_each_leaf(*self.impl(), [&](const tree::KeyPath& k, const at::Tensor& x) {
+  for_each_leaf(*detail::impl_of(self), [&](const tree::KeyPath& k, const at::Tensor& x) {
     try {
       // batch dims kept in front, every other element of the leaf (reduced dims and features) flattened last
       std::vector<int64_t> perm;

@@ -9,7 +9,8 @@
 #include <ostream>
 #include <sstream>
 
-#include "lazy_stack_node.hpp"
+#include <iterator>
+
 #include "tensor_dict_internal.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 
@@ -290,25 +291,26 @@ std::string fields_text(std::vector<std::string> strs) {
 
 //! the field lines of some keys of a lazy stack: a tensor's shape from the members' metas, ragged dims as
 //! -1 (upstream get_item_shape); no stacked copy and no read is made for the repr
-std::string lazy_fields(const LazyStackNode& lz, const TensorDict& td, const std::vector<std::string>& keys) {
+std::string lazy_fields(const StackMembers& lz, const TensorDict& td, const std::vector<std::string>& keys) {
+  const std::vector<TensorDict>& members = *lz.members;
   std::vector<std::string> strs;
   for (const auto& k : keys) {
-    std::optional<EntryMeta> first = lz.members.empty() ? std::nullopt : lz.members[0].node()->meta(k);
+    std::optional<EntryMeta> first = members.empty() ? std::nullopt : members[0].node()->meta(k);
     std::string v;
     if (first && first->kind == EntryMeta::Kind::Tensor) {
       EntryMeta m = *first;
-      for (const auto& member : lz.members) {
+      for (const auto& member : members) {
         std::optional<EntryMeta> mm = member.node()->meta(k);
         if (!mm || mm->shape.size() != m.shape.size()) continue;
         for (size_t i = 0; i < m.shape.size(); ++i)
           if (mm->shape[i] != m.shape[i]) m.shape[i] = -1;
       }
-      m.shape.insert(m.shape.begin() + lz.stack_dim, static_cast<int64_t>(lz.members.size()));
+      m.shape.insert(m.shape.begin() + lz.dim, static_cast<int64_t>(members.size()));
       v = tensor_repr(m);
     } else {
       std::optional<EntryMeta> m = td.node()->meta(k);
       if (!m) continue;
-      v = field_value(td, k, *m, lz.device);
+      v = field_value(td, k, *m, td.device());
     }
     strs.push_back(k + ": " + v);
   }
@@ -322,33 +324,47 @@ std::string node_fields(const TensorDict& td) {
   return fields_text(std::move(strs));
 }
 
-std::string lazy_repr(const TensorDict& td, const LazyStackNode& lz) {
+//! the keys each member holds beyond the stack's common keys (upstream's exclusive_fields), sorted
+std::vector<std::vector<std::string>> exclusive_keys(const TensorDict& td, const StackMembers& lz) {
+  std::vector<std::string> common = td.node()->keys();  // a stack's keys: the members' sorted intersection
+  std::vector<std::vector<std::string>> out;
+  for (const auto& m : *lz.members) {
+    std::vector<std::string> k = m.node()->keys();
+    std::sort(k.begin(), k.end());
+    std::vector<std::string> only;
+    std::set_difference(k.begin(), k.end(), common.begin(), common.end(), std::back_inserter(only));
+    out.push_back(std::move(only));
+  }
+  return out;
+}
+
+std::string lazy_repr(const TensorDict& td, const StackMembers& lz) {
   const std::string ind(4, ' ');
   std::string excl;
-  std::vector<std::vector<std::string>> only = lz.exclusive_keys();
+  std::vector<std::vector<std::string>> only = exclusive_keys(td, lz);
   for (size_t i = 0; i < only.size(); ++i) {
     if (only[i].empty()) continue;
-    const TensorDict& member = lz.members[i];
+    const TensorDict& member = (*lz.members)[i];
     std::string f;
-    if (const LazyStackNode* member_lz = detail::lazy_node(member)) {
-      f = lazy_fields(*member_lz, member, only[i]);
+    if (const StackMembers member_lz = member.node()->stack_members()) {
+      f = lazy_fields(member_lz, member, only[i]);
     } else {  // the member's own field lines for the exclusive keys
       std::vector<std::string> strs;
       for (const auto& k : only[i]) {
         std::optional<EntryMeta> m = member.node()->meta(k);
-        if (m) strs.push_back(k + ": " + field_value(member, k, *m, lz.device));
+        if (m) strs.push_back(k + ": " + field_value(member, k, *m, td.device()));
       }
       f = fields_text(std::move(strs));
     }
     excl += (excl.empty() ? "" : ",\n") + std::to_string(i) + " ->" + f;
   }
   const bool shared = td.is_shared();
-  return "LazyStackedTensorDict(\n" + py_indent("fields={" + lazy_fields(lz, td, lz.keys()) + "}", ind) + ",\n" +
+  return "LazyStackedTensorDict(\n" + py_indent("fields={" + lazy_fields(lz, td, td.node()->keys()) + "}", ind) + ",\n" +
          py_indent("exclusive_fields={" + py_indent("\n" + excl, ind) + "}", ind) + ",\n" +
-         py_indent("batch_size=" + shape_str(lz.batch_size), ind) + ",\n" +
-         py_indent("device=" + device_str(lz.device), ind) + ",\n" +
+         py_indent("batch_size=" + shape_str(td.batch_size()), ind) + ",\n" +
+         py_indent("device=" + device_str(td.device()), ind) + ",\n" +
          py_indent(std::string("is_shared=") + (shared ? "True" : "False"), ind) + ",\n" +
-         py_indent("stack_dim=" + std::to_string(lz.stack_dim), ind) + ")";
+         py_indent("stack_dim=" + std::to_string(lz.dim), ind) + ")";
 }
 
 std::string td_repr(const TensorDict& td) {
@@ -358,7 +374,7 @@ std::string td_repr(const TensorDict& td) {
     if (r.compare(0, dense.size(), dense) == 0) r = td.typed_schema()->name + "(" + r.substr(dense.size());
     return r;
   }
-  if (const LazyStackNode* lz = detail::lazy_node(td)) return lazy_repr(td, *lz);
+  if (const StackMembers lz = td.node()->stack_members()) return lazy_repr(td, lz);
   // any other node: its layout from its metas (a store or remote node reads no leaf), under its class name
   const std::string ind(4, ' ');
   const bool shared = td.is_shared() || (td.device() && td.device()->is_cuda());

@@ -2,6 +2,7 @@
 #include "tensordict/resolved_index.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 #include "tensor_dict_internal.hpp"
 
@@ -12,25 +13,14 @@ namespace tensordict {
 
 namespace {
 
-//! positions.index(index) with torch's rules; c10 errors become IndexError / TypeError
+//! every resolution of a user's index (resolve, compose) in this process: ResolvedIndex::resolutions()
+std::atomic<int64_t> g_resolutions{0};
+
+//! positions.index(index) with upstream's checks and exception classes (index_batch)
 at::Tensor index_positions(const at::Tensor& positions, const Index& index) {
   if (index.empty()) return positions;
-  // a bare-int index of a 0-dim batch and similar are torch's own errors
-  const int64_t consumed = count_indexed_dims(index);
-  if (consumed > positions.dim()) {
-    throw IndexError("too many indices for a batch of dimension " + std::to_string(positions.dim()) + " (got " +
-                     std::to_string(consumed) + ")");
-  }
-  try {
-    at::Tensor r = positions.index(index);
-    return r.is_alias_of(positions) ? r : r.contiguous();
-  } catch (const c10::IndexError& e) {
-    throw IndexError(e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    const std::string w = e.what_without_backtrace();
-    if (w.find("tensors used as indices must be") != std::string::npos) throw TypeError(w);
-    throw IndexError(w);
-  }
+  at::Tensor r = index_batch(positions, index);
+  return r.is_alias_of(positions) ? r : r.contiguous();
 }
 
 }  // namespace
@@ -115,7 +105,10 @@ std::optional<at::Tensor> row_positions(const BatchSize& source, const Index& in
 
 }  // namespace
 
+int64_t ResolvedIndex::resolutions() { return g_resolutions.load(std::memory_order_relaxed); }
+
 ResolvedIndex ResolvedIndex::resolve(const BatchSize& source_batch, const Index& index) {
+  g_resolutions.fetch_add(1, std::memory_order_relaxed);
   for (auto s : source_batch)
     if (s < 0) throw ValueError("ResolvedIndex: the batch " + detail::shape_list(source_batch) + " has a negative size");
   if (auto fast = row_positions(source_batch, index)) return ResolvedIndex(source_batch, std::move(*fast));
@@ -124,6 +117,7 @@ ResolvedIndex ResolvedIndex::resolve(const BatchSize& source_batch, const Index&
 }
 
 ResolvedIndex ResolvedIndex::compose(const Index& index) const {
+  g_resolutions.fetch_add(1, std::memory_order_relaxed);
   return ResolvedIndex(source_, index_positions(positions_, index));
 }
 

@@ -81,6 +81,24 @@ BatchSize infer_sizes(const char* op, BatchSize sizes, int64_t numel, const std:
   return sizes;
 }
 
+//! view's new shape, with upstream's error classes: a shape holding a negative size goes through
+//! _infer_size_impl (AssertionError when it does not fit); a shape of sizes alone goes to torch's view
+//! (RuntimeError when the element counts differ)
+BatchSize view_sizes(BatchSize shape, int64_t numel, const BatchSize& bs) {
+  const bool inferred = std::any_of(shape.begin(), shape.end(), [](int64_t s) { return s < 0; });
+  try {
+    return infer_sizes("view", std::move(shape), numel, "a TensorDict of batch_size " + shape_str(bs));
+  } catch (const RuntimeError& e) {
+    if (inferred) throw AssertionError(e.message());
+    throw;
+  }
+}
+
+//! upstream: torch.unflatten's RuntimeError for empty sizes
+void check_unflatten_sizes(const BatchSize& sizes) {
+  if (sizes.empty()) throw RuntimeError("unflatten: sizes must be non-empty");
+}
+
 //! map_batch, turning a torch failure into a RuntimeError that names the offending leaf
 TensorDict guarded_map(const char* op, const TensorDict& td, const BatchSize& new_batch, const TensorFn& fn,
                        bool keep_flags) {
@@ -187,10 +205,10 @@ struct MultiVisitor : detail::tree::RebuildVisitor {
     return n ? std::optional<Entry>(std::move(out[0])) : std::nullopt;
   }
   const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
-    return sub.impl().get();
+    return detail::impl_of(sub).get();
   }
   std::optional<TensorDict> sub_result(const detail::tree::KeyPath& at, const TensorDict& sub, TensorDict out0, bool) {
-    const TensorDictImpl& src = *sub.impl();
+    const TensorDictImpl& src = *detail::impl_of(sub);
     for (size_t i = 1; i < n; ++i) level(i).entries.emplace_back(at.name(), Entry(finish(src, done.outs[i - 1])));
     return finish(src, std::move(out0));
   }
@@ -210,7 +228,7 @@ struct MultiVisitor : detail::tree::RebuildVisitor {
 std::vector<TensorDict> map_batch_multi(const TensorDict& td_in, const std::vector<BatchSize>& new_batches,
                                         const MultiFn& fn, bool keep_flags) {
   const TensorDict td = detail::dense_tree(td_in);  // other node kinds below: on their dense form
-  const TensorDictImpl& src = *td.impl();
+  const TensorDictImpl& src = *detail::impl_of(td);
   if (new_batches.empty()) return {};
   MultiVisitor v(new_batches, fn, keep_flags);
   TensorDict first = detail::tree::rebuild(src, new_batches[0], v);
@@ -266,11 +284,7 @@ TensorDict LazyStackNode::view(const TensorDict& self, BatchSize shape) const {
     const BatchSize bs = self.batch_size();
     if (shape == bs) return self;
     if (std::find(bs.begin(), bs.end(), -1) == bs.end()) {
-      try {
-        shape = infer_sizes("view", std::move(shape), self.numel(), "a TensorDict of batch_size " + shape_str(bs));
-      } catch (const RuntimeError& e) {
-        throw AssertionError(e.message());
-      }
+      shape = view_sizes(std::move(shape), self.numel(), bs);
       if (shape == bs) return self;
       if (auto r = lazy_view(self, *lz, bs, shape, false)) return *r;
     }
@@ -280,11 +294,7 @@ TensorDict LazyStackNode::view(const TensorDict& self, BatchSize shape) const {
 
 TensorDict TensorDictImpl::view(const TensorDict& self, BatchSize shape) const {
   const BatchSize& bs = batch_size;
-  try {
-    shape = infer_sizes("view", std::move(shape), self.numel(), "a TensorDict of batch_size " + shape_str(bs));
-  } catch (const RuntimeError& e) {
-    throw AssertionError(e.message());  // upstream's view asserts the new shape
-  }
+  shape = view_sizes(std::move(shape), self.numel(), bs);
   if (shape == bs) return self;
   const int64_t nd = self.batch_dims();
   return guarded_map("view", self, shape,
@@ -351,7 +361,7 @@ TensorDict LazyStackNode::unflatten(const TensorDict& self, int64_t dim, BatchSi
     const BatchSize bs = self.batch_size();
     const int64_t d = norm_dim("unflatten", dim, bs);
     const int64_t sd = lz->stack_dim;
-    if (sizes.empty()) throw ValueError("unflatten: sizes must be non-empty");
+    check_unflatten_sizes(sizes);
     if (d < sd) {
       const int64_t grown = static_cast<int64_t>(sizes.size()) - 1;
       return restack(self, *lz, sd + grown, [&](const TensorDict& m) { return m.unflatten(d, sizes); });
@@ -364,7 +374,7 @@ TensorDict LazyStackNode::unflatten(const TensorDict& self, int64_t dim, BatchSi
 TensorDict TensorDictImpl::unflatten(const TensorDict& self, int64_t dim, BatchSize sizes) const {
   const BatchSize& bs = batch_size;
   const int64_t d = norm_dim("unflatten", dim, bs);
-  if (sizes.empty()) throw ValueError("unflatten: sizes must be non-empty");
+  check_unflatten_sizes(sizes);
   sizes = infer_sizes("unflatten", std::move(sizes), bs[static_cast<size_t>(d)],
                       "batch dim " + std::to_string(d) + " of batch_size " + shape_str(bs));
   BatchSize nb(bs.begin(), bs.begin() + d);

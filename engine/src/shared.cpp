@@ -20,7 +20,7 @@ void collect_leaves(const TensorDictImpl& impl, std::vector<std::vector<std::str
         keys.push_back(p.full().parts());
         tensors.push_back(e.tensor());
       },
-      [](const detail::tree::KeyPath&, const TensorDict& sub) { sub.impl(); });  // NotImplementedError
+      [](const detail::tree::KeyPath&, const TensorDict& sub) { detail::impl_of(sub); });  // NotImplementedError
 }
 
 void mark_shared(const std::shared_ptr<TensorDictImpl>& impl) {
@@ -93,7 +93,7 @@ TensorDict TensorDict::from_share_handle(const std::string& handle) {
   std::vector<at::Tensor> tensors = backends::open_tensordict(h);
   TensorDict td(h.batch_size);
   for (size_t i = 0; i < tensors.size(); ++i) td.set(NestedKey(h.entries[i].key), tensors[i]);
-  mark_shared(td.impl());
+  mark_shared(detail::impl_of(td));
   td.lock_();
   return td;
 }
@@ -130,7 +130,7 @@ TensorDict TensorDict::from_schema(const Schema& schema, const BatchSize& batch_
       backends::ShmAllocation alloc = backends::allocate(entries, batch_size, shm_prefix());
       for (size_t i = 0; i < entries.size(); ++i) td.set(NestedKey(entries[i].key), alloc.tensors[i]);
     }
-    mark_shared(td.impl());
+    mark_shared(detail::impl_of(td));
     td.lock_();
     return td;
   }

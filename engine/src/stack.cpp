@@ -84,9 +84,9 @@ struct Combiner {
   }
 
   void check_keys(const std::vector<TensorDict>& tds, const NestedKey& at) const {
-    const TensorDictImpl& first = *tds[0].impl();
+    const TensorDictImpl& first = *detail::impl_of(tds[0]);
     for (size_t i = 1; i < tds.size(); ++i) {
-      const TensorDictImpl& other = *tds[i].impl();
+      const TensorDictImpl& other = *detail::impl_of(tds[i]);
       bool same = other.entries.size() == first.entries.size();
       for (size_t j = 0; same && j < first.entries.size(); ++j) same = other.find(first.entries[j].first) != nullptr;
       if (same) continue;
@@ -143,7 +143,7 @@ struct Combiner {
                                                          const TensorDictImpl* out = nullptr) {
     std::vector<const TensorDictImpl*> levels;
     levels.reserve(tds.size());
-    for (size_t i = 1; i < tds.size(); ++i) levels.push_back(tds[i].impl().get());
+    for (size_t i = 1; i < tds.size(); ++i) levels.push_back(detail::impl_of(tds[i]).get());
     if (out) levels.push_back(out);
     return levels;
   }
@@ -163,11 +163,11 @@ struct Combiner {
         c.check_keys(kids, full);
         return detail::tree::Step::Enter;
       }
-      const TensorDictImpl* level(const TensorDict& sub) { return sub.impl().get(); }
+      const TensorDictImpl* level(const TensorDict& sub) { return detail::impl_of(sub).get(); }
     } v(*this);
     check_batch(tds, NestedKey());
     check_keys(tds, NestedKey());
-    detail::tree::walk(*tds[0].impl(), other_levels(tds), v);
+    detail::tree::walk(*detail::impl_of(tds[0]), other_levels(tds), v);
   }
 
   static std::vector<TensorDict> children(const std::vector<Entry>& es) {
@@ -240,11 +240,11 @@ struct Combiner {
         }
         return detail::tree::Step::Next;
       }
-      const TensorDictImpl* level(const TensorDict& sub) { return sub.impl().get(); }
+      const TensorDictImpl* level(const TensorDict& sub) { return detail::impl_of(sub).get(); }
     } v(*this);
     check_out_batch(tds, out, NestedKey());
-    const std::vector<const TensorDictImpl*> others = other_levels(tds, out.impl().get());
-    detail::tree::walk(*tds[0].impl(), others, v);
+    const std::vector<const TensorDictImpl*> others = other_levels(tds, detail::impl_of(out).get());
+    detail::tree::walk(*detail::impl_of(tds[0]), others, v);
   }
 
   // ------------------------------------------------------------------ fast path (no out)
@@ -388,17 +388,17 @@ struct Combiner {
         return Entry(c.combine_non_tensor(entries(e, m)));
       }
       const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
-        return sub.impl().get();
+        return detail::impl_of(sub).get();
       }
       std::vector<const TensorDictImpl*> descend_others(const detail::tree::KeyPath&, const TensorDictImpl&,
                                                         const detail::tree::Matched& m) {
         std::vector<const TensorDictImpl*> out;
         out.reserve(m.size());
-        for (const Entry* e : m) out.push_back(e->tensordict().impl().get());
+        for (const Entry* e : m) out.push_back(detail::impl_of(e->tensordict()).get());
         return out;
       }
     } v(*this);
-    const TensorDictImpl& first = *tds[0].impl();
+    const TensorDictImpl& first = *detail::impl_of(tds[0]);
     return detail::tree::rebuild(first, first.batch_size, v, other_levels(tds));
   }
 
@@ -427,9 +427,9 @@ struct Combiner {
         }
         return detail::tree::Step::Next;
       }
-      const TensorDictImpl* level(const TensorDict& sub) { return sub.impl().get(); }
+      const TensorDictImpl* level(const TensorDict& sub) { return detail::impl_of(sub).get(); }
     } v(*this);
-    detail::tree::walk(*tds[0].impl(), other_levels(tds, out.impl().get()), v);
+    detail::tree::walk(*detail::impl_of(tds[0]), other_levels(tds, detail::impl_of(out).get()), v);
   }
 };
 
@@ -488,17 +488,19 @@ std::vector<TensorDict> densified(const std::vector<TensorDict>& tds) {
   for (const auto& td : tds) out.push_back(td.node()->dense_form(td));
   return out;
 }
+//! the dense level of an input (its dense node), or null: the tree visitor's question, not a kind test here
+const TensorDictImpl* stack_level(const TensorDict& td) { return detail::tree::level_of(td, detail::tree::Descend::DenseOnly); }
 //! a dense input holding nodes of another kind below (a lazy stack as a sub-TensorDict): those levels on
 //! their dense form, so that the dense stack / cat can walk every level
 std::vector<TensorDict> dense_levels(const std::vector<TensorDict>& tds) {
   std::vector<TensorDict> out;
   out.reserve(tds.size());
-  for (const auto& td : tds) out.push_back(td.is_dense() && !detail::is_dense_tree(td) ? detail::dense_tree(td) : td);
+  for (const auto& td : tds) out.push_back(stack_level(td) && !detail::is_dense_tree(td) ? detail::dense_tree(td) : td);
   return out;
 }
 bool all_dense(const std::vector<TensorDict>& tds) {
   for (const auto& td : tds)
-    if (td.defined() && !td.is_dense()) return false;
+    if (td.defined() && !stack_level(td)) return false;
   return true;
 }
 //! the schema every input carries (typed wrappers of one class), or null; `plain` gets the inputs untyped
@@ -562,7 +564,7 @@ TensorDict stack(const std::vector<TensorDict>& tds_in, int64_t dim, std::option
     if (!out) return lazy_stack(tds, dim);
     return stack(densified(tds), dim, out);
   }
-  if (out && !out->is_dense()) {
+  if (out && !stack_level(*out)) {
     throw NotImplementedError("stack(..., out=...) into a " + out->node()->type_name() +
                               ": lazy stacks cannot be stacked onto. Make it dense first with contiguous()");
   }

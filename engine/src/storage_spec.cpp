@@ -1,27 +1,19 @@
-// Storage specs and the per-driver opener registry; the engine's own drivers: memmap and shared.
+// Storage specs and the driver registry (open / create / open_or_create); the engine's own drivers: memmap, shared and stack (spec_stack.cpp).
 #include "tensordict/storage_spec.hpp"
 
 #include "tensordict/node.hpp"
+#include "spec_internal.hpp"
 #include "tensor_dict_internal.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 
 namespace tensordict {
 
 namespace {
-
-std::string to_hex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
-}
 
 std::string from_hex(const std::string& hex, const std::string& what) {
   auto val = [&](char c) -> int {
@@ -38,14 +30,29 @@ std::string from_hex(const std::string& hex, const std::string& what) {
 
 struct Registry {
   std::mutex mu;
-  std::map<std::string, StorageOpener> openers;
+  std::map<std::string, StorageDriver> drivers;
   Registry() {
-    openers["memmap"] = [](const StorageSpec& s, const OpenOptions& o) {
-      return TensorDict::load_memmap(s.str("path"), LoadOptions().writable(o.writable()));
-    };
-    openers["shared"] = [](const StorageSpec& s, const OpenOptions&) {
-      return TensorDict::from_share_handle(from_hex(s.str("handle"), "storage spec 'shared': handle"));
-    };
+    drivers["memmap"] = StorageDriver{
+        [](const StorageSpec& s, const OpenOptions& o) {
+          return TensorDict::load_memmap(s.str("path"), LoadOptions().writable(o.writable()));
+        },
+        [](const StorageSpec& s, const OpenOptions& o) {
+          return TensorDict::from_schema(o.schema(), o.batch_size(), "memmap", MemmapOptions().prefix(s.str("path")));
+        },
+        [](const StorageSpec& s) {
+          std::error_code ec;
+          return std::filesystem::exists(std::filesystem::path(s.str("path")) / "meta.json", ec);
+        }};
+    drivers["shared"] = StorageDriver{
+        [](const StorageSpec& s, const OpenOptions&) {
+          return TensorDict::from_share_handle(from_hex(s.str("handle"), "storage spec 'shared': handle"));
+        },
+        // a new segment: its handle (StorageSpec::of) is what other processes open
+        [](const StorageSpec&, const OpenOptions& o) {
+          return TensorDict::from_schema(o.schema(), o.batch_size(), "shared");
+        },
+        [](const StorageSpec& s) { return s.json().find("handle") != nullptr; }};
+    drivers["stack"] = detail::stack_storage_driver();  // a lazy stack's members (spec_stack.cpp)
   }
 };
 
@@ -68,6 +75,7 @@ StorageSpec::StorageSpec(std::string driver, JsonValue fields) : driver_(std::mo
     }
   }
   if (!found) obj.insert(obj.begin(), {"driver", JsonValue(driver_)});
+  detail::check_spec_fields(driver_, json_);  // "index", a stack's members (spec_index.cpp)
 }
 
 StorageSpec StorageSpec::parse(const std::string& text) {
@@ -98,7 +106,7 @@ const std::string& StorageSpec::str(const std::string& field) const {
 
 StorageSpec StorageSpec::of(const TensorDict& td, const std::string& what) {
   if (!td.defined()) throw ValueError(what + " is an undefined TensorDict");
-  if (!td.is_dense() && td.node()) {
+  if (td.node()) {  // the node's own: memmap / shared (views with their index), stores, lazy stacks
     std::string s = td.node()->storage_spec();
     if (!s.empty()) return StorageSpec::parse(s);
   }
@@ -110,81 +118,56 @@ StorageSpec StorageSpec::of(const TensorDict& td, const std::string& what) {
     }
     return StorageSpec("memmap", JsonValue::object({{"path", JsonValue(prefix)}}));
   }
-  if (td.is_shared()) return StorageSpec("shared", JsonValue::object({{"handle", JsonValue(to_hex(td.share_handle()))}}));
+  if (td.is_shared()) return StorageSpec("shared", JsonValue::object({{"handle", JsonValue(detail::to_hex(td.share_handle()))}}));
   throw ValueError("another process cannot reach " + what +
                    ": it must be a memmap TensorDict saved to a directory or a shared one (share_memory_()); "
                    "it is an in-memory " + (td.node() ? td.node()->type_name() : std::string("TensorDict")));
 }
 
-void register_storage_driver(const std::string& driver, StorageOpener opener) {
-  if (driver.empty() || !opener) throw ValueError("register_storage_driver: empty driver name or opener");
+void register_storage_driver(const std::string& driver, StorageDriver functions) {
+  if (driver.empty() || !functions.open) throw ValueError("register_storage_driver: empty driver name or opener");
   std::lock_guard<std::mutex> lock(registry().mu);
-  registry().openers[driver] = std::move(opener);
+  registry().drivers[driver] = std::move(functions);
 }
 
 std::vector<std::string> storage_drivers() {
   std::lock_guard<std::mutex> lock(registry().mu);
   std::vector<std::string> out;
-  for (const auto& kv : registry().openers) out.push_back(kv.first);
+  for (const auto& kv : registry().drivers) out.push_back(kv.first);
   return out;
 }
 
 TensorDict open_storage(const StorageSpec& spec, const OpenOptions& options) {
-  StorageOpener opener;
+  std::optional<StorageDriver> driver;
   {
     std::lock_guard<std::mutex> lock(registry().mu);
-    auto it = registry().openers.find(spec.driver());
-    if (it != registry().openers.end()) opener = it->second;
+    auto it = registry().drivers.find(spec.driver());
+    if (it != registry().drivers.end()) driver = it->second;
   }
-  if (!opener) {
+  if (!driver) {
     std::string known;
     for (const auto& d : storage_drivers()) known += (known.empty() ? "" : ", ") + d;
     throw ValueError("storage spec: unknown driver '" + spec.driver() + "' (registered: " + known + ")");
   }
-  return opener(spec, options);
-}
-
-namespace {
-struct SchemaRegistry {
-  std::mutex mu;
-  std::map<std::string, SchemaCreator> creators;
-};
-SchemaRegistry& schema_registry() {
-  static SchemaRegistry r;
-  return r;
-}
-}  // namespace
-
-void register_schema_storage(const std::string& storage, SchemaCreator creator) {
-  if (storage.empty() || !creator) throw ValueError("register_schema_storage: empty storage name or creator");
-  std::lock_guard<std::mutex> lock(schema_registry().mu);
-  schema_registry().creators[storage] = std::move(creator);
-}
-
-std::vector<std::string> schema_storages() {
-  std::lock_guard<std::mutex> lock(schema_registry().mu);
-  std::vector<std::string> out;
-  for (const auto& kv : schema_registry().creators) out.push_back(kv.first);
-  return out;
+  OpenMode mode = options.mode();
+  if (mode == OpenMode::open_or_create) {
+    if (!driver->exists) {
+      throw ValueError("storage spec '" + spec.driver() + "': open_or_create is not supported (open or create)");
+    }
+    mode = driver->exists(spec) ? OpenMode::open : OpenMode::create;
+  }
+  if (mode == OpenMode::open) return spec.apply_index(driver->open(spec, options));  // the view the spec carries
+  if (!driver->create) throw ValueError("storage spec '" + spec.driver() + "': this driver cannot create a storage");
+  for (auto b : options.batch_size())
+    if (b < 0) throw BatchSizeError("from_schema: negative batch size " + detail::shape_str(options.batch_size()));
+  return driver->create(spec, options);
 }
 
 TensorDict TensorDict::from_schema(const Schema& schema, const BatchSize& batch_size, const std::string& storage,
                                    const StorageOptions& options) {
-  SchemaCreator creator;
-  {
-    std::lock_guard<std::mutex> lock(schema_registry().mu);
-    auto it = schema_registry().creators.find(storage);
-    if (it != schema_registry().creators.end()) creator = it->second;
-  }
-  if (!creator) {
-    std::string known = "memmap, shared";
-    for (const auto& d : schema_storages()) known += ", " + d;
-    throw ValueError("from_schema: unknown storage '" + storage + "' (known: " + known +
-                     "; h5 and redis are registered by the api library)");
-  }
-  for (auto b : batch_size)
-    if (b < 0) throw BatchSizeError("from_schema: negative batch size " + detail::shape_str(batch_size));
-  return creator(schema, batch_size, options.fields());
+  if (storage.empty()) throw ValueError("from_schema: empty storage name (registered: memmap, shared, h5, redis, ...)");
+  return open_storage(StorageSpec(storage, options.fields()),
+                      OpenOptions().mode(OpenMode::create).schema(schema).batch_size(batch_size));
 }
 
 }  // namespace tensordict

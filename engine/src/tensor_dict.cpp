@@ -1,4 +1,5 @@
-// TensorDict core: construction, metadata, keys, get (writes: tensor_dict_write.cpp).
+// TensorDict core: the engine's shared helpers, Entry, construction, metadata (keys and reads:
+// tensor_dict_keys.cpp; writes: tensor_dict_write.cpp).
 #include <algorithm>
 #include <cstring>
 #include <sstream>
@@ -114,21 +115,25 @@ Entry prepare_value(const TensorDictImpl& impl, const std::string& key, const En
   return value;
 }
 
-//! a nested key whose level `part` is a leaf: upstream raises ValueError when setting (creating the path),
-//! AttributeError when reading ('Tensor' object has no attribute ...)
+//! a nested key whose level `part` is a leaf: upstream raises KeyError when setting ("The entry ... is already
+//! present"), ValueError when reading ("Expected a TensorDictBase instance"); del_ makes it an AttributeError
 [[noreturn]] void through_leaf(const NestedKey& key, const std::string& part, const char* kind, bool set) {
   const std::string msg = "key " + key.repr() + ": '" + part + "' is a " + kind +
                           ", not a TensorDict, so it cannot hold nested keys";
-  if (set) throw ValueError(msg);
-  throw AttributeError(msg);
+  if (set) throw KeyError(msg);
+  throw ValueError(msg);
 }
 
-TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
+bool dense_walk(TensorDictImpl* root, const NestedKey& key, bool create, TensorDictImpl** out) {
+  if (!root) return false;
   TensorDictImpl* cur = root;
   for (size_t i = 0; i + 1 < key.size(); ++i) {
     Entry* e = cur->find(key[i]);
     if (!e) {
-      if (!create) return nullptr;
+      if (!create) {
+        *out = nullptr;
+        return true;
+      }
       if (cur->locked) check_unlocked(*cur, "creating sub-TensorDict '" + key[i] + "'");
       TensorDict sub = make_empty(*cur, cur->batch_size);
       cur->put(key[i], Entry(sub));
@@ -137,15 +142,19 @@ TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
     if (!e->is_tensordict()) {
       through_leaf(key, key[i], Entry::kind_name(e->kind()), create);
     }
-    TensorDict sub = e->tensordict();
-    if (!sub.is_dense()) throw NotDense{};
-    cur = sub.impl().get();
+    cur = tree::dense_root(e->tensordict());
+    if (!cur) return false;  // another node kind on the way: the caller takes the node interface
   }
-  return cur;
+  *out = cur;
+  return true;
 }
 
-const TensorDictImpl* walk(const TensorDictImpl* root, const NestedKey& key) {
-  return walk(const_cast<TensorDictImpl*>(root), key, false);
+TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create) {
+  TensorDictImpl* out = nullptr;
+  if (!dense_walk(root, key, create, &out)) {
+    throw NotImplementedError("key " + key.repr() + " passes through a sub-TensorDict of another node kind");
+  }
+  return out;
 }
 
 bool is_dense_tree(const TensorDict& td) {
@@ -165,9 +174,9 @@ void write_back(const TensorDict& self, const TensorDict& dense) { self.node()->
 
 TensorDict dense_tree(const TensorDict& td) {
   if (is_dense_tree(td)) return td;
-  if (!td.is_dense() && !(td.node() && td.node()->dense_view())) return dense_tree(td.contiguous());
-  const TensorDictImpl& s = *td.impl();
-  auto out = std::make_shared<TensorDictImpl>(s);  // entries (leaves shared), flags
+  const TensorDictImpl* level = tree::dense_level(td);
+  if (!level) return dense_tree(td.contiguous());
+  auto out = std::make_shared<TensorDictImpl>(*level);  // entries (leaves shared), flags
   out->locked = false;
   out->locked_parents.clear();
   for (auto& kv : out->entries)
@@ -210,7 +219,7 @@ struct MapBatchVisitor : tree::RebuildVisitor {
 TensorDict map_batch(const TensorDict& td_in, const BatchSize& new_batch,
                      const std::function<at::Tensor(const at::Tensor&)>& fn, bool keep_flags) {
   const TensorDict td = dense_tree(td_in);  // other node kinds below: on their dense form
-  const TensorDictImpl& src = *td.impl();
+  const TensorDictImpl& src = *detail::impl_of(td);
   MapBatchVisitor v(fn, keep_flags);
   return v.finish(src, tree::rebuild(src, new_batch, v));
 }
@@ -308,81 +317,6 @@ BatchSize Entry::shape() const {
   }
 }
 
-// ============================================================================ generic paths (any node)
-namespace detail {
-
-TensorDict parent_of(const TensorDict& root, const NestedKey& key, bool create) {
-  TensorDict cur = root;
-  for (size_t i = 0; i + 1 < key.size(); ++i) {
-    std::optional<EntryMeta> m = cur.node()->meta(key[i]);  // a leaf on the way is not read
-    if (!m) {
-      if (!create) return TensorDict::undefined();
-      if (cur.is_locked()) {
-        throw LockedError("Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
-                          "method and make sure the key is present.");
-      }
-      cur = cur.node()->open_child(key[i]);
-      continue;
-    }
-    if (!m->is_tensordict()) detail::through_leaf(key, key[i], m->kind_name(), create);
-    cur = cur.node()->read(key[i])->tensordict();  // a sub-TensorDict: a handle, no data
-  }
-  return cur;
-}
-
-bool dense_walk(TensorDictImpl* dense, const NestedKey& key, bool create, TensorDictImpl** out) {
-  if (!dense) return false;
-  try {
-    *out = detail::walk(dense, key, create);
-    return true;
-  } catch (const detail::NotDense&) {
-    return false;
-  }
-}
-
-[[noreturn]] void missing_in_node(const NestedKey& key, const TensorDict& where) {
-  std::string avail;
-  for (const auto& k : where.node()->keys()) avail += (avail.empty() ? "" : ", ") + std::string("'") + k + "'";
-  throw KeyError("key " + key.repr() + " not found in " + where.node()->type_name() + " with keys [" + avail + "]");
-}
-
-}  // namespace detail
-
-namespace {
-using detail::missing_in_node;
-using detail::parent_of;
-
-void collect_node_keys(const TensorDict& td, const NestedKey& prefix, const KeysOptions& o,
-                       std::vector<std::pair<NestedKey, Entry>>& out) {
-  const Node& node = *td.node();
-  for (auto& km : node.metas()) {  // the structure first: only the values listed are read
-    const EntryMeta& m = km.second;
-    NestedKey full = prefix + NestedKey(km.first);
-    const bool leaf = m.kind == EntryMeta::Kind::Tensor || (o.non_tensor_leaves() && m.kind == EntryMeta::Kind::NonTensor);
-    const bool listed = !o.leaves_only() || leaf;
-    if (!listed && !(o.include_nested() && m.is_tensordict())) continue;
-    std::optional<Entry> e = node.read(km.first);
-    if (!e) continue;
-    if (o.include_nested() && e->is_tensordict()) collect_node_keys(e->tensordict(), full, o, out);
-    if (listed) out.emplace_back(std::move(full), std::move(*e));
-  }
-}
-
-//! collect_node_keys without the values: metas only
-void collect_node_metas(const TensorDict& td, const NestedKey& prefix, const KeysOptions& o,
-                        std::vector<std::pair<NestedKey, EntryMeta>>& out) {
-  const Node& node = *td.node();
-  for (auto& km : node.metas()) {
-    EntryMeta& m = km.second;
-    NestedKey full = prefix + NestedKey(km.first);
-    if (o.include_nested() && m.is_tensordict()) collect_node_metas(node.read(km.first)->tensordict(), full, o, out);
-    const bool leaf = m.kind == EntryMeta::Kind::Tensor || (o.non_tensor_leaves() && m.kind == EntryMeta::Kind::NonTensor);
-    if (!o.leaves_only() || leaf) out.emplace_back(std::move(full), std::move(m));
-  }
-}
-
-}  // namespace
-
 namespace detail {
 void check_node_unlocked(const Node& node) {
   if (node.locked) {
@@ -411,13 +345,15 @@ TensorDict TensorDict::with_schema(std::shared_ptr<const TypedSchema> schema) co
 std::shared_ptr<Node> TensorDict::node_with_schema() const { return detail::make_typed_node(node_, typed_); }
 TensorDict::TensorDict(std::shared_ptr<TensorDictImpl> impl) : node_(std::move(impl)), dense_(as_dense(node_)) {}
 
-std::shared_ptr<TensorDictImpl> TensorDict::impl() const {
-  if (dense_) return std::static_pointer_cast<TensorDictImpl>(node_);
-  if (node_) {
-    if (auto view = node_->dense_view()) return view;
+std::shared_ptr<TensorDictImpl> detail::impl_of(const TensorDict& td) {
+  const std::shared_ptr<Node>& n = td.node();
+  if (n) {
+    if (TensorDictImpl* dense = n->dense_node()) return std::shared_ptr<TensorDictImpl>(n, dense);
+    if (auto view = n->dense_view()) return view;
+    throw NotImplementedError("this operation is not supported on a " + n->type_name() +
+                              " (dense TensorDicts only); densify it first with contiguous()");
   }
-  d();
-  return nullptr;
+  throw ValueError("this operation on an undefined TensorDict");
 }
 
 TensorDictImpl* TensorDict::d(const char* what) const {
@@ -457,26 +393,31 @@ static BatchSize common_prefix(const std::vector<BatchSize>& shapes) {
   return p;
 }
 
-static BatchSize max_batch(const TensorDict& td) {
-  std::vector<BatchSize> shapes;
-  for (const auto& kv : td.impl()->entries) {
-    if (kv.second.is_tensordict()) {
-      shapes.push_back(max_batch(kv.second.tensordict()));
-    } else {
-      shapes.push_back(kv.second.shape());
+//! from_dict's batch inference (upstream's auto_batch_size) as one structure walk: every sub-TensorDict,
+//! deepest first, gets the longest batch its entries share; the root's is returned
+struct AutoBatch : detail::tree::StructureVisitor {
+  std::vector<std::vector<BatchSize>> shapes{1};  //!< the shapes of each open level's entries
+  detail::tree::Step visit(const detail::tree::KeyPath&, const detail::tree::Item& item) {
+    if (!item.is_tensordict()) {
+      shapes.back().push_back(item.shape());
+      return detail::tree::Step::Next;
     }
+    shapes.emplace_back();
+    return detail::tree::Step::Enter;
   }
-  return common_prefix(shapes);
-}
+  void after(const detail::tree::KeyPath&, const detail::tree::Item& item) {
+    if (!item.is_tensordict()) return;
+    BatchSize bs = common_prefix(shapes.back());
+    shapes.pop_back();
+    item.sub().set_batch_size(bs);
+    shapes.back().push_back(std::move(bs));
+  }
+};
 
 static void auto_batch(TensorDict& td, std::optional<int64_t> dims) {
-  for (auto& kv : td.impl()->entries) {
-    if (kv.second.is_tensordict()) {
-      TensorDict c = kv.second.tensordict();
-      auto_batch(c, std::nullopt);
-    }
-  }
-  BatchSize bs = max_batch(td);
+  AutoBatch v;
+  detail::tree::visit(td, v);
+  BatchSize bs = common_prefix(v.shapes.back());
   if (dims) {
     if (static_cast<int64_t>(bs.size()) < *dims) {
       throw BatchSizeError("cannot find " + std::to_string(*dims) + " common batch dims, found " +
@@ -534,21 +475,6 @@ int64_t TensorDictImpl::bytes(const TensorDict&) const {
   return n;
 }
 
-bool TensorDict::is_empty() const {
-  if (!dense_) {  // the structure only: a leaf anywhere means not empty
-    for (const auto& km : node_of(node_, "is_empty").metas()) {
-      if (!km.second.is_tensordict()) return false;
-      if (!node_->read(km.first)->tensordict().is_empty()) return false;
-    }
-    return true;
-  }
-  for (const auto& kv : d()->entries) {
-    if (!kv.second.is_tensordict()) return false;
-    if (!kv.second.tensordict().is_empty()) return false;
-  }
-  return true;
-}
-
 static void check_batch_size(const TensorDictImpl& impl, const BatchSize& bs) {
   for (auto s : bs)
     if (s < 0) throw BatchSizeError("batch size " + shape_str(bs) + " has a negative dimension");
@@ -581,229 +507,6 @@ void TensorDictImpl::set_batch_size(TensorDict&, BatchSize new_batch_size) {
     }
   }
   batch_size = std::move(new_batch_size);
-}
-
-// ============================================================================ keys
-static void collect_keys(const TensorDictImpl& impl, const NestedKey& prefix, const KeysOptions& o,
-                         std::vector<std::pair<NestedKey, Entry>>& out) {
-  for (const auto& kv : impl.entries) {
-    NestedKey full = prefix + NestedKey(kv.first);
-    const Entry& e = kv.second;
-    if (o.include_nested() && e.is_tensordict()) {
-      TensorDict sub = e.tensordict();
-      if (!sub.is_dense()) throw detail::NotDense{};
-      collect_keys(*sub.impl(), full, o, out);
-    }
-    bool leaf = e.is_tensor() || (o.non_tensor_leaves() && e.is_non_tensor());
-    if (!o.leaves_only() || leaf) out.emplace_back(std::move(full), e);
-  }
-}
-
-std::vector<std::pair<NestedKey, Entry>> TensorDict::items(const KeysOptions& options) const {
-  std::vector<std::pair<NestedKey, Entry>> out;
-  bool dense_tree = dense_ != nullptr;
-  if (dense_tree) {
-    out.reserve(dense_->entries.size());
-    try {
-      collect_keys(*dense_, NestedKey(), options, out);
-    } catch (const detail::NotDense&) {
-      dense_tree = false;
-      out.clear();
-    }
-  }
-  if (!dense_tree) collect_node_keys(*this, NestedKey(), options, out);
-  if (options.sort()) {
-    std::stable_sort(out.begin(), out.end(),
-                     [](const auto& a, const auto& b) { return a.first.join(".") < b.first.join("."); });
-  }
-  return out;
-}
-
-std::vector<NestedKey> TensorDict::keys(const KeysOptions& options) const {
-  if (!dense_ && node_ && !options.include_nested() && !options.leaves_only() && !options.sort()) {
-    std::vector<NestedKey> out;
-    for (auto& k : node_->keys()) out.emplace_back(std::move(k));
-    return out;
-  }
-  if (dense_ && !options.include_nested() && !options.leaves_only() && !options.sort()) {
-    std::vector<NestedKey> out;
-    out.reserve(d()->entries.size());
-    for (const auto& kv : d()->entries) out.emplace_back(kv.first);
-    return out;
-  }
-  std::vector<NestedKey> out;
-  bool dense_tree = dense_ != nullptr;
-  if (dense_tree) {
-    std::vector<std::pair<NestedKey, Entry>> dense_items;
-    dense_items.reserve(dense_->entries.size());
-    try {
-      collect_keys(*dense_, NestedKey(), options, dense_items);
-      out.reserve(dense_items.size());
-      for (auto& kv : dense_items) out.push_back(std::move(kv.first));
-    } catch (const detail::NotDense&) {
-      dense_tree = false;
-    }
-  }
-  if (!dense_tree) {  // another node kind in the tree: its structure through Node::meta, no data read
-    if (!node_) d("keys");
-    for (auto& km : detail::key_metas(*this, options)) out.push_back(std::move(km.first));
-  }
-  if (options.sort()) std::stable_sort(out.begin(), out.end(), [](const NestedKey& a, const NestedKey& b) {
-    return a.join(".") < b.join(".");
-  });
-  return out;
-}
-
-std::vector<Entry> TensorDict::values(const KeysOptions& options) const {
-  std::vector<Entry> out;
-  for (auto& kv : items(options)) out.push_back(std::move(kv.second));
-  return out;
-}
-
-bool TensorDict::contains(const NestedKey& key) const {
-  if (key.empty()) return false;
-  try {
-    if (dense_) {
-      try {
-        const TensorDictImpl* p = detail::walk(dense_, key);
-        return p && p->find(key.back());
-      } catch (const detail::NotDense&) {
-      }
-    }
-    if (!node_) d("contains");
-    return detail::meta_at(*this, key).has_value();  // the structure only: no leaf is read
-  } catch (const KeyError&) {
-    return false;
-  } catch (const AttributeError&) {  // a level of the key is a leaf
-    return false;
-  }
-}
-
-namespace detail {
-
-std::optional<EntryMeta> meta_at(const TensorDict& td, const NestedKey& key) {
-  if (key.empty()) return std::nullopt;
-  TensorDict cur = td;
-  for (size_t i = 0; i + 1 < key.size(); ++i) {
-    std::optional<EntryMeta> m = cur.node()->meta(key[i]);
-    if (!m || !m->is_tensordict()) return std::nullopt;
-    cur = cur.node()->read(key[i])->tensordict();  // a sub-TensorDict: a handle, no data
-  }
-  return cur.node()->meta(key.back());
-}
-
-std::vector<std::pair<NestedKey, EntryMeta>> key_metas(const TensorDict& td, const KeysOptions& options) {
-  std::vector<std::pair<NestedKey, EntryMeta>> out;
-  collect_node_metas(td, NestedKey(), options, out);
-  return out;
-}
-
-}  // namespace detail
-
-// ============================================================================ reading
-std::optional<Entry> TensorDict::get_entry_opt(const NestedKey& key) const {
-  if (key.empty()) throw KeyError("empty key");
-  if (!dense_ || key.size() > 1) {
-    try {
-      if (!dense_) throw detail::NotDense{};
-      const TensorDictImpl* p = detail::walk(dense_, key);
-      if (!p) return std::nullopt;
-      const Entry* e = p->find(key.back());
-      if (!e) return std::nullopt;
-      return *e;
-    } catch (const detail::NotDense&) {
-      TensorDict parent = parent_of(*this, key, false);
-      if (!parent.defined()) return std::nullopt;
-      return parent.node()->read(key.back());
-    }
-  }
-  const TensorDictImpl* p = dense_;
-  if (!p) return std::nullopt;
-  const Entry* e = p->find(key.back());
-  if (!e) return std::nullopt;
-  return *e;
-}
-
-Entry TensorDict::get_entry(const NestedKey& key) const {
-  if (key.empty()) throw KeyError("empty key");
-  const TensorDictImpl* p = nullptr;
-  try {
-    if (!dense_) throw detail::NotDense{};
-    p = detail::walk(dense_, key);
-  } catch (const detail::NotDense&) {
-    if (!node_) d("get");
-    TensorDict parent = parent_of(*this, key, false);
-    if (!parent.defined()) missing_in_node(key, *this);
-    std::optional<Entry> e = parent.node()->read(key.back());
-    if (!e) missing_in_node(key, parent);
-    return *e;
-  }
-  if (!p) throw_missing_key(key, *d());
-  const Entry* e = p->find(key.back());
-  if (!e) throw_missing_key(key, *p);
-  return *e;
-}
-
-Entry TensorDict::operator[](const NestedKey& key) const { return get_entry(key); }
-
-at::Tensor TensorDict::get(const NestedKey& key) const {
-  if (key.size() == 1 && dense_) {  // fast path: no walk, no Entry copy
-    const Entry* e = d()->find(key.front());
-    if (!e) throw_missing_key(key, *d());
-    return e->tensor();
-  }
-  return get_entry(key).tensor();
-}
-
-at::Tensor TensorDict::get(const char* key) const {
-  if (dense_) {
-    const size_t n = std::strlen(key);  // once, not per entry
-    for (const auto& kv : dense_->entries)
-      if (kv.first.size() == n && std::memcmp(kv.first.data(), key, n) == 0) return kv.second.tensor();
-  }
-  return get(NestedKey(key));  // missing, or another node kind: the general path and its errors
-}
-
-at::Tensor TensorDict::get(const NestedKey& key, const at::Tensor& default_value) const {
-  auto e = get_entry_opt(key);
-  if (!e) return default_value;
-  return e->tensor();
-}
-
-TensorDict TensorDict::get_td(const NestedKey& key) const { return get_entry(key).tensordict(); }
-
-JsonValue TensorDict::get_non_tensor(const NestedKey& key) const { return get_entry(key).non_tensor_value(); }
-
-bool TensorDict::is_non_tensor(const NestedKey& key) const {
-  auto e = get_entry_opt(key);
-  return e && e->is_non_tensor();
-}
-
-//! an index that selects along batch dims only, as a leaf indexes it: ints and slices, or slices and one
-//! integer index list (no None / Ellipsis / mask, whose placement rules differ between a leaf and td[idx])
-static bool batch_only_index(const Index& index, size_t batch_dims) {
-  if (index.size() > batch_dims) return false;
-  size_t tensors = 0, ints = 0;
-  for (const auto& e : index) {
-    if (e.is_integer()) {
-      ++ints;
-    } else if (e.is_tensor()) {
-      const at::Tensor& t = e.tensor();
-      if (!t.defined() || t.dim() != 1 || !at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) return false;
-      ++tensors;
-    } else if (!e.is_slice()) {
-      return false;
-    }
-  }
-  return tensors == 0 || (tensors == 1 && ints == 0);
-}
-
-at::Tensor TensorDict::get_at(const NestedKey& key, const Index& index) const {
-  // a node whose leaves are not in memory reads the selected rows only (td[idx] is composed without I/O)
-  if (!dense_ && node_ && !node_->dense_view() && batch_only_index(index, batch_size().size())) {
-    return this->index(index).get(key);
-  }
-  return get(key).index(index);
 }
 
 }  // namespace tensordict

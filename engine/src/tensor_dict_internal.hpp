@@ -14,6 +14,10 @@
 
 namespace tensordict {
 
+namespace detail {
+struct ViewOrigin;
+}
+
 //! The dense node: leaves are at::Tensors (in memory, memory-mapped or in shared memory).
 struct TensorDictImpl : Node {
   //! entries in insertion order
@@ -22,6 +26,10 @@ struct TensorDictImpl : Node {
   bool is_shared = false;
   //! memmap: the directory this TensorDict is stored in (empty when anonymous / not memmap)
   std::string memmap_prefix;
+  //! a view (td[idx]) of a memmap TensorDict saved to a directory or of a shared one: where it comes from,
+  //! so that StorageSpec::of reopens it as that view (spec_internal.hpp); null otherwise, and after any
+  //! non-batch operation (clone, apply, to: a new node)
+  std::shared_ptr<const detail::ViewOrigin> origin;
   //! the Python class recorded on disk for a tensorclass ("<class '__main__.Pair'>"); empty for a plain
   //! TensorDict. Kept so that re-writing produces the same layout (tensorclass records, formats §1.7).
   std::string type_repr;
@@ -44,6 +52,8 @@ struct TensorDictImpl : Node {
   TensorDict to_dense() const override;
   void write(const Index& index, const TensorDict& value) override;
   void unlock() override;
+  //! memmap saved to a directory, shared, or a view of one with its "index" (spec_index.cpp)
+  std::string storage_spec() const override;
 
   // the operations' dense fast paths (Node's defaults run these on a store's dense_view())
   std::vector<std::pair<std::string, Entry>> read_all() const override { return entries; }
@@ -174,6 +184,9 @@ std::optional<EntryMeta> meta_at(const TensorDict& td, const NestedKey& key);
 std::vector<std::pair<NestedKey, EntryMeta>> key_metas(const TensorDict& td, const KeysOptions& options);
 //! the node of td, or ValueError naming `what` for an undefined handle
 Node& node_of(const TensorDict& td, const char* what);
+//! the dense level the dense algorithms work on: td's dense node or a store's dense view (a node over its
+//! own storage, kept alive by the node); NotImplementedError naming the node's type for any other node
+std::shared_ptr<TensorDictImpl> impl_of(const TensorDict& td);
 //! LockedError with upstream's text when td is locked (the node-generic paths)
 void check_node_unlocked(const TensorDict& td);
 //! LockedError (upstream's text) when `node` is locked
@@ -185,12 +198,13 @@ void check_unlocked(const TensorDictImpl& impl, const std::string& what);
 //! converts a value for insertion into `impl` at `key`: Dicts become TensorDicts, non-tensors get the
 //! batch size, tensors are moved to the device; checks the batch prefix (BatchSizeError otherwise)
 Entry prepare_value(const TensorDictImpl& impl, const std::string& key, const Entry& value);
-//! thrown by walk when a level is not a dense node: the caller takes its generic path
-struct NotDense {};
 //! walks a nested key to the TensorDict holding its last part; creates missing levels when `create`
-//! (KeyError when a level exists and is not a TensorDict); returns nullptr if missing and !create
+//! (KeyError when a level exists and is not a TensorDict); returns nullptr if missing and !create;
+//! NotImplementedError when a level on the way is another node kind (dense_walk tells instead)
 TensorDictImpl* walk(TensorDictImpl* root, const NestedKey& key, bool create);
-const TensorDictImpl* walk(const TensorDictImpl* root, const NestedKey& key);
+//! a nested key whose level `part` is a leaf (of kind `kind`): KeyError when setting, ValueError when reading
+//! (upstream's classes)
+[[noreturn]] void through_leaf(const NestedKey& key, const std::string& part, const char* kind, bool set);
 //! KeyError text for a missing key
 [[noreturn]] void throw_missing_key(const NestedKey& key, const TensorDictImpl& where);
 

@@ -25,6 +25,18 @@ using detail::shape_str;
 using detail::throw_missing_key;
 
 // ============================================================================ writing
+//! upstream's class for a nested key through a leaf depends on the call: the walks raise set's KeyError and
+//! get's / pop's ValueError; set_ (KeyError) and del_ (AttributeError: 'Tensor' object has no attribute
+//! 'del_') ask here first and get the walks' text under their own class
+static void leaf_on_path_as(const TensorDict& td, const NestedKey& key, ErrorCode code) {
+  if (key.size() < 2 || !td.node()) return;
+  try {
+    (void)parent_of(td, key, /*create=*/false);
+  } catch (const ValueError& e) {
+    throw_error(code, e.message());
+  }
+}
+
 static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
   if (dest.is_tensor()) {
     if (!value.is_tensor()) {
@@ -72,6 +84,7 @@ static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
 
 TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inplace) {
   if (key.empty()) throw KeyError("empty key");
+  if (inplace) leaf_on_path_as(*this, key, ErrorCode::Key);  // a locked node does not create: its walk reads
   TensorDictImpl* p = nullptr;
   if (!dense_walk(dense_, key, /*create=*/dense_ && (!dense_->locked || !inplace), &p)) {
     if (!node_) d("set");
@@ -104,6 +117,7 @@ TensorDict& TensorDict::set(const char* key, const Entry& value, bool inplace) {
 
 TensorDict& TensorDict::set_(const NestedKey& key, const Entry& value) {
   if (key.empty()) throw KeyError("empty key");
+  leaf_on_path_as(*this, key, ErrorCode::Key);
   TensorDictImpl* p = nullptr;
   if (!dense_walk(dense_, key, false, &p)) {
     if (!node_) d("set_");
@@ -252,12 +266,16 @@ Entry TensorDict::pop(const NestedKey& key) {
 }
 
 Entry TensorDict::pop(const NestedKey& key, const Entry& default_value) {
-  if (!contains(key)) return default_value;
+  if (!contains(key)) {
+    leaf_on_path_as(*this, key, ErrorCode::Value);  // upstream: a leaf on the way raises, even with a default
+    return default_value;
+  }
   return pop(key);
 }
 
 TensorDict& TensorDict::del(const NestedKey& key) {
   if (key.empty()) throw KeyError("empty key");
+  leaf_on_path_as(*this, key, ErrorCode::Attribute);
   TensorDictImpl* p = nullptr;
   if (!dense_walk(dense_, key, false, &p)) {
     if (!node_) d("del");
@@ -327,7 +345,7 @@ TensorDict TensorDictImpl::empty(const TensorDict&, bool recurse) const {
   TensorDict out = make_empty(*this, batch_size);
   if (recurse) {
     for (const auto& kv : entries)
-      if (kv.second.is_tensordict()) out.impl()->put(kv.first, Entry(kv.second.tensordict().empty(true)));
+      if (kv.second.is_tensordict()) detail::impl_of(out)->put(kv.first, Entry(kv.second.tensordict().empty(true)));
   }
   return out;
 }
@@ -347,7 +365,7 @@ TensorDict TensorDictImpl::select(const TensorDict& self, const std::vector<Nest
     if (!e && strict) throw_missing_key(k, *this);
     // rebuild intermediate levels with their own batch sizes; with strict=false a missing leaf still keeps
     // the levels above it that exist (upstream)
-    TensorDictImpl* dst = out.impl().get();
+    TensorDictImpl* dst = detail::impl_of(out).get();
     const TensorDictImpl* src = this;
     bool reached = true;
     for (size_t i = 0; i + 1 < k.size(); ++i) {
@@ -356,18 +374,18 @@ TensorDict TensorDictImpl::select(const TensorDict& self, const std::vector<Nest
         reached = false;
         break;
       }
-      src = se->tensordict().impl().get();
+      src = detail::impl_of(se->tensordict()).get();
       Entry* de = dst->find(k[i]);
       if (!de) {
         dst->put(k[i], Entry(make_empty(*src, src->batch_size)));
         de = dst->find(k[i]);
       }
-      dst = de->tensordict().impl().get();
+      dst = detail::impl_of(de->tensordict()).get();
     }
     if (e && reached) dst->put(k.back(), *e);
   }
   if (inplace) {
-    d->entries = out.impl()->entries;
+    d->entries = detail::impl_of(out)->entries;
     return self;
   }
   return out;
@@ -387,9 +405,9 @@ static void exclude_into(const TensorDictImpl& src, TensorDictImpl& dst, const s
     }
     if (drop) continue;
     if (!sub.empty() && kv.second.is_tensordict()) {
-      const auto& child = *kv.second.tensordict().impl();
+      const auto& child = *detail::impl_of(kv.second.tensordict());
       TensorDict c = make_empty(child, child.batch_size);
-      exclude_into(child, *c.impl(), sub);
+      exclude_into(child, *detail::impl_of(c), sub);
       dst.entries.emplace_back(kv.first, Entry(c));
     } else {
       dst.entries.emplace_back(kv.first, kv.second);
@@ -405,9 +423,9 @@ TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace)
 TensorDict TensorDictImpl::exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const {
   // upstream allows exclude(inplace=True) on a locked (memmap, shared) TensorDict: no lock check here
   TensorDict out = make_empty(*this, batch_size);
-  exclude_into(*this, *out.impl(), keys);
+  exclude_into(*this, *detail::impl_of(out), keys);
   if (inplace) {
-    const_cast<TensorDictImpl*>(this)->entries = out.impl()->entries;
+    const_cast<TensorDictImpl*>(this)->entries = detail::impl_of(out)->entries;
     return self;
   }
   return out;
@@ -416,31 +434,44 @@ TensorDict TensorDictImpl::exclude(const TensorDict& self, const std::vector<Nes
 static std::vector<TensorDict> split_keys_impl(const TensorDict& self,
                                                const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
                                                bool strict, const Entry* default_value) {
+  // upstream: strict drops `default` (NO_DEFAULT: pop raises KeyError); without strict a missing key gets the
+  // default, and a None default (ours: no default, or an empty Entry) skips it
+  if (strict || (default_value && default_value->kind() == Entry::Kind::None)) default_value = nullptr;
   std::vector<TensorDict> out;
   std::vector<NestedKey> all;
   for (const auto& ks : key_sets) {
-    if (!default_value) {
-      out.push_back(self.select(ks, strict));
-    } else {  // upstream default=: a missing key gets the default value
-      std::vector<NestedKey> present, missing;
-      for (const auto& k : ks) (self.contains(k) ? present : missing).push_back(k);
-      TensorDict part = self.select(present, strict);
-      for (const auto& k : missing) part.set(k, *default_value);
+    if (strict) {
+      out.push_back(self.select(ks, true));
+    } else if (!default_value) {  // a missing key is skipped (no level of it is kept)
+      std::vector<NestedKey> present;
+      for (const auto& k : ks)
+        if (self.contains(k)) present.push_back(k);
+      out.push_back(self.select(present, true));
+    } else {  // each key in its set's order: its entry, or the default
+      TensorDict part = self.select({}, true);
+      for (const auto& k : ks) part.set(k, self.contains(k) ? self.get_entry(k) : *default_value);
       out.push_back(part);
     }
     all.insert(all.end(), ks.begin(), ks.end());
   }
-  if (inplace) {
-    out.push_back(self.exclude(all, true));
-  } else {
-    out.push_back(self.exclude(all).clone());
+  TensorDict rest = inplace ? self.exclude(all, true) : self.exclude(all).clone();
+  // upstream filter_empty_() on the rest: sub-TensorDicts left without a leaf go (empty ones it had too)
+  if (!rest.is_locked()) {
+    std::vector<NestedKey> empty;
+    for (const auto& k : rest.keys(KeysOptions().include_nested(true))) {  // the structure only: no leaf read
+      const std::optional<EntryMeta> m = rest.meta(k);
+      if (m && m->is_tensordict() && rest.get_td(k).is_empty()) empty.push_back(k);
+    }
+    for (const auto& k : empty)
+      if (rest.contains(k)) rest.del(k);
   }
+  out.push_back(rest);
   return out;
 }
 
 std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets,
-                                               const Entry& default_value, bool inplace) const {
-  return split_keys_impl(*this, key_sets, inplace, /*strict=*/true, &default_value);
+                                               const Entry& default_value, bool inplace, bool strict) const {
+  return split_keys_impl(*this, key_sets, inplace, strict, &default_value);
 }
 
 std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
@@ -459,14 +490,14 @@ TensorDict TensorDictImpl::flatten_keys(const TensorDict& self, const std::strin
     const Entry& e = kv.second;
     if (e.is_tensordict()) continue;  // upstream: sub-TensorDicts (empty ones too) leave no key
     std::string k = kv.first.join(separator);
-    if (out.impl()->find(k)) {
+    if (detail::impl_of(out)->find(k)) {
       throw KeyError("flatten_keys: the flattened key '" + k + "' collides with an existing key");
     }
-    out.impl()->entries.emplace_back(k, e);
+    detail::impl_of(out)->entries.emplace_back(k, e);
   }
   if (inplace) {
     check_unlocked(*this, "flatten_keys(inplace=true)");
-    d->entries = out.impl()->entries;
+    d->entries = detail::impl_of(out)->entries;
     return self;
   }
   return out;
@@ -480,36 +511,39 @@ TensorDict TensorDictImpl::unflatten_keys(const TensorDict& self, const std::str
   TensorDictImpl* d = const_cast<TensorDictImpl*>(this);  // inplace: this level's entries are replaced
   if (separator.empty()) throw ValueError("unflatten_keys: empty separator");
   TensorDict out = make_empty(*this, batch_size);
-  // plain keys first so that a collision is detected whatever the order
+  // upstream renames each key holding the separator to its parts in turn (rename_key_(key, parts, safe=True)):
+  // the other keys keep their slots, the rebuilt ones follow in their order; a key that exists already, or a
+  // leaf on its path, is a KeyError
+  std::vector<std::pair<const std::string*, Entry>> renamed;
   for (const auto& kv : entries) {
+    Entry v = kv.second;
+    if (v.is_tensordict()) v = Entry(v.tensordict().unflatten_keys(separator));
+    if (kv.first.find(separator) == std::string::npos) {
+      detail::impl_of(out)->entries.emplace_back(kv.first, std::move(v));
+    } else {
+      renamed.emplace_back(&kv.first, std::move(v));
+    }
+  }
+  for (auto& [name, v] : renamed) {
     std::vector<std::string> parts;
-    size_t start = 0;
-    while (true) {
-      size_t pos = kv.first.find(separator, start);
-      parts.push_back(kv.first.substr(start, pos - start));
+    for (size_t start = 0;;) {
+      const size_t pos = name->find(separator, start);
+      parts.push_back(name->substr(start, pos - start));
       if (pos == std::string::npos) break;
       start = pos + separator.size();
     }
-    NestedKey k{std::vector<std::string>(parts)};
-    Entry v = kv.second;
-    if (v.is_tensordict()) v = Entry(v.tensordict().unflatten_keys(separator));
-    if (out.contains(k)) {
-      Entry cur = out.get_entry(k);
-      if (cur.is_tensordict() && v.is_tensordict()) {
-        cur.tensordict().update(v.tensordict());
-        continue;
-      }
-      throw KeyError("unflatten_keys: key '" + kv.first + "' collides with another key unflattened to " + k.repr());
-    }
+    const NestedKey k(std::move(parts));
+    if (out.contains(k))
+      throw KeyError("unflatten_keys: key '" + *name + "' collides with another key unflattened to " + k.repr());
     try {
       out.set(k, v);
-    } catch (const ValueError& e) {  // a level of k is a leaf
-      throw KeyError("unflatten_keys: key '" + kv.first + "' collides with a leaf (" + e.what() + ")");
+    } catch (const KeyError& e) {  // a level of k is a leaf
+      throw KeyError("unflatten_keys: key '" + *name + "' collides with a leaf (" + e.message() + ")");
     }
   }
   if (inplace) {
     check_unlocked(*this, "unflatten_keys(inplace=true)");
-    d->entries = out.impl()->entries;
+    d->entries = detail::impl_of(out)->entries;
     return self;
   }
   return out;
@@ -561,7 +595,7 @@ struct CopyNodesVisitor : detail::tree::RebuildVisitor {
   }
   //! another node kind below: NotImplementedError, as impl() says
   const TensorDictImpl* descend(const detail::tree::KeyPath&, const TensorDict& sub, const detail::tree::Matched&) {
-    return sub.impl().get();
+    return detail::impl_of(sub).get();
   }
 };
 }  // namespace
@@ -580,7 +614,7 @@ TensorDict TensorDictImpl::to(const TensorDict& self, at::Device device) const {
     root.device = target;
     detail::tree::for_each_entry(root, [&](const detail::tree::KeyPath&, const Entry& e) -> const TensorDictImpl* {
       if (!e.is_tensordict()) return nullptr;
-      TensorDictImpl* level = e.tensordict().impl().get();  // another node kind: NotImplementedError
+      TensorDictImpl* level = detail::impl_of(e.tensordict()).get();  // another node kind: NotImplementedError
       level->device = target;
       return level;
     });
@@ -588,10 +622,10 @@ TensorDict TensorDictImpl::to(const TensorDict& self, at::Device device) const {
   // apply() moves results to the result's device (upstream): run it on a device-less structure copy
   TensorDict src = self.clone(false);
   target = std::nullopt;
-  set_dev(*src.impl());
+  set_dev(*detail::impl_of(src));
   TensorDict out = src.apply([&](const at::Tensor& t) { return t.to(device); });
   target = device;
-  set_dev(*out.impl());
+  set_dev(*detail::impl_of(out));
   return out;
 }
 

@@ -1,19 +1,25 @@
 #pragma once
-//! Internal to engine/: the one tree visitor the generic algorithms are written over (issue 9).
+//! Internal to engine/: the one tree visitor the recursive algorithms are written over (issue 9, issue 34).
 //!
-//! A TensorDict is a tree: dense levels (`TensorDictImpl::entries`, in order) whose entries are leaves
-//! (tensors, NonTensorData, NonTensorStack) or sub-TensorDicts of any node kind. Three walk shapes cover
-//! the algorithms:
+//! A TensorDict is a tree of nodes: each level (a dense node, a lazy stack, a store, a remote node) holds
+//! leaves (tensors, NonTensorData, NonTensorStack) and sub-TensorDicts of any node kind. Four walk shapes
+//! cover the algorithms:
+//!  (s) `visit`: the structure of one tree through the node interface (Node::metas(), a sub-TensorDict
+//!      reached through Node::read() as a handle: no leaf is read unless a hook asks for its value), every
+//!      node kind alike; a dense level is walked over its entries directly (its fast path). Key listing,
+//!      is_empty, from_dict's batch inference, walk_entries (tensordict/tree.hpp: tdx's walks);
 //!  (a) `for_each_leaf` / `for_each_tensor` / `for_each_leaf_mut` / `for_each_entry` / `for_each_level`:
-//!      visit the leaves (const or writable), entries or levels of one tree;
+//!      visit the leaves (const or writable), entries or levels of one tree's dense levels;
 //!  (b) `rebuild`: a new tree of the same structure from a per-entry transform, each level with its own
 //!      new batch size (shape ops, apply, arithmetic, reductions, clone, index, ...);
 //!  (c) `rebuild` / `walk` with `others`: several trees walked in parallel by key (binary ops, compare,
 //!      where, equal, stack / cat).
-//! The walks run over the dense nodes' entries directly (no virtual call, no copy of an entry); a
-//! sub-TensorDict of another node kind (lazy stack, store) is handed to the visitor, which decides (its
-//! own form, its dense form, an error). Visitors are templates: callables are inlined, nothing is boxed
-//! in a std::function. Keys are built only when asked (`KeyPath::full()`, e.g. for an error message).
+//! (a)-(c) run over the dense levels' entries directly (no virtual call, no copy of an entry); a
+//! sub-TensorDict without a dense level (lazy stack, remote node) is handed to the visitor, which decides
+//! (its own form, its dense form, an error). Which sub-TensorDict has a dense level is the visitor's
+//! question (`dense_level` / `level_of`, over Node::dense_node() / dense_view()), never the algorithms'.
+//! Visitors are templates: callables are inlined, nothing is boxed in a std::function. Keys are built only
+//! when asked (`KeyPath::full()`, e.g. for an error message).
 #include <optional>
 #include <string>
 #include <utility>
@@ -54,18 +60,21 @@ class KeyPath {
 //! the dense level of a sub-TensorDict: its dense node, a store's dense view, or nullptr (lazy stack,
 //! remote node). A dense view is kept alive by its node.
 inline const TensorDictImpl* dense_level(const TensorDict& td) {
-  if (td.is_dense()) return static_cast<const TensorDictImpl*>(td.node().get());
-  if (td.node()) return td.node()->dense_view().get();
-  return nullptr;
+  if (!td.node()) return nullptr;
+  if (const TensorDictImpl* dense = td.node()->dense_node()) return dense;
+  return td.node()->dense_view().get();
 }
 
 //! which sub-TensorDicts a leaf walk enters: dense nodes only, or also nodes with a dense view (stores)
 enum class Descend { DenseOnly, DenseOrView };
 
 inline const TensorDictImpl* level_of(const TensorDict& td, Descend how) {
-  if (how == Descend::DenseOnly) return td.is_dense() ? static_cast<const TensorDictImpl*>(td.node().get()) : nullptr;
+  if (how == Descend::DenseOnly) return td.node() ? td.node()->dense_node() : nullptr;
   return dense_level(td);
 }
+
+//! the dense node of a tree's root for the dense fast paths (writable), nullptr for any other node kind
+inline TensorDictImpl* dense_root(const TensorDict& td) { return td.node() ? td.node()->dense_node() : nullptr; }
 
 //! the batch of a child (sub-TensorDict or non-tensor) whose level goes from `old_nd` batch dims to
 //! `parent_batch`: parent_batch followed by the child's own dims past the first old_nd (its extra dims)
@@ -85,6 +94,80 @@ inline const Entry* find_at(const TensorDictImpl& level, const std::string& key,
 [[noreturn]] inline void throw_no_dense_leaves(const KeyPath& at, const TensorDict& sub) {
   throw NotImplementedError("this operation reaches the leaves of " + at.full().repr() + ", a " +
                             sub.node()->type_name() + ", which has no dense leaves to visit");
+}
+
+// ------------------------------------------------------------------------------------ (s) structure
+//! one key of a level as `visit` sees it: a dense level's entry (no copy) or a key of another node with
+//! its meta (its value is read only when value() / sub() asks)
+class Item {
+ public:
+  Item(const Entry& e, const TensorDictImpl& level) : entry_(&e), level_(&level) {}
+  Item(const Node& node, const std::string& key, const EntryMeta& m) : node_(&node), key_(&key), meta_(&m) {}
+
+  bool is_tensordict() const { return entry_ ? entry_->is_tensordict() : meta_->is_tensordict(); }
+  bool is_tensor() const { return entry_ ? entry_->is_tensor() : meta_->kind == EntryMeta::Kind::Tensor; }
+  bool is_non_tensor() const { return entry_ ? entry_->is_non_tensor() : meta_->kind == EntryMeta::Kind::NonTensor; }
+  //! a tensor's full shape; a sub-TensorDict's or non-tensor's batch size
+  BatchSize shape() const { return entry_ ? entry_->shape() : meta_->shape; }
+  //! kind, dtype, shape, device without reading data
+  EntryMeta meta() const {
+    if (!entry_) return *meta_;
+    EntryMeta m = entry_meta(*entry_, level_->is_memmap, level_->is_shared);
+    if (m.kind == EntryMeta::Kind::NonTensor) m.device = level_->device;
+    return m;
+  }
+  //! the value (a dense level's entry; any other node reads it: I/O for a leaf of a remote node)
+  Entry value() const { return entry_ ? *entry_ : read(); }
+  //! the sub-TensorDict (a handle over its node, no data read)
+  TensorDict sub() const { return entry_ ? entry_->tensordict() : read().tensordict(); }
+  //! the dense level's entry itself (writable through its level), nullptr for another node's key
+  const Entry* entry() const { return entry_; }
+
+ private:
+  Entry read() const {
+    std::optional<Entry> e = node_->read(*key_);
+    if (!e) throw KeyError("key '" + *key_ + "' vanished from its " + node_->type_name() + " during a walk");
+    return std::move(*e);
+  }
+  const Entry* entry_ = nullptr;
+  const TensorDictImpl* level_ = nullptr;
+  const Node* node_ = nullptr;
+  const std::string* key_ = nullptr;
+  const EntryMeta* meta_ = nullptr;
+};
+
+//! what a walk does after visiting an entry
+enum class Step { Stop, Next, Enter };
+
+//! the default hooks of a structure visitor: derive from it and hide what differs
+struct StructureVisitor {
+  //! a key of a level: Stop ends the walk (visit then returns false), Next goes on, Enter (a
+  //! sub-TensorDict) walks its level before after()
+  Step visit(const KeyPath&, const Item&) { return Step::Next; }
+  //! called after each key (after its level when it was entered)
+  void after(const KeyPath&, const Item&) {}
+};
+
+//! the structure of `td` through the node interface, depth first in each level's key order (see Item,
+//! StructureVisitor); a dense level is walked over its entries, any other through Node::metas()
+template <class V>
+bool visit(const TensorDict& td, V& v, const KeyPath& at = {}) {
+  auto step = [&](const KeyPath& path, const Item& item) {
+    const Step s = v.visit(path, item);
+    if (s == Step::Stop) return false;
+    if (s == Step::Enter && item.is_tensordict() && !visit(item.sub(), v, path)) return false;
+    v.after(path, item);
+    return true;
+  };
+  Node& node = *td.node();
+  if (const TensorDictImpl* level = node.dense_node()) {  // the dense fast path: no meta, no entry copy
+    for (const auto& kv : level->entries)
+      if (!step(KeyPath(at, kv.first), Item(kv.second, *level))) return false;
+    return true;
+  }
+  for (const auto& km : node.metas())
+    if (!step(KeyPath(at, km.first), Item(node, km.first, km.second))) return false;
+  return true;
 }
 
 // ------------------------------------------------------------------------------------ (a) leaves
@@ -274,9 +357,6 @@ TensorDict rebuild(const TensorDictImpl& src, BatchSize new_batch, V& v,
   if (any) *any = any_set;
   return out_td;
 }
-
-//! what a parallel walk does after visiting an entry
-enum class Step { Stop, Next, Enter };
 
 //! the default hooks of a walk visitor (no output): derive from it and hide what differs
 struct WalkVisitor {

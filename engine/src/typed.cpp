@@ -2,14 +2,28 @@
 // the cast rules, TensorClass persistence and repr.
 #include "tensordict/typed.hpp"
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 
 namespace tensordict {
 namespace typed_detail {
+
+std::string qualified_class_name(const char* mangled) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::string name = status == 0 && d ? d.get() : mangled;
+  const std::string anon = "(anonymous namespace)::";
+  for (size_t at = name.find(anon); at != std::string::npos; at = name.find(anon)) name.erase(at, anon.size());
+  return name;
+}
 
 namespace {
 
@@ -183,8 +197,8 @@ void check_tensorclass_keys(const TypedSchema& s, const TensorDict& td, const No
 
 // ---------------------------------------------------------------------------------------- field access
 at::Tensor get_tensor(const TypedSchema& s, const TensorDict& td, const char* field) {
-  if (td.is_dense()) {  // fast path: a lookup in the dense node, no key object, no entry copy
-    const auto* impl = static_cast<const TensorDictImpl*>(td.node().get());
+  // fast path: a lookup in the dense level, no key object, no entry copy
+  if (const TensorDictImpl* impl = detail::tree::level_of(td, detail::tree::Descend::DenseOnly)) {
     const size_t n = std::strlen(field);
     for (const auto& kv : impl->entries) {
       if (kv.first.size() == n && std::memcmp(kv.first.data(), field, n) == 0 && kv.second.is_tensor()) {
@@ -338,7 +352,7 @@ void check_same_class(const TypedSchema& mine, const TypedSchema* theirs, const 
 namespace {
 //! marks the dense nodes of a TensorClass (and of its nested TensorClass fields) with their class records
 void mark_records(const TensorDict& td, const TypedSchema& s, const NonTensorFields* nt) {
-  std::shared_ptr<TensorDictImpl> impl = td.impl();
+  std::shared_ptr<TensorDictImpl> impl = detail::impl_of(td);
   impl->type_repr = "<class '" + s.class_path + "'>";
   if (nt && !nt->empty()) {
     JsonValue::Object o;
@@ -355,7 +369,7 @@ void mark_records(const TensorDict& td, const TypedSchema& s, const NonTensorFie
 
 void tensorclass_memmap_(TensorDict& td, const TypedSchema& s, const NonTensorFields* nt, const std::string& prefix,
                          const MemmapOptions& options) {
-  if (!td.is_dense() && !(td.node() && td.node()->dense_view())) {
+  if (!detail::tree::dense_level(td)) {  // no dense level (its own or a store's view) to record the class in
     throw NotImplementedError("memmap_ of a " + s.name + " over a " + td.node()->type_name() +
                               ": copy it to memory first (clone of its to_tensordict())");
   }
@@ -366,7 +380,7 @@ void tensorclass_memmap_(TensorDict& td, const TypedSchema& s, const NonTensorFi
 TensorDict tensorclass_load_memmap(const TypedSchema& s, const std::string& prefix, const LoadOptions& options,
                                    JsonValue* class_fields) {
   TensorDict td = TensorDict::load_memmap(prefix, options);
-  std::shared_ptr<TensorDictImpl> impl = td.impl();
+  std::shared_ptr<TensorDictImpl> impl = detail::impl_of(td);
   if (impl->type_repr.empty()) {
     throw TypeError("'" + prefix + "' holds a TensorDict, not a " + s.name + " (no tensorclass record in meta.json)");
   }

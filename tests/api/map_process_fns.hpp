@@ -2,6 +2,7 @@
 // Named map functions of the map_process tests, registered both in the test process (the caller looks the
 // name up before it starts anything) and in td_map_worker (the worker processes run them).
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -71,6 +72,23 @@ inline void register_fns() {
     TensorDict r(c.batch_size());
     r.set("w", at::full(c.batch_size(), w ? w->worker_index : -1, at::kLong));
     r.set("seed", at::full(c.batch_size(), w ? w->seed : -1, at::kLong));
+    return r;
+  });
+  // the minor page faults of this process so far (out["faults"]) and its worker index (out["w"]), with an
+  // out["x"] of 4 KiB rows from one buffer per process, touched before the count is read: between two calls
+  // of one worker the count grows by the pages writing its chunk into out faulted in, and little else
+  // (tests/api/test_map_paths.cpp: map.out_write in worker processes)
+  tensordict::register_map_fn("mp_faults", [](const TensorDict& c) {
+    static at::Tensor buf;  // a worker process runs one chunk at a time
+    const int64_t n = c.batch_size()[0];
+    if (!buf.defined() || buf.size(0) < n) buf = at::ones({n, 1024});
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    const tensordict::MapWorkerContext* w = tensordict::current_map_worker();
+    TensorDict r(c.batch_size());
+    r.set("x", buf.narrow(0, 0, n));
+    r.set("faults", at::full({n}, static_cast<int64_t>(ru.ru_minflt), at::kLong));
+    r.set("w", at::full({n}, w ? w->worker_index : -1, at::kLong));
     return r;
   });
 }

@@ -112,7 +112,7 @@ BOOST_AUTO_TEST_CASE(store_tensordict_is_a_tensordict) {
   TempDir dir("store");
   Store store = Store::open(make_buffer(dir.path + "/buf"));
   TensorDict td = store.tensordict();
-  BOOST_TEST(!td.is_dense());
+  BOOST_TEST((td.node()->dense_node() == nullptr));
   BOOST_TEST(td.is_memmap());
   BOOST_TEST(td.batch_size() == BatchSize({kRows}));
   // rows: straight into the storage (a view of the mapping)

@@ -77,6 +77,13 @@ struct DeclaredPair : TensorClass<DeclaredPair> {
 
 }  // namespace
 
+namespace shapes {
+//! TD_FIELDS without a declared path: it records its C++ qualified name
+struct Pair : TensorClass<Pair> {
+  TD_FIELDS(Pair, TD_TENSOR(a), TD_DATA(std::string, label))
+};
+}  // namespace shapes
+
 BOOST_AUTO_TEST_SUITE(tensordict_store)
 
 BOOST_AUTO_TEST_CASE(python_rdb_fixture_loads) {
@@ -345,7 +352,7 @@ BOOST_AUTO_TEST_CASE(non_tensor_stacks_use_the_python_layout_both_ways) {
 }
 
 // issue 35 item 10: a tensorclass records the Python class path it declares (TD_FIELDS_AT), in a Redis store's
-// __tensorclass__ and in a memmap directory's meta.json _type alike; TD_FIELDS records "__main__.<Name>"
+// __tensorclass__ and in a memmap directory's meta.json _type alike; TD_FIELDS records its C++ qualified name
 BOOST_AUTO_TEST_CASE(tensorclass_records_its_declared_class_path_in_redis_and_memmap) {
   testutil::RedisServer server;
   const RedisOptions o = RedisOptions().port(server.port());
@@ -359,6 +366,24 @@ BOOST_AUTO_TEST_CASE(tensorclass_records_its_declared_class_path_in_redis_and_me
   const std::string meta((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   BOOST_TEST(has(meta, "<class 'mypkg.models.Pair'>"), meta);
   BOOST_TEST(DeclaredPair::load_memmap(dir.path + "/p").label() == "l");
+}
+
+BOOST_AUTO_TEST_CASE(tensorclass_records_its_cpp_qualified_name_by_default) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  shapes::Pair p({{"a", at::arange(4, at::kFloat).reshape({2, 2})}, {"label", "l"}}, {2});
+  BOOST_TEST(shapes::Pair::schema()->class_path == "shapes::Pair");
+  TensorDictStore s = TensorDictStore::from_tensordict(p.tensordict(), o);
+  BOOST_TEST(s.tensorclass() == "shapes::Pair");
+  shapes::Pair back = shapes::Pair::from_tensordict(TensorDictStore::from_store(s.td_id(), o));
+  BOOST_TEST(back.a().equal(p.a()));
+  BOOST_TEST(back.label() == "l");
+  fixtures::TempDir dir("tc_cpp_path");
+  p.memmap_(dir.path + "/p");
+  std::ifstream f(dir.path + "/p/meta.json");
+  const std::string meta((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  BOOST_TEST(has(meta, "<class 'shapes::Pair'>"), meta);
+  BOOST_TEST(shapes::Pair::load_memmap(dir.path + "/p").label() == "l");
 }
 
 BOOST_AUTO_TEST_CASE(credentials_by_url_acl_user_and_environment_never_printed) {

@@ -86,18 +86,19 @@ BOOST_AUTO_TEST_CASE(test_setitem_advanced_index_needs_the_leaf_dtype) {
     ab.index_put_({Slice(0, 2)}, v);
     BOOST_TEST(ab.get("a").index({Slice(0, 2)}).eq(1).all().item<bool>());
     // select shares the leaves of a node with zero-copy views; a remote node's select is a copy
-    if (td.is_dense() || td.node()->caps().zero_copy_views) {
+    if (td.node()->caps().zero_copy_views) {
       BOOST_TEST(td.get("a").index({Slice(0, 2)}).eq(1).all().item<bool>());
     }
   });
 }
 
 BOOST_AUTO_TEST_CASE(test_malformed_indices_raise_runtime_error) {
-  // upstream _getitem_batch_size / convert_ellipsis_to_idx: RuntimeError for a mask of the wrong shape,
-  // index tensors that do not broadcast together, two ellipses and too many indices in a write; reads keep
-  // torch's IndexError for out-of-range and too many indices
+  // upstream _getitem_batch_size / convert_ellipsis_to_idx: RuntimeError for index tensors that do not
+  // broadcast together, two ellipses and too many indices in a write; reads keep torch's IndexError for
+  // out-of-range and too many indices; a mask of the wrong shape on its own is torch's IndexError
+  // (tests/conformance/test_parity_index.cpp)
   for_each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
-    BOOST_CHECK_THROW(td.index({mask({1, 0, 1})}), RuntimeError);
+    BOOST_CHECK_THROW(td.index({mask({1, 0, 1})}), IndexError);
     BOOST_CHECK_THROW(td.index({longs({0, 1}), longs({0, 1, 2})}), RuntimeError);
     BOOST_CHECK_THROW(td.index({Ellipsis, 0, Ellipsis}), RuntimeError);
     BOOST_CHECK_THROW(td.index({0, 0, 0, 0, 0}), IndexError);
@@ -106,7 +107,7 @@ BOOST_AUTO_TEST_CASE(test_malformed_indices_raise_runtime_error) {
     TensorDict row = ref.index({0, 0, 0, 0}).clone();
     BOOST_CHECK_THROW(td.index_put_({0, 0, 0, 0, 0}, row), RuntimeError);
     BOOST_CHECK_THROW(td.index_put_({0, 0, 0, 0, 0}, at::Scalar(1)), RuntimeError);
-    BOOST_CHECK_THROW(td.index_put_({mask({1, 0, 1})}, at::Scalar(1)), RuntimeError);
+    BOOST_CHECK_THROW(td.index_put_({mask({1, 0, 1})}, at::Scalar(1)), IndexError);
     BOOST_CHECK_THROW(td.index_put_({Ellipsis, 0, Ellipsis}, at::Scalar(1)), RuntimeError);
     BOOST_TEST(abc_equal(td, ref));
   });
@@ -149,8 +150,9 @@ BOOST_AUTO_TEST_CASE(test_int_and_index_list_mixes_as_torch) {
       BOOST_TEST_CONTEXT("index mix " << i) {
         const Index& idx = mixes[i];
         const auto fill = static_cast<double>(10 + i);
-        td.index_put_(idx, at::Scalar(fill));
-        for (auto& kv : expect) kv.second.index_put_(idx, fill);
+        // a Python float is a float32 tensor written with index_put_: refused for the int64 leaf "c", nothing
+        // written (test_setitem_scalar_through_index_put_needs_the_dtype, tests/conformance/test_parity_index.cpp)
+        BOOST_CHECK_THROW(td.index_put_(idx, at::Scalar(fill)), RuntimeError);
         // a TensorDict value of the indexed batch size
         const at::Tensor probe = at::zeros({4, 3, 2, 1}).index(idx);
         TensorDict v = value_of(ref, BatchSize(probe.sizes().begin(), probe.sizes().end()), 4);
@@ -178,7 +180,8 @@ BOOST_AUTO_TEST_CASE(test_index_full_slices_return_self) {
 }
 
 BOOST_AUTO_TEST_CASE(test_dim_errors_are_upstreams) {
-  // unsqueeze / cat / all / any: RuntimeError; permute / transpose: ValueError; view: AssertionError
+  // unsqueeze / cat / all / any: RuntimeError; permute / transpose: ValueError; view: AssertionError when
+  // a negative size is inferred, torch's RuntimeError otherwise (tests/conformance/test_parity_keys.cpp)
   for_each_member([](const Member&, const TensorDict& td, const TensorDict&) {
     BOOST_CHECK_THROW(td.unsqueeze(5), RuntimeError);
     BOOST_CHECK_THROW(td.unsqueeze(-6), RuntimeError);
@@ -188,7 +191,7 @@ BOOST_AUTO_TEST_CASE(test_dim_errors_are_upstreams) {
     BOOST_CHECK_THROW(td.any(-5), RuntimeError);
     BOOST_CHECK_THROW(td.permute({0, 1, 2, 7}), ValueError);
     BOOST_CHECK_THROW(td.transpose(0, 4), ValueError);
-    BOOST_CHECK_THROW(td.view({7}), AssertionError);
+    BOOST_CHECK_THROW(td.view({7}), RuntimeError);
     BOOST_CHECK_THROW(td.view({-1, -1}), AssertionError);
   });
   BOOST_CHECK_THROW(stack(std::vector<TensorDict>{}, 0), RuntimeError);
@@ -218,11 +221,12 @@ BOOST_AUTO_TEST_CASE(test_stack_and_cat_dims_as_torch) {
 }
 
 BOOST_AUTO_TEST_CASE(test_nested_key_through_a_tensor) {
-  // upstream: ValueError when setting ("a", "x") with "a" a tensor, AttributeError when getting it
+  // upstream: KeyError when setting ("a", "x") with "a" a tensor, ValueError when getting it (every call:
+  // test_err_msg_missing_nested in tests/conformance/test_parity_keys.cpp)
   for_each_member([](const Member&, TensorDict td, const TensorDict&) {
-    BOOST_CHECK_THROW(td.set({"a", "x"}, at::zeros({4, 3, 2, 1})), ValueError);
-    BOOST_CHECK_THROW(td.get({"a", "x"}), AttributeError);
-    BOOST_CHECK_THROW(td.get_entry({"a", "x"}), AttributeError);
+    BOOST_CHECK_THROW(td.set({"a", "x"}, at::zeros({4, 3, 2, 1})), KeyError);
+    BOOST_CHECK_THROW(td.get({"a", "x"}), ValueError);
+    BOOST_CHECK_THROW(td.get_entry({"a", "x"}), ValueError);
     BOOST_TEST(!td.contains({"a", "x"}));
   });
 }

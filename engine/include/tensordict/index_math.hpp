@@ -42,7 +42,17 @@ bool is_full_slice_index(const Index& index, int64_t batch_dims);
 //! bool elements a stride-0 dummy of shape batch is indexed (it allocates only the result). Torch's errors
 //! (IndexError for out-of-range / too many indices, TypeError for index tensors of a wrong dtype).
 BatchSize getitem_batch_size(const BatchSize& batch, const Index& index);
+//! source.index(index) for a tensor whose shape is a batch size, with upstream's checks and exception classes
+//! (those of getitem_batch_size): what resolves an index once against positions (ResolvedIndex). A mask of the
+//! wrong shape is an IndexError, as upstream's per-leaf torch indexing raises; index tensors (a mask counted
+//! as its number of True) that do not broadcast together a RuntimeError (upstream's broadcast_shapes)
+at::Tensor index_batch(const at::Tensor& source, const Index& index);
 
+//! an index that selects along the first `batch_dims` dims only, so that leaf[index] is td[index]'s leaf: ints,
+//! slices, index tensors and masks (torch places the dims of separated index tensors first on both alike);
+//! not None, Ellipsis (which spans a leaf's feature dims too) or a bool. get_at / set_at on a store read or
+//! write just the selected rows
+bool selects_batch_dims_only(const Index& index, size_t batch_dims);
 //! Python-like text: "(0, slice(1, 3, None), None, Ellipsis, tensor(shape=[4], dtype=Long))"
 std::string index_repr(const Index& index);
 

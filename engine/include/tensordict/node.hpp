@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensordict/resolved_index.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace tensordict {
@@ -45,6 +46,14 @@ struct EntryMeta {
 
 struct TensorDictImpl;
 
+//! the members of a stack node (upstream's LazyStackedTensorDict: members by reference) and its stack dim;
+//! `members` is null for every other node
+struct StackMembers {
+  const std::vector<TensorDict>* members = nullptr;
+  int64_t dim = 0;
+  explicit operator bool() const { return members != nullptr; }
+};
+
 class Node : public std::enable_shared_from_this<Node> {
  public:
   virtual ~Node() = default;
@@ -53,6 +62,9 @@ class Node : public std::enable_shared_from_this<Node> {
   //! a typed handle in node form (tensordict/typed_schema.hpp) answers its source and schema, which
   //! TensorDict(node) unwraps at once; {nullptr, nullptr} for every other node
   virtual std::pair<std::shared_ptr<Node>, std::shared_ptr<const TypedSchema>> typed_parts() const { return {}; }
+  //! a stack of members (the lazy stack): its members and stack dim, which the memmap layout (members in
+  //! numbered directories), repr (exclusive keys) and equality (member by member) follow; {} otherwise
+  virtual StackMembers stack_members() const { return {}; }
   //! the upstream class name, for messages and repr ("TensorDict", "LazyStackedTensorDict", ...)
   virtual std::string type_name() const = 0;
   virtual NodeCaps caps() const = 0;
@@ -73,6 +85,16 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual bool erase(const std::string& key) = 0;
   //! the node td[index] is (dense: views; lazy stack: per-member split); batch dims only
   virtual std::shared_ptr<Node> index(const Index& index) const = 0;
+  //! `index` resolved ONCE per user call against this node's storage, with upstream's errors: a store node
+  //! answers its selection over its level (its own view composed in), which index_at / write_at then take
+  //! without resolving again (td[idx], td[idx] = value, get_at). nullopt (the default) for nodes that index
+  //! otherwise (the dense node's prepared index, the lazy stack member by member)
+  virtual std::optional<ResolvedIndex> resolve(const Index& index) const;
+  //! the node td[index] is, from this node's resolve(index) (default: NotImplementedError)
+  virtual std::shared_ptr<Node> index_at(const ResolvedIndex& index) const;
+  //! td[index] = value from this node's resolve(index), value broadcast to the selection (default:
+  //! NotImplementedError)
+  virtual void write_at(const ResolvedIndex& index, const TensorDict& value);
   //! the sub-nodes the lock graph reaches (sub-TensorDicts, members)
   virtual std::vector<std::shared_ptr<Node>> child_nodes() const = 0;
   //! a dense TensorDict with this node's values: what operations without a form of their own for this node

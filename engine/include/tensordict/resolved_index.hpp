@@ -19,12 +19,17 @@ namespace tensordict {
 
 class ResolvedIndex {
  public:
-  //! the whole batch (td[...]); IndexError / TypeError as torch for a bad index
+  //! the whole batch (td[...])
   static ResolvedIndex identity(const BatchSize& source_batch);
+  //! `index` over a source of `source_batch`, with upstream's errors (index_batch: IndexError, TypeError,
+  //! ValueError for a slice step <= 0, RuntimeError for index tensors that do not broadcast together)
   static ResolvedIndex resolve(const BatchSize& source_batch, const Index& index);
 
   //! this index followed by `index` on its result (td[a][b]); no data is read
   ResolvedIndex compose(const Index& index) const;
+  //! how many times resolve() and compose() ran in this process (an atomic count, for tests: a user call
+  //! on a store node resolves its index once and passes the resolved form down)
+  static int64_t resolutions();
   //! the same selection over a source with `extra` trailing batch dims, all of them selected (a nested
   //! level whose batch is longer than its parent's: result batch = this result batch + extra)
   ResolvedIndex extend(const BatchSize& extra) const;

@@ -15,6 +15,7 @@
 
 #include "tensordict/backends/json_value.hpp"
 #include "tensordict/errors.hpp"
+#include "tensordict/keys_view.hpp"
 #include "tensordict/fwd.hpp"
 #include "tensordict/nested_key.hpp"
 #include "tensordict/non_tensor.hpp"
@@ -47,6 +48,10 @@ struct MemmapOptions {
   //! memmap_ / memmap / save / memmap_like: fsync every leaf file and meta.json before the save is switched in,
   //! and the parent directory after (engine/README.md, "Saving memmap directories"). Off by default, as upstream
   TD_ARG(bool, durable) = false;
+  //! memmap_ / memmap / memmap_like / from_schema("memmap"): record the saved TensorDict as an instance of this
+  //! Python tensorclass ("pkg.mod.Pair": meta.json "_type" "<class 'pkg.mod.Pair'>", its TensorDict under
+  //! _tensordict/), as a TensorClass's own save does. "" (default): the record the TensorDict carries
+  TD_ARG(std::string, class_path) = "";
 };
 
 struct LoadOptions {
@@ -116,7 +121,9 @@ class TensorDict {
   bool is_same(const TensorDict& other) const { return node_ == other.node_; }
 
   // ---------------------------------------------------------------- keys
-  std::vector<NestedKey> keys(const KeysOptions& options = {}) const;
+  //! the keys (a std::vector<NestedKey>); keys(...).contains(key) is upstream's `key in td.keys(...)`: a
+  //! TypeError for a nested key unless include_nested (td.contains(key) answers for any key)
+  KeysView keys(const KeysOptions& options = {}) const;
   std::vector<Entry> values(const KeysOptions& options = {}) const;
   std::vector<std::pair<NestedKey, Entry>> items(const KeysOptions& options = {}) const;
   bool contains(const NestedKey& key) const;
@@ -184,9 +191,10 @@ class TensorDict {
   //! from self when strict
   std::vector<TensorDict> split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace = false,
                                      bool strict = true) const;
-  //! upstream split_keys(..., default=value): a key missing from self gets `default_value`
+  //! upstream split_keys(..., default=value, strict=...): strict ignores `default_value` (a missing key is a
+  //! KeyError); otherwise a missing key gets `default_value` (an empty Entry, upstream's None: it is skipped)
   std::vector<TensorDict> split_keys(const std::vector<std::vector<NestedKey>>& key_sets, const Entry& default_value,
-                                     bool inplace = false) const;
+                                     bool inplace = false, bool strict = true) const;
   TensorDict flatten_keys(const std::string& separator = ".", bool inplace = false) const;
   TensorDict unflatten_keys(const std::string& separator = ".", bool inplace = false) const;
   //! same batch size and device, no leaves (recurse: keeps the sub-TensorDict skeleton)
@@ -361,6 +369,9 @@ class TensorDict {
   std::string memmap_prefix() const;
   //! the Python class recorded on disk: "TensorDict", or a tensorclass name such as "Pair"
   std::string type_name() const;
+  //! the Python class path of the tensorclass this TensorDict is a record of ("__main__.Pair", read from a
+  //! directory's meta.json or a TensorClass's declaration); "" for a plain TensorDict
+  std::string class_path() const;
 
   // ---------------------------------------------------------------- shared memory
   //! moves every leaf into shared-memory segments (named POSIX shm, one segment per TensorDict tree) and
@@ -380,7 +391,7 @@ class TensorDict {
   //! zero-filled; storage "" / "none" (memory), "memmap" (needs options.prefix), "shared"
   static TensorDict from_schema(const Schema& schema, const BatchSize& batch_size,
                                 const std::string& storage = "", const MemmapOptions& options = {});
-  //! from_schema on a storage an upper layer registered (register_schema_storage): "h5" with H5Options,
+  //! from_schema on a storage driver an upper layer registered (register_storage_driver): "h5" with H5Options,
   //! "redis" with RedisOptions (api/)
   static TensorDict from_schema(const Schema& schema, const BatchSize& batch_size, const std::string& storage,
                                 const StorageOptions& options);
@@ -411,14 +422,15 @@ class TensorDict {
   TensorDict with_schema(std::shared_ptr<const TypedSchema> schema) const;
   //! node() wrapped with the schema when there is one: what a node that hands out this TensorDict returns
   std::shared_ptr<Node> node_with_schema() const;
-  //! the node is the dense kind (in-memory, memmap or shared leaves)
-  bool is_dense() const { return dense_ != nullptr; }
-  //! internal (engine and upper layers): the dense node; NotImplementedError naming the node's type when
-  //! the node is of another kind
-  std::shared_ptr<TensorDictImpl> impl() const;
   explicit TensorDict(std::shared_ptr<TensorDictImpl> impl);
 
  private:
+  //! the typed wrappers' field getters take the untyped lookup on the dense node (no other caller)
+  template <class D, class Parent>
+  friend class TypedTensorDict;
+  template <class D, class Parent>
+  friend class TensorClass;
+  bool is_dense() const { return dense_ != nullptr; }
   //! the dense node, or NotImplementedError naming `what` and the node's type
   TensorDictImpl* d(const char* what = nullptr) const;
   std::shared_ptr<Node> node_;

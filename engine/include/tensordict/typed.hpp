@@ -23,12 +23,15 @@
 //! only TD_DATA(Type, name) / TD_DATA_OR(Type, name, default) (non-tensor: std::string or JsonValue) and
 //! TD_SCALAR(Type, name) / TD_SCALAR_OR(Type, name, default) (int64_t, double or bool under the class's
 //! cast rules). TD_OPTIONS("frozen", "shadow", "autocast", "nocast", "tensor_only") sets options (inherited).
-//! TD_FIELDS_AT(Class, "pkg.mod.Class", ...) records a Python class path other than "__main__.Class".
+//! The class path a TensorClass records (a Redis store's __tensorclass__, a memmap directory's meta.json _type):
+//! TD_FIELDS records the C++ qualified name ("ns::Pair"); TD_FIELDS_AT(Class, "pkg.mod.Class", ...) records the
+//! path the user declares, e.g. the Python class's "module.QualName" so that Python maps the data to its class.
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -42,6 +45,9 @@ class TensorClassBase;
 namespace typed_detail {
 
 struct WrapTag {};
+//! the C++ qualified name of a type from its typeid name ("ns::Pair"; anonymous namespaces left out): the
+//! class path TD_FIELDS records
+std::string qualified_class_name(const char* mangled);
 //! the non-tensor fields given to TensorClass::from_tensordict (upstream's _non_tensordict)
 using NonTensorFields = std::map<std::string, JsonValue>;
 
@@ -602,7 +608,7 @@ class TensorClass : public Parent {
     return {TD_PP_FOR_EACH(TD_SPEC, C, __VA_ARGS__)};                                 \
   }                                                                                   \
   TD_PP_FOR_EACH(TD_ACC, C, __VA_ARGS__)
-#define TD_FIELDS(C, ...) TD_FIELDS_AT(C, "", __VA_ARGS__)
+#define TD_FIELDS(C, ...) TD_FIELDS_AT(C, ::tensordict::typed_detail::qualified_class_name(typeid(C).name()), __VA_ARGS__)
 //! the class's options ("frozen", "shadow", "autocast", "nocast", "tensor_only"); subclasses inherit them
 #define TD_OPTIONS(...) \
  public:                \

@@ -92,11 +92,12 @@ struct map_job_desc {
   std::vector<int64_t> starts;
   std::vector<int64_t> lengths;
   std::string log_level;
+  int32_t out_write = 0;  //!< MapOutWrite: how the worker writes its chunks into out (config map.out_write)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, map_job_desc& x) {
-  return f(caf::meta::type_name("tensordict::map_job_desc"), x.fn_name, x.src_spec, x.out_spec, x.dim, x.seed, x.worker_threads, x.drop_dim, x.starts, x.lengths, x.log_level);
+  return f(caf::meta::type_name("tensordict::map_job_desc"), x.fn_name, x.src_spec, x.out_spec, x.dim, x.seed, x.worker_threads, x.drop_dim, x.starts, x.lengths, x.log_level, x.out_write);
 }
 
 //! the reply slot of a facade request (in-process only)

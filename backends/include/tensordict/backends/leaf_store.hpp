@@ -21,6 +21,7 @@
 
 #include "tensordict/backends/json_value.hpp"
 #include "tensordict/backends/row_list.hpp"
+#include "tensordict/errors.hpp"
 
 namespace tensordict {
 namespace backends {
@@ -39,6 +40,10 @@ struct LeafInfo {
   LeafKind kind = LeafKind::Tensor;
   at::ScalarType dtype = at::kFloat;  //!< Tensor only
   std::vector<int64_t> shape;         //!< Tensor: the full shape (dim 0 = the rows)
+  //! NonTensor: the shape upstream's batch inference (from_h5, _set_max_batch_size) counts it with, as it
+  //! counts an array: an h5 opaque dataset of a numpy number or bool (h5py's encoding of int / float / bool
+  //! values, [] for one value); nullopt: the inference skips it (strings, other values)
+  std::optional<std::vector<int64_t>> inferred_shape = std::nullopt;
 };
 
 //! a non-tensor value as a store keeps it: one value broadcast over the batch (NonTensorData), or, when
@@ -113,6 +118,21 @@ class LeafStore {
   virtual NonTensorValue read_non_tensor(const LeafPath& path) = 0;
   //! writes (creating or replacing) a non-tensor leaf
   virtual void write_non_tensor(const LeafPath& path, const NonTensorValue& value) = 0;
+
+  //! the class path of the tensorclass the storage holds (redis __tensorclass__, Python's "module.QualName");
+  //! "" when none, or for a format without a place for it (the default: h5py files record none)
+  virtual std::string tensorclass() const { return {}; }
+  //! records the tensorclass path; NotImplementedError naming the store for a format without a place for it
+  virtual void set_tensorclass(const std::string& class_path) {
+    (void)class_path;
+    throw NotImplementedError(describe() + " records no tensorclass");
+  }
+  //! removes every leaf and group; a store with records of its own removes those too (redis: __batch_size__,
+  //! __device__, __keys__, as upstream's clear_redis; __tensorclass__ stays, as there)
+  virtual void clear() {
+    for (const auto& info : list())
+      if (info.path.size() == 1) erase(info.path);
+  }
 
   //! pushes buffered data to the storage (h5: H5Fflush)
   virtual void flush() = 0;

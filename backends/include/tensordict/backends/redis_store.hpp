@@ -125,8 +125,10 @@ class RedisStore : public LeafStore {
   std::string device() const;
   void set_device(const std::string& device);
   //! the stored __tensorclass__ (Python's "module.QualName" of a tensorclass; "" when none)
-  std::string tensorclass() const;
-  void set_tensorclass(const std::string& class_path);
+  std::string tensorclass() const override;
+  void set_tensorclass(const std::string& class_path) override;
+  //! erases every leaf, then __batch_size__, __device__ and __keys__ (upstream clear_redis)
+  void clear() override;
   //! the connection (tests; raw access for tools)
   RedisClient& client() const;
   //! forgets the cached metadata (m: hashes); the next access re-reads them
@@ -161,6 +163,10 @@ std::shared_ptr<LeafStore> open_redis_store(const RedisOptions& options);
 //! from spec_fields() of another process: {"host","port","db","unix_socket","prefix","td_id"}. The password is
 //! never in a spec: it is `password` when given, else the environment's (redis_env_credentials).
 std::shared_ptr<LeafStore> open_redis_store(const JsonValue& spec_fields, const std::string& password = "");
+//! what a td_id holds: nothing, a TensorDict store (__batch_size__) or a lazy-stack store (__type__ "lazy_stack")
+enum class RedisStoreKind { None, TensorDict, LazyStack };
+//! asks the server (one round trip, no data read); None for an empty td_id
+RedisStoreKind redis_store_kind(const RedisOptions& options);
 //! the td_id of a Redis store (ValueError for another kind of store)
 std::string redis_store_td_id(const LeafStore& store);
 
