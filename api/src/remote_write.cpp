@@ -72,7 +72,10 @@ void upload(backends::LeafStore& s, const LeafPath& path, const Entry& value, bo
       throw NotImplementedError("a NonTensorStack of batch " + shape_str(st.batch_size()) +
                                 " in a store (one value per row along dim 0 only)");
     }
-    s.write_non_tensor(path, backends::NonTensorValue{JsonValue::array(st.values()), true});
+    // Redis: Python's layout (its set and from_tensordict), ONE json blob of the stack's tolist(), which both
+    // libraries read back as a NonTensorStack when it holds one value per row of the store's batch; other
+    // stores get it as one value per row (HDF5 refuses it: one value per dataset)
+    s.write_non_tensor(path, backends::NonTensorValue{JsonValue::array(st.values()), !s.stack_as_one_value()});
   } else {
     throw TypeError(std::string("cannot store a ") + Entry::kind_name(value.kind()) + " at " + path_str(path));
   }

@@ -112,6 +112,11 @@ bool keys_exist(const TensorDict& dst, const TensorDict& value) {
   return true;
 }
 
+//! td[idx] = value with a value of no keys: upstream re-batches it to the indexed batch (whatever its own:
+//! nothing to check) and writes nothing; the nodes that write their own way skip the write once the index is
+//! validated, as the dense node's re-batch does
+bool writes_nothing(const TensorDict& value) { return value.keys().empty(); }
+
 //! upstream __setitem__: a value whose batch differs from the indexed batch is expanded on the left when
 //! its dims are the trailing ones, else re-batched on a shallow copy (its leaves already carry the indexed
 //! dims), else RuntimeError "indexed destination TensorDict batch size is ...". A value without batch dims
@@ -465,12 +470,13 @@ void Node::index_put_(TensorDict& self, const Index& index, const TensorDict& va
   if (auto view = dense_view()) return view->index_put_(self, index, value);
   if (std::optional<ResolvedIndex> r = on_write_index([&] { return resolve(index); })) {
     check_write_value(self, r->result_batch(), index, value);
+    if (writes_nothing(value)) return;
     return write_at(*r, value);
   }
   check_write_value(self, index, value);
   on_write_index([&] {
     validate_for_node(batch_size, index);
-    write(index, value);
+    if (!writes_nothing(value)) write(index, value);
   });
 }
 
@@ -497,7 +503,10 @@ void Node::index_put_(TensorDict& self, const Index& index, const at::Scalar& va
 
 void LazyStackNode::index_put_(TensorDict& self, const Index& index, const TensorDict& value) {
   check_write_value(self, index, value);
-  on_write_index([&] { index_put(index, &value, nullptr, nullptr); });
+  on_write_index([&] {
+    if (!writes_nothing(value)) return index_put(index, &value, nullptr, nullptr);
+    validate_for_node(batch_size, index);
+  });
 }
 
 void LazyStackNode::index_put_(TensorDict&, const Index& index, const at::Tensor& value) {

@@ -351,6 +351,56 @@ BOOST_AUTO_TEST_CASE(non_tensor_stacks_use_the_python_layout_both_ways) {
   BOOST_TEST(TensorDictStore::from_tensordict(one, o).get_entry("pair").is_non_tensor_data());
 }
 
+// issue 35 item 7: td.set(key, NonTensorStack) on an existing store (a new key, a replaced one, a nested one,
+// td[:] = value) writes what Python's from_tensordict / set write: ONE json blob of its tolist()
+BOOST_AUTO_TEST_CASE(setting_a_non_tensor_stack_on_a_store_writes_the_python_layout) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  backends::RedisConnectOptions c;
+  c.port = server.port();
+  backends::RedisClient raw(c);
+  const NonTensorStack names({JsonValue("p"), JsonValue("q"), JsonValue("r")}, {3});
+  const NonTensorStack other({JsonValue(1), JsonValue::array({JsonValue("x")}), JsonValue()}, {3});
+  // the reference: from_tensordict of the same values
+  TensorDict ref_td({{"x", at::zeros({3})}}, {3});
+  ref_td.set("names", Entry(names));
+  ref_td.set("old", Entry(other));
+  ref_td.set(NestedKey{"sub", "names"}, Entry(names));
+  ref_td.set("whole", Entry(other));
+  TensorDictStore ref = TensorDictStore::from_tensordict(ref_td, o);
+  // an existing store: "old" held a NonTensorData, "sub" a tensor
+  TensorDict start({{"x", at::zeros({3})}, {NestedKey{"sub", "y"}, at::ones({3})}}, {3});
+  start.set("old", Entry(JsonValue("before")));
+  TensorDictStore s = TensorDictStore::from_tensordict(start, o);
+  s.set("names", Entry(names));
+  s.set("old", Entry(other));
+  s.set(NestedKey{"sub", "names"}, Entry(names));
+  TensorDict row_value({{"x", at::zeros({3})}}, {3});
+  row_value.set("whole", Entry(other));
+  s.index_put_({Slice()}, row_value);  // td[:] = value: the whole key
+  const std::string rb = "tensordict:{" + ref.td_id() + "}:", sb = "tensordict:{" + s.td_id() + "}:";
+  for (const std::string k : {"names", "old", "sub.names", "whole"}) {
+    // (b) the raw Redis values: the same bytes and metadata as from_tensordict writes (encoding "json")
+    BOOST_TEST(raw.command({"GET", sb + "d:" + k}).str == raw.command({"GET", rb + "d:" + k}).str, k);
+    BOOST_TEST(raw.command({"HGET", sb + "m:" + k, "encoding"}).str == "json", k);
+    BOOST_TEST(raw.command({"HGET", sb + "m:" + k, "is_non_tensor"}).str == "1", k);
+    BOOST_TEST(raw.command({"HLEN", sb + "m:" + k}).integer == raw.command({"HLEN", rb + "m:" + k}).integer, k);
+    BOOST_TEST(raw.command({"SISMEMBER", sb + "__keys__", k}).integer == 1, k);
+  }
+  BOOST_TEST(raw.command({"GET", sb + "d:names"}).str == "[\"p\", \"q\", \"r\"]");
+  // (a) read back equal, here and by a second connection
+  for (const TensorDict& t : {TensorDict(s), TensorDict(TensorDictStore::from_store(s.td_id(), o))}) {
+    for (const auto& kv : std::vector<std::pair<NestedKey, NonTensorStack>>{
+             {"names", names}, {"old", other}, {NestedKey{"sub", "names"}, names}, {"whole", other}}) {
+      Entry e = t.get_entry(kv.first);
+      BOOST_REQUIRE_MESSAGE(e.is_non_tensor_stack(), kv.first.repr() << " read back as " << Entry::kind_name(e.kind()));
+      BOOST_TEST((e.non_tensor_stack() == kv.second), kv.first.repr());
+    }
+    BOOST_TEST(t.index({1}).get_non_tensor("names").as_string() == "q");
+    BOOST_TEST(at::equal(t.get(NestedKey{"sub", "y"}), at::ones({3})));
+  }
+}
+
 // issue 35 item 10: a tensorclass records the Python class path it declares (TD_FIELDS_AT), in a Redis store's
 // __tensorclass__ and in a memmap directory's meta.json _type alike; TD_FIELDS records its C++ qualified name
 BOOST_AUTO_TEST_CASE(tensorclass_records_its_declared_class_path_in_redis_and_memmap) {

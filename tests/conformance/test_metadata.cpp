@@ -10,6 +10,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "conformance/zoo.hpp"
+#include "keys_options.hpp"
 #include "tensordict/describe.hpp"
 
 using namespace tensordict;
@@ -72,18 +73,6 @@ int64_t store_calls(const TensorDict& td) {
   return 0;
 }
 
-std::vector<KeysOptions> every_keys_option() {
-  std::vector<KeysOptions> out;
-  for (int bits = 0; bits < 16; ++bits) {
-    out.push_back(KeysOptions()
-                      .include_nested(bits & 1)
-                      .leaves_only((bits & 2) != 0)
-                      .non_tensor_leaves((bits & 4) != 0)
-                      .sort((bits & 8) != 0));
-  }
-  return out;
-}
-
 std::vector<std::string> joined(std::vector<NestedKey> keys) {
   std::vector<std::string> out;
   for (const auto& k : keys) out.push_back(k.join("."));
@@ -94,7 +83,7 @@ std::vector<std::string> joined(std::vector<NestedKey> keys) {
 //! every structural question, answers checked against the dense reference (read before, not counted);
 //! `failing_set`: also a set of a value whose shape does not fit (the wrapper's node would take it as is)
 void structural_questions(const TensorDict& td, const TensorDict& ref, bool failing_set) {
-  for (const auto& o : every_keys_option()) BOOST_TEST(joined(td.keys(o)) == joined(ref.keys(o)));
+  for (const auto& o : testutil::every_keys_option()) BOOST_TEST(joined(td.keys(o)) == joined(ref.keys(o)));
   for (const auto& k : ref.keys(KeysOptions().include_nested(true))) BOOST_TEST(td.contains(k), k.repr());
   BOOST_TEST(!td.contains("missing"));
   BOOST_TEST(!td.contains(NestedKey{"missing", "a"}));

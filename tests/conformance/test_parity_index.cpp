@@ -7,6 +7,10 @@
 //   Python scalar into a tensor (torch.as_tensor: int64, float32, bool) and writes `tensor[idx] = value`:
 //   torch's index_put_, which refuses a value of another dtype ("Index put requires the source and
 //   destination dtypes match") except for a lone mask (masked_fill_ takes any dtype); ints and slices copy.
+// - _td.py __setitem__ with an empty TensorDict (no leaves): nothing to write, so no check fails; the real
+//   v0.14.0 accepts td[0], td[(0,)], td[0:1] = TensorDict({}, []) and td[1] = TensorDict({"n": TensorDict({},
+//   [])}, []) over an existing sub-TensorDict "n", values unchanged (item 12's last clause); a value without
+//   keys takes the indexed batch whatever its own (td[1] = TensorDict({}, [2]) is accepted too).
 #include <boost/test/unit_test.hpp>
 
 #include "conformance/zoo.hpp"
@@ -25,6 +29,14 @@ bool same_leaves(const TensorDict& td, const TensorDict& ref) {
   const TensorDict now = td.contiguous();
   for (const char* k : {"a", "b", "c"})
     if (!now.get(k).equal(ref.get(k))) return false;
+  return true;
+}
+
+//! every tensor leaf, nested ones included, equal to ref's
+bool same_tensor_leaves(const TensorDict& td, const TensorDict& ref) {
+  const TensorDict now = td.contiguous();
+  for (const auto& kv : ref.items(KeysOptions().include_nested(true).leaves_only(true)))
+    if (kv.second.is_tensor() && !now.get(kv.first).equal(kv.second.tensor())) return false;
   return true;
 }
 
@@ -88,6 +100,54 @@ BOOST_AUTO_TEST_CASE(test_setitem_scalar_through_index_put_needs_the_dtype) {
     BOOST_TEST(now.get("c").index({mask({0, 1, 0, 1})}).eq(1).all().item<bool>());  // 1.5 cast to int64
     BOOST_TEST(now.get("a").index({mask({0, 1, 0, 1})}).eq(1.5).all().item<bool>());
     BOOST_TEST(now.get("a").index({2, Slice(0, 2)}).eq(7).all().item<bool>());
+  });
+}
+
+BOOST_AUTO_TEST_CASE(test_setitem_empty_tensordict_into_one_element) {
+  // batch [4, 3, 2, 1]: an empty TensorDict written into one element (or a slice of one) is accepted and changes
+  // nothing, directly and as the value of an existing sub-TensorDict
+  const std::vector<Index> one_element = {{0}, {Slice(0, 1)}, {0, 1}, {3, 2, 1, 0}, {at::indexing::Ellipsis},
+                                          {longs({0, 2})}, {mask({1, 0, 1, 0})}};
+  for_each_member([&](const Member& m, TensorDict td, const TensorDict& ref) {
+    if (!m.writable) return;
+    const std::vector<std::string> keys_before = [&] {
+      std::vector<std::string> out;
+      for (const auto& k : td.keys(KeysOptions().include_nested(true))) out.push_back(k.repr());
+      return out;
+    }();
+    for (size_t i = 0; i < one_element.size(); ++i) {
+      BOOST_TEST_CONTEXT("index " << i) {
+        BOOST_CHECK_NO_THROW(td.index_put_(one_element[i], TensorDict(BatchSize{})));
+      }
+    }
+    // upstream re-batches a value without keys to the indexed batch, whatever its own batch
+    BOOST_CHECK_NO_THROW(td.index_put_({1}, TensorDict(BatchSize{2})));
+    BOOST_CHECK_NO_THROW(td.index_put_({Slice(0, 2), 1}, TensorDict(BatchSize{5, 7})));
+    // the index is still checked here, as for any value (upstream, with no leaf to index, accepts even this)
+    BOOST_CHECK_THROW(td.index_put_({4}, TensorDict(BatchSize{})), IndexError);
+    BOOST_TEST(same_leaves(td, ref));
+    // td2[1] = TensorDict({"n": TensorDict({}, [])}, []) with "n" a sub-TensorDict of td2: each zoo member
+    // as the "n" of a fresh TensorDict over it, and the member's own sub-TensorDicts where it has some
+    TensorDict td2(td.batch_size());
+    td2.set("n", td);
+    TensorDict nested_empty(BatchSize{});
+    nested_empty.set("n", TensorDict(BatchSize{}));
+    BOOST_CHECK_NO_THROW(td2.index_put_({1}, nested_empty));
+    for (const auto& k : td.keys()) {
+      if (!td.get_entry(k).is_tensordict()) continue;
+      BOOST_TEST_CONTEXT("sub-TensorDict " << k.repr()) {
+        TensorDict v(BatchSize{});
+        v.set(k, TensorDict(BatchSize{}));
+        BOOST_CHECK_NO_THROW(td.index_put_({1}, v));
+        BOOST_CHECK_NO_THROW(td.index_put_({Slice(1, 2)}, v));
+      }
+    }
+    BOOST_TEST(same_leaves(td, ref));
+    BOOST_TEST(same_leaves(td2.get_entry("n").tensordict(), ref));
+    BOOST_TEST(same_tensor_leaves(td, ref));
+    std::vector<std::string> keys_after;
+    for (const auto& k : td.keys(KeysOptions().include_nested(true))) keys_after.push_back(k.repr());
+    BOOST_TEST(keys_after == keys_before, boost::test_tools::per_element());
   });
 }
 

@@ -9,6 +9,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "engine/fixtures.hpp"
+#include "keys_options.hpp"
 #include "tensordict/lazy_stack.hpp"
 #include "tensordict/node.hpp"
 #include "tensordict/tensor_dict.hpp"
@@ -89,18 +90,6 @@ TensorDict tree(const TensorDict& mid) {
   return td;
 }
 
-std::vector<KeysOptions> every_keys_option() {
-  std::vector<KeysOptions> out;
-  for (int bits = 0; bits < 16; ++bits) {
-    out.push_back(KeysOptions()
-                      .include_nested(bits & 1)
-                      .leaves_only((bits & 2) != 0)
-                      .non_tensor_leaves((bits & 4) != 0)
-                      .sort((bits & 8) != 0));
-  }
-  return out;
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(node_walk)
@@ -115,7 +104,7 @@ BOOST_AUTO_TEST_CASE(keys_walk_every_node_kind_alike_without_reading) {
                                     NestedKey({"mid", "deep"}), NestedKey("mid"),      NestedKey({"lz", "x"}),
                                     NestedKey("lz"),        NestedKey("note"),         NestedKey("empty")};
   BOOST_TEST(mixed.keys(KeysOptions().include_nested(true)) == want, boost::test_tools::per_element());
-  for (const KeysOptions& o : every_keys_option()) {
+  for (const KeysOptions& o : testutil::every_keys_option()) {
     BOOST_TEST(mixed.keys(o) == dense.keys(o), boost::test_tools::per_element());
   }
   BOOST_TEST(!mixed.is_empty());

@@ -127,6 +127,10 @@ class LeafStore {
     (void)class_path;
     throw NotImplementedError(describe() + " records no tensorclass");
   }
+  //! how a NonTensorStack written whole (set(key, stack)) is kept: true when the format holds it as ONE value, the
+  //! list of the stack's values, and reads it back as a stack (redis: Python's json blob); false (the default) when
+  //! it is written one value per row (h5 refuses that: one value per dataset)
+  virtual bool stack_as_one_value() const { return false; }
   //! removes every leaf and group; a store with records of its own removes those too (redis: __batch_size__,
   //! __device__, __keys__, as upstream's clear_redis; __tensorclass__ stays, as there)
   virtual void clear() {

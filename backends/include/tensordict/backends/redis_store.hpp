@@ -124,6 +124,8 @@ class RedisStore : public LeafStore {
   //! the stored __device__ ("" when none / missing)
   std::string device() const;
   void set_device(const std::string& device);
+  //! a NonTensorStack set whole is one json blob (Python's layout), read back as a stack
+  bool stack_as_one_value() const override { return true; }
   //! the stored __tensorclass__ (Python's "module.QualName" of a tensorclass; "" when none)
   std::string tensorclass() const override;
   void set_tensorclass(const std::string& class_path) override;
