@@ -954,11 +954,16 @@ if(_up)
   # -> directory, and directory -> .h5 -> directory, dump --json equal to the fixture's expected.json (loaded_type
   # included: a tensorclass stays one, a lazy stack one); what HDF5 cannot hold is refused with a clear error
   # naming it and no file left; the HDF5 fixture -> Redis -> .h5 the same
-  # via_store(label SRC BACK expected with_type): SRC -> a new Redis store -> BACK, dump --json of BACK == expected
-  function(via_store label src back exp with_type)
-    run_tdx(r convert "${src}" "redis://127.0.0.1:${_port}/0?prefix=tdxmatrix" --quiet)
-    string(STRIP "${r_out}" _st_addr)
-    run_tdx(b convert "${_st_addr}" "${back}" --quiet)
+  # round_trip(label SRC MID BACK expected with_type): SRC -> MID (a new Redis store when MID is a redis:// address,
+  # else a path) -> BACK, dump --json of BACK == expected; rt_err is what the first convert printed on stderr
+  function(round_trip label src mid back exp with_type)
+    run_tdx(r convert "${src}" "${mid}" --quiet)
+    set(rt_err "${r_err}" PARENT_SCOPE)
+    set(_at "${mid}")
+    if(mid MATCHES "^redis://")
+      string(STRIP "${r_out}" _at)
+    endif()
+    run_tdx(b convert "${_at}" "${back}" --quiet)
     run_tdx(d dump "${back}" --json)
     if(r_rc EQUAL 0 AND b_rc EQUAL 0 AND d_rc EQUAL 0)
       cmp_dump("${label}" "${d_out}" "${exp}" ${with_type})
@@ -966,10 +971,11 @@ if(_up)
       fail("${label}: ${r_rc} '${r_err}' ${b_rc} '${b_err}' dump ${d_rc} '${d_err}'")
     endif()
   endfunction()
+  set(_store "redis://127.0.0.1:${_port}/0?prefix=tdxmatrix")
   set(_h5_refuses "b_nested=a/b" "c_non_tensor=names" "d_dtypes=bf16" "f_lazy_stack=HDF5")
   foreach(_c ${CASES})
     file(READ "${PW}/${_c}.expected.json" _exp)
-    via_store("${_c} (memmap -> redis -> memmap)" "${PW}/${_c}" "${WORK_DIR}/${_c}.redis.mm" "${_exp}" TRUE)
+    round_trip("${_c} (memmap -> redis -> memmap)" "${PW}/${_c}" "${_store}" "${WORK_DIR}/${_c}.redis.mm" "${_exp}" TRUE)
     set(_why "")
     foreach(_pair ${_h5_refuses})
       string(REPLACE "=" ";" _kv "${_pair}")
@@ -978,28 +984,22 @@ if(_up)
         list(GET _kv 1 _why)
       endif()
     endforeach()
-    run_tdx(h convert "${PW}/${_c}" "${WORK_DIR}/${_c}.matrix.h5" --quiet)
-    set(_cmp TRUE)
-    if(_c STREQUAL "g_tensorclass")  # HDF5 records no class (upstream neither): the fields, and a note saying so
-      set(_cmp LEAVES)
-      check("h_err MATCHES \"records no tensorclass: the fields of __main__.Pair\""
-            "${_c}: convert -> h5 does not say the class is not recorded: '${h_err}'")
-    endif()
     if(_why)
+      run_tdx(h convert "${PW}/${_c}" "${WORK_DIR}/${_c}.matrix.h5" --quiet)
       check("h_rc EQUAL 2 AND h_err MATCHES \"${_why}\" AND NOT EXISTS \"${WORK_DIR}/${_c}.matrix.h5\""
             "${_c}: convert -> h5 must be refused naming '${_why}' and leave nothing: ${h_rc} '${h_err}'")
+    elseif(_c STREQUAL "g_tensorclass")  # HDF5 records no class (upstream neither): the fields, and a note saying so
+      round_trip("${_c} (memmap -> h5 -> memmap)" "${PW}/${_c}" "${WORK_DIR}/${_c}.matrix.h5"
+                 "${WORK_DIR}/${_c}.matrix.h5.mm" "${_exp}" LEAVES)
+      check("rt_err MATCHES \"records no tensorclass: the fields of __main__.Pair\""
+            "${_c}: convert -> h5 does not say the class is not recorded: '${rt_err}'")
     else()
-      run_tdx(b convert "${WORK_DIR}/${_c}.matrix.h5" "${WORK_DIR}/${_c}.matrix.h5.mm" --quiet)
-      run_tdx(d dump "${WORK_DIR}/${_c}.matrix.h5.mm" --json)
-      if(h_rc EQUAL 0 AND b_rc EQUAL 0 AND d_rc EQUAL 0)
-        cmp_dump("${_c} (memmap -> h5 -> memmap)" "${d_out}" "${_exp}" ${_cmp})
-      else()
-        fail("${_c}: memmap -> h5 -> memmap: ${h_rc} '${h_err}' ${b_rc} '${b_err}' dump ${d_rc} '${d_err}'")
-      endif()
+      round_trip("${_c} (memmap -> h5 -> memmap)" "${PW}/${_c}" "${WORK_DIR}/${_c}.matrix.h5"
+                 "${WORK_DIR}/${_c}.matrix.h5.mm" "${_exp}" TRUE)
     endif()
   endforeach()
   file(READ "${PW}/i_h5.expected.json" _exp)
-  via_store("i_h5 (h5 -> redis -> h5)" "${PW}/i_h5.h5" "${WORK_DIR}/i_h5.redis.h5" "${_exp}" LEAVES)
+  round_trip("i_h5 (h5 -> redis -> h5)" "${PW}/i_h5.h5" "${_store}" "${WORK_DIR}/i_h5.redis.h5" "${_exp}" LEAVES)
 
   # (secrets) a password given in the address is never echoed
   run_tdx(e info "redis://127.0.0.1:${_port}/0?prefix=tdxtest&td_id=no-such-store&password=s3cr3t-pw")
