@@ -1,5 +1,5 @@
-# Finds the libraries tensordict-cpp builds on. Included by the top-level CMakeLists.txt and by the
-# installed tensordictConfig.cmake, so a downstream project resolves the same imported targets.
+# Finds the libraries tensordict-cpp builds on (the top-level CMakeLists.txt). The installed package does not
+# include it: its consumers need Torch and Threads alone (tensordictConfig.cmake.in).
 include(CMakeFindDependencyMacro)
 find_package(Threads REQUIRED)
 find_package(Torch REQUIRED)
