@@ -110,7 +110,7 @@ Result fill(const TensorDict& buf, int writers, const std::string& handle) {
     if (pid == 0) {
       int rc = 0;
       try {
-        TensorDict mine = handle.empty() ? buf : TensorDict::from_share_handle(handle);
+        TensorDict mine = handle.empty() ? buf : tensordict::from_share_handle(handle);
         times[2 * w] = now_s();
         write_rows(mine, w, writers);
         times[2 * w + 1] = now_s();
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
     // preallocate: sparse files / fresh shm pages, zero-filled, locked (only in-place writes)
     TensorDict buf = TensorDict::from_schema(transition_schema(), {rows}, storage,
                                              MemmapOptions().prefix(dir + "/buffer"));
-    const std::string handle = storage == "shared" ? buf.share_handle() : "";
+    const std::string handle = storage == "shared" ? share_handle(buf) : "";
     Result r = fill(buf, writers, handle);
     int64_t bad_reloaded = 0;
     if (storage == "memmap") bad_reloaded = bad_rows(TensorDict::load_memmap(dir + "/buffer"), writers);

@@ -22,6 +22,7 @@
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/logging.hpp"
 #include "tensordict/memory.hpp"
+#include "tensordict/shared_storage.hpp"
 
 namespace tensordict {
 namespace actors {
@@ -163,7 +164,7 @@ Runtime::Runtime(const Config& config) : config_(config) {
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // their allocators must see every block
   set_huge_page_tensors(static_cast<size_t>(config_.malloc_huge_page_min_kb) << 10);
 #endif
-  if (config_.shm_prefix != Config::defaults().shm_prefix) TensorDict::set_shm_prefix(config_.shm_prefix);
+  if (config_.shm_prefix != Config::defaults().shm_prefix) tensordict::set_shm_prefix(config_.shm_prefix);
   cfg_ = std::make_unique<caf::actor_system_config>();
   // DEPENDENCIES §5.1: CAF's defaults (work stealing, one thread per core and more) cost ~4x per request
   cfg_->set("scheduler.policy", config_.scheduler_policy == "stealing" ? caf::atom("stealing") : caf::atom("sharing"));

@@ -17,6 +17,7 @@
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/logging.hpp"
+#include "tensordict/memmap_storage.hpp"
 
 namespace tensordict {
 namespace actors {
@@ -66,7 +67,7 @@ TensorDict relock(TensorDict td) {
 class MemmapStore final : public StoreBackend {
  public:
   explicit MemmapStore(const TensorDict& td) {
-    if (!td.is_memmap() || td.memmap_prefix().empty()) {
+    if (!td.is_memmap() || memmap_prefix(td).empty()) {
       throw ValueError("a memmap store needs a memmap TensorDict saved to a directory (memmap_(prefix), "
                        "load_memmap or from_schema with storage \"memmap\")");
     }
@@ -78,7 +79,7 @@ class MemmapStore final : public StoreBackend {
     check_new_key(td_, key, shape);
     backends::dtype_to_string(dtype);  // ValueError for a dtype Python's loader cannot read back
     TensorDict next = td_.shallow_copy();
-    next.make_memmap(key, shape, dtype);  // the leaf file, then meta.json rewritten atomically
+    make_memmap(next, key, shape, dtype);  // the leaf file, then meta.json rewritten atomically
     if (data.defined()) next.get(key).copy_(data);
     td_ = relock(next);
   }
@@ -93,7 +94,7 @@ class MemmapStore final : public StoreBackend {
     td_ = relock(next);
   }
   StorageSpec spec() const override { return StorageSpec::of(td_, "the store"); }
-  int64_t space_left() const override { return free_bytes_at(td_.memmap_prefix()); }
+  int64_t space_left() const override { return free_bytes_at(memmap_prefix(td_)); }
   void close() override { flush(); }
 
  private:

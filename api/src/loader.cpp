@@ -32,6 +32,7 @@
 #include "tensordict/logging.hpp"
 #include "tensordict/map.hpp"
 #include "tensordict/storage_spec.hpp"
+#include "tensordict/shared_storage.hpp"
 
 namespace tensordict {
 
@@ -641,7 +642,7 @@ DataLoader::DataLoader(TensorDict dataset, LoaderOptions options) : impl_(std::m
   const Config config = Config::load();
   m.start_timeout_ms = o.start_timeout_ms() ? *o.start_timeout_ms() : config.request_timeout_ms;
   m.exit_grace_ms = config.map_process_exit_grace_ms;
-  m.prefix = TensorDict::shm_prefix() + "loader_";
+  m.prefix = tensordict::shm_prefix() + "loader_";
   m.cfg.log_level = config.log_level;
   m.cfg.worker_threads = o.worker_threads();
 
@@ -730,7 +731,7 @@ std::vector<pid_t> DataLoader::worker_pids() const {
   return out;
 }
 
-std::string DataLoader::shm_prefix() { return TensorDict::shm_prefix() + "loader_"; }
+std::string DataLoader::shm_prefix() { return tensordict::shm_prefix() + "loader_"; }
 
 DataLoader::iterator DataLoader::begin() {
   impl_->cancel_epoch();

@@ -1,6 +1,7 @@
 #include "tensordict/describe.hpp"
 
 #include "tensor_dict_internal.hpp"
+#include "tree_visitor.hpp"
 
 namespace tensordict {
 namespace {
@@ -16,44 +17,49 @@ JsonValue key_list(const NestedKey& k) {
   return JsonValue(std::move(a));
 }
 
-//! pre-order over the tree's metas: the structure reads no leaf; `values` reads each tensor leaf
-void walk(const TensorDict& td, const NestedKey& prefix, bool values, JsonValue::Array& subs, JsonValue::Array& leaves) {
-  const Node& node = *td.node();
-  for (const auto& km : node.metas()) {
-    const NestedKey full = prefix + NestedKey(km.first);
-    const EntryMeta& m = km.second;
-    if (m.is_tensordict()) {
-      TensorDict c = node.read(km.first)->tensordict();  // a handle, no data
+//! pre-order over the tree's structure (tree::visit: a dense level's entries, any other node's metas): the
+//! structure reads no leaf; `values` reads each tensor leaf
+struct DescribeVisitor : detail::tree::StructureVisitor {
+  bool values;
+  JsonValue::Array& subs;
+  JsonValue::Array& leaves;
+  DescribeVisitor(bool v, JsonValue::Array& s, JsonValue::Array& l) : values(v), subs(s), leaves(l) {}
+
+  detail::tree::Step visit(const detail::tree::KeyPath& path, const detail::tree::Item& item) {
+    const NestedKey full = path.full();
+    if (item.is_tensordict()) {
+      const TensorDict c = item.sub();  // a handle, no data
       subs.emplace_back(JsonValue::object({{"key", key_list(full)}, {"type", c.type_name()}, {"batch_size", int_list(c.batch_size())}}));
-      walk(c, full, values, subs, leaves);
-      continue;
+      return detail::tree::Step::Enter;
     }
+    const EntryMeta m = item.meta();
     if (m.kind == EntryMeta::Kind::Tensor) {
       JsonValue::Object o{{"key", key_list(full)}, {"kind", "tensor"}, {"dtype", dtype_repr(m.dtype)}, {"shape", int_list(m.shape)}};
-      if (values) o.emplace_back("values", tensor_values(node.read(km.first)->tensor()));
+      if (values) o.emplace_back("values", tensor_values(item.value().tensor()));
       leaves.emplace_back(JsonValue(std::move(o)));
-      continue;
+      return detail::tree::Step::Next;
     }
-    const std::optional<Entry> e = m.value ? m.value : node.read(km.first);  // a remote node: the value alone
-    if (!e) continue;
-    if (e->is_non_tensor_data()) {
+    const Entry e = m.value ? *m.value : item.value();  // a remote node: the value alone
+    if (e.is_non_tensor_data()) {
       leaves.emplace_back(JsonValue::object({{"key", key_list(full)},
                                              {"kind", "non_tensor"},
                                              {"type", "NonTensorData"},
-                                             {"data", e->non_tensor_data().value()},
-                                             {"batch_size", int_list(e->non_tensor_data().batch_size())}}));
-    } else if (e->is_non_tensor_stack()) {
+                                             {"data", e.non_tensor_data().value()},
+                                             {"batch_size", int_list(e.non_tensor_data().batch_size())}}));
+    } else if (e.is_non_tensor_stack()) {
       leaves.emplace_back(JsonValue::object({{"key", key_list(full)},
                                              {"kind", "non_tensor_stack"},
-                                             {"data", e->non_tensor_stack().tolist()},
-                                             {"batch_size", int_list(e->non_tensor_stack().batch_size())}}));
+                                             {"data", e.non_tensor_stack().tolist()},
+                                             {"batch_size", int_list(e.non_tensor_stack().batch_size())}}));
     }
+    return detail::tree::Step::Next;
   }
-}
+};
 
 JsonValue structure_of(const TensorDict& td, bool values, JsonValue* leaves_out) {
   JsonValue::Array subs, leaves;
-  walk(td, NestedKey(), values, subs, leaves);
+  DescribeVisitor v(values, subs, leaves);
+  detail::tree::visit(td, v);
   if (leaves_out) *leaves_out = JsonValue(std::move(leaves));
   return JsonValue::object({{"type", td.type_name()}, {"batch_size", int_list(td.batch_size())}, {"sub_tensordicts", JsonValue(std::move(subs))}});
 }

@@ -45,7 +45,7 @@ void LazyStackNode::set_entry(const NestedKey& key, const Entry& value, bool inp
 
 void LazyStackNode::rename_key(TensorDict&, const NestedKey& old_key, const NestedKey& new_key, bool safe) {
   detail::check_node_unlocked(*this);
-  for (auto& m : members) m.rename_key_(old_key, new_key, safe);
+  for (auto& m : members) m.rename_key_(old_key, new_key, RenameOptions().safe(safe));
 }
 
 void LazyStackNode::clear(TensorDict&) { not_dense(*this); }
@@ -76,7 +76,7 @@ static TensorDict restack_parts(const LazyStackNode& lz, std::vector<TensorDict>
 
 TensorDict LazyStackNode::empty(const TensorDict&, bool recurse) const {
   std::vector<TensorDict> parts;
-  for (const auto& m : members) parts.push_back(m.empty(recurse));
+  for (const auto& m : members) parts.push_back(m.empty(EmptyOptions().recurse(recurse)));
   return restack_parts(*this, std::move(parts));
 }
 
@@ -87,20 +87,20 @@ TensorDict LazyStackNode::select(const TensorDict& self, const std::vector<Neste
     for (const auto& k : keys)
       if (!self.contains(k)) detail::missing_in_node(k, self);
   std::vector<TensorDict> parts;
-  for (const auto& m : members) parts.push_back(m.select(keys, /*strict=*/false));
+  for (const auto& m : members) parts.push_back(m.select(keys, SelectOptions().strict(false)));
   return detail::make_lazy(std::move(parts), stack_dim);
 }
 
 TensorDict LazyStackNode::exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const {
   std::vector<TensorDict> parts;
-  for (const auto& m : members) parts.push_back(m.exclude(keys, inplace));
+  for (const auto& m : members) parts.push_back(m.exclude(keys, ExcludeOptions().inplace(inplace)));
   if (inplace) return self;
   return detail::make_lazy(std::move(parts), stack_dim);
 }
 
 TensorDict LazyStackNode::clone(const TensorDict&, bool recurse) const {
   std::vector<TensorDict> parts;
-  for (const auto& m : members) parts.push_back(m.clone(recurse));
+  for (const auto& m : members) parts.push_back(m.clone(CloneOptions().recurse(recurse)));
   return restack_parts(*this, std::move(parts));
 }
 

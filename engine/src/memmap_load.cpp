@@ -9,6 +9,7 @@
 
 #include "lazy_stack_node.hpp"
 #include "memmap_internal.hpp"
+#include "tensordict/memmap_storage.hpp"
 #include "tensor_dict_internal.hpp"
 #include "tree_visitor.hpp"
 #include "tensordict/backends/memmap_file.hpp"
@@ -313,23 +314,24 @@ static Entry& make_memmap_level(TensorDictImpl& parent, const std::string& key) 
   return *e;
 }
 
-TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype) {
-  if (!d()->is_memmap || d()->memmap_prefix.empty()) {
+TensorDict& make_memmap(TensorDict& td, const NestedKey& key, const BatchSize& shape, at::ScalarType dtype) {
+  TensorDictImpl* root = detail::impl_of(td).get();
+  if (!root->is_memmap || root->memmap_prefix.empty()) {
     throw ValueError("make_memmap needs a memmap TensorDict saved to a directory (call memmap_(prefix) first)");
   }
-  if (contains(key)) throw KeyError("make_memmap: key " + key.repr() + " already exists");
+  if (td.contains(key)) throw KeyError("make_memmap: key " + key.repr() + " already exists");
   for (const auto& part : key.parts()) {  // as memmap_ refuses them: Python would misread the meta.json
     if (part == "shape" || part == "device" || part == "_type") {
       throw ValueError("make_memmap: key " + key.repr() + " cannot be saved: '" + part +
                        "' is what Python's meta.json uses for the TensorDict itself");
     }
   }
-  if (shape.size() < d()->batch_size.size() ||
-      !std::equal(d()->batch_size.begin(), d()->batch_size.end(), shape.begin())) {
+  if (shape.size() < root->batch_size.size() ||
+      !std::equal(root->batch_size.begin(), root->batch_size.end(), shape.begin())) {
     throw BatchSizeError("make_memmap: shape " + detail::shape_str(shape) + " does not start with the batch size " +
-                         detail::shape_str(d()->batch_size));
+                         detail::shape_str(root->batch_size));
   }
-  TensorDictImpl* parent = d();
+  TensorDictImpl* parent = root;
   for (size_t i = 0; i + 1 < key.size(); ++i) {
     Entry* e = parent->find(key[i]);
     if (!e) e = &make_memmap_level(*parent, key[i]);  // as set(("a", "b"), x) creates "a" (upstream)
@@ -351,10 +353,10 @@ TensorDict& TensorDict::make_memmap(const NestedKey& key, const BatchSize& shape
   }
   td_node->add_leaf(leaf_meta(key.back(), t));
   backends::write_meta(dir, *td_node);
-  return *this;
+  return td;
 }
 
-std::string TensorDict::memmap_prefix() const { return d()->memmap_prefix; }
+std::string memmap_prefix(const TensorDict& td) { return detail::impl_of(td)->memmap_prefix; }
 
 std::string TensorDict::type_name() const {
   if (typed_) return typed_->name;

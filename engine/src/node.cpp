@@ -248,13 +248,13 @@ int64_t Node::bytes(const TensorDict& self) const {
 // ============================================================================ key-structure ops
 TensorDict Node::empty(const TensorDict& self, bool recurse) const {
   if (auto view = dense_view()) return view->empty(self, recurse);
-  return self.contiguous().empty(recurse);
+  return self.contiguous().empty(EmptyOptions().recurse(recurse));
 }
 
 TensorDict Node::select(const TensorDict& self, const std::vector<NestedKey>& keys, bool strict, bool inplace) const {
   if (auto view = dense_view()) return view->select(self, keys, strict, inplace);
   if (inplace) throw NotImplementedError("select(..., inplace=true) on a " + type_name() + ": use exclude or del");
-  return self.contiguous().select(keys, strict);
+  return self.contiguous().select(keys, SelectOptions().strict(strict));
 }
 
 TensorDict Node::exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const {
@@ -271,11 +271,11 @@ TensorDict Node::exclude(const TensorDict& self, const std::vector<NestedKey>& k
 }
 
 TensorDict Node::flatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const {
-  return self.contiguous().flatten_keys(separator, inplace);
+  return self.contiguous().flatten_keys(FlattenKeysOptions().separator(separator).inplace(inplace));
 }
 
 TensorDict Node::unflatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const {
-  return self.contiguous().unflatten_keys(separator, inplace);
+  return self.contiguous().unflatten_keys(FlattenKeysOptions().separator(separator).inplace(inplace));
 }
 
 TensorDict Node::clone(const TensorDict& self, bool recurse) const {

@@ -2,6 +2,7 @@
 #include <mutex>
 
 #include "tensor_dict_internal.hpp"
+#include "tensordict/shared_storage.hpp"
 #include "tree_visitor.hpp"
 #include "tensordict/backends/shm.hpp"
 
@@ -32,11 +33,11 @@ void mark_shared(const std::shared_ptr<TensorDictImpl>& impl) {
 
 }  // namespace
 
-void TensorDict::set_shm_prefix(const std::string& prefix) {
+void set_shm_prefix(const std::string& prefix) {
   std::lock_guard<std::mutex> g(g_prefix_mu);
   g_prefix = prefix;
 }
-std::string TensorDict::shm_prefix() {
+std::string shm_prefix() {
   std::lock_guard<std::mutex> g(g_prefix_mu);
   return g_prefix;
 }
@@ -60,7 +61,7 @@ void TensorDictImpl::share_memory_(TensorDict& self) {
         throw TypeError("share_memory_: leaf '" + NestedKey(keys[i]).join(".") + "' is not on the CPU");
       }
     }
-    backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, batch_size, TensorDict::shm_prefix());
+    backends::ShmAllocation alloc = backends::share_tensors(keys, tensors, batch_size, shm_prefix());
     size_t i = 0;  // the leaves in the order collect_leaves listed them: each swapped for its shared copy
     detail::tree::for_each_leaf_mut(*this, [&](const detail::tree::KeyPath&, Entry& e) {
       if (e.is_tensor()) e = Entry(alloc.tensors[i++]);
@@ -70,13 +71,14 @@ void TensorDictImpl::share_memory_(TensorDict& self) {
   self.lock_();
 }
 
-std::string TensorDict::share_handle() const {
-  if (!d()->is_shared) throw ValueError("share_handle needs a shared TensorDict (call share_memory_() first)");
+std::string share_handle(const TensorDict& td) {
+  const std::shared_ptr<TensorDictImpl> d = detail::impl_of(td);
+  if (!d->is_shared) throw ValueError("share_handle needs a shared TensorDict (call share_memory_() first)");
   std::vector<std::vector<std::string>> keys;
   std::vector<at::Tensor> tensors;
-  collect_leaves(*d(), keys, tensors);
+  collect_leaves(*d, keys, tensors);
   backends::ShmTensorDictHandle h;
-  h.batch_size = d()->batch_size;
+  h.batch_size = d->batch_size;
   for (size_t i = 0; i < keys.size(); ++i) {
     auto th = backends::handle_of(tensors[i]);
     if (!th) {
@@ -88,7 +90,7 @@ std::string TensorDict::share_handle() const {
   return backends::serialize(h);
 }
 
-TensorDict TensorDict::from_share_handle(const std::string& handle) {
+TensorDict from_share_handle(const std::string& handle) {
   backends::ShmTensorDictHandle h = backends::parse_tensordict_handle(handle);
   std::vector<at::Tensor> tensors = backends::open_tensordict(h);
   TensorDict td(h.batch_size);

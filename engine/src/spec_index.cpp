@@ -5,6 +5,7 @@
 #include "spec_internal.hpp"
 #include "tensor_dict_internal.hpp"
 #include "tensordict/resolved_index.hpp"
+#include "tensordict/shared_storage.hpp"
 
 namespace tensordict {
 namespace detail {
@@ -252,7 +253,7 @@ std::string whole_spec(const TensorDictImpl& n) {
   }
   if (n.is_shared) {
     TensorDict h(std::const_pointer_cast<Node>(n.shared_from_this()));
-    return StorageSpec("shared", JsonValue::object({{"handle", JsonValue(detail::to_hex(h.share_handle()))}})).dump();
+    return StorageSpec("shared", JsonValue::object({{"handle", JsonValue(detail::to_hex(share_handle(h)))}})).dump();
   }
   return "";
 }

@@ -4,6 +4,8 @@
 #include "tensordict/node.hpp"
 #include "spec_internal.hpp"
 #include "tensor_dict_internal.hpp"
+#include "tensordict/shared_storage.hpp"
+#include "tensordict/memmap_storage.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -45,7 +47,7 @@ struct Registry {
         }};
     drivers["shared"] = StorageDriver{
         [](const StorageSpec& s, const OpenOptions&) {
-          return TensorDict::from_share_handle(from_hex(s.str("handle"), "storage spec 'shared': handle"));
+          return tensordict::from_share_handle(from_hex(s.str("handle"), "storage spec 'shared': handle"));
         },
         // a new segment: its handle (StorageSpec::of) is what other processes open
         [](const StorageSpec&, const OpenOptions& o) {
@@ -111,14 +113,14 @@ StorageSpec StorageSpec::of(const TensorDict& td, const std::string& what) {
     if (!s.empty()) return StorageSpec::parse(s);
   }
   if (td.is_memmap()) {
-    std::string prefix = td.memmap_prefix();
+    std::string prefix = memmap_prefix(td);
     if (prefix.empty()) {
       throw ValueError("another process cannot reach " + what +
                        ": it is a memmap TensorDict without a directory (memmap_() with a prefix, or load_memmap)");
     }
     return StorageSpec("memmap", JsonValue::object({{"path", JsonValue(prefix)}}));
   }
-  if (td.is_shared()) return StorageSpec("shared", JsonValue::object({{"handle", JsonValue(detail::to_hex(td.share_handle()))}}));
+  if (td.is_shared()) return StorageSpec("shared", JsonValue::object({{"handle", JsonValue(detail::to_hex(share_handle(td)))}}));
   throw ValueError("another process cannot reach " + what +
                    ": it must be a memmap TensorDict saved to a directory or a shared one (share_memory_()); "
                    "it is an in-memory " + (td.node() ? td.node()->type_name() : std::string("TensorDict")));

@@ -82,7 +82,8 @@ static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
   }
 }
 
-TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inplace) {
+TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, const SetOptions& options) {
+  const bool inplace = options.inplace();
   if (key.empty()) throw KeyError("empty key");
   if (inplace) leaf_on_path_as(*this, key, ErrorCode::Key);  // a locked node does not create: its walk reads
   TensorDictImpl* p = nullptr;
@@ -105,14 +106,14 @@ TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, bool inpla
   return *this;
 }
 
-TensorDict& TensorDict::set(const char* key, const Entry& value, bool inplace) {
+TensorDict& TensorDict::set(const char* key, const Entry& value, const SetOptions& options) {
   // an unlocked dense node, not in place: what the general path does for a one-part key, without the NestedKey
-  if (dense_ && !inplace && !dense_->locked && key && *key) {
+  if (dense_ && !options.inplace() && !dense_->locked && key && *key) {
     std::string k(key);
     dense_->put_entry(k, prepare_value(*dense_, k, value));
     return *this;
   }
-  return set(NestedKey(key), value, inplace);
+  return set(NestedKey(key), value, options);
 }
 
 TensorDict& TensorDict::set_(const NestedKey& key, const Entry& value) {
@@ -147,7 +148,7 @@ void TensorDictImpl::set_at(TensorDict& self, const NestedKey& key, const at::Te
 }
 
 void TensorDictImpl::set_entry(const NestedKey& key, const Entry& value, bool inplace) {
-  TensorDict(std::static_pointer_cast<TensorDictImpl>(shared_from_this())).set(NestedKey(key.back()), value, inplace);
+  TensorDict(std::static_pointer_cast<TensorDictImpl>(shared_from_this())).set(NestedKey(key.back()), value, SetOptions().inplace(inplace));
 }
 
 void TensorDictImpl::update_entry(const NestedKey& key, const Entry& value) {
@@ -187,7 +188,7 @@ static void update_impl(TensorDict& self, const TensorDict& other, const UpdateO
       if (v.is_tensordict()) v = Entry(v.tensordict().clone());
     }
     if (o.inplace() && mine) {
-      self.set(k, v, true);
+      self.set(k, v, SetOptions().inplace(true));
     } else if (o.ignore_lock()) {
       bool was = self.node()->locked;
       self.node()->locked = false;
@@ -290,8 +291,8 @@ TensorDict& TensorDict::del(const NestedKey& key) {
   return *this;
 }
 
-TensorDict& TensorDict::rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe) {
-  node_of(node_, "rename_key_").rename_key(*this, old_key, new_key, safe);
+TensorDict& TensorDict::rename_key_(const NestedKey& old_key, const NestedKey& new_key, const RenameOptions& options) {
+  node_of(node_, "rename_key_").rename_key(*this, old_key, new_key, options.safe());
   return *this;
 }
 
@@ -339,20 +340,22 @@ void TensorDictImpl::fill(TensorDict& self, const NestedKey& key, const at::Scal
 }
 
 // ============================================================================ key-structure ops
-TensorDict TensorDict::empty(bool recurse) const { return node_of(node_, "empty").empty(*this, recurse); }
+TensorDict TensorDict::empty(const EmptyOptions& options) const {
+  return node_of(node_, "empty").empty(*this, options.recurse());
+}
 
 TensorDict TensorDictImpl::empty(const TensorDict&, bool recurse) const {
   TensorDict out = make_empty(*this, batch_size);
   if (recurse) {
     for (const auto& kv : entries)
-      if (kv.second.is_tensordict()) detail::impl_of(out)->put(kv.first, Entry(kv.second.tensordict().empty(true)));
+      if (kv.second.is_tensordict()) detail::impl_of(out)->put(kv.first, Entry(kv.second.tensordict().empty(EmptyOptions().recurse(true))));
   }
   return out;
 }
 
-TensorDict TensorDict::select(const std::vector<NestedKey>& keys, bool strict, bool inplace) const {
-  if (typed_) return detail::keep_type(*this, with_schema(nullptr).select(keys, strict, inplace));
-  return node_of(node_, "select").select(*this, keys, strict, inplace);
+TensorDict TensorDict::select(const std::vector<NestedKey>& keys, const SelectOptions& options) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).select(keys, options));
+  return node_of(node_, "select").select(*this, keys, options.strict(), options.inplace());
 }
 
 TensorDict TensorDictImpl::select(const TensorDict& self, const std::vector<NestedKey>& keys, bool strict,
@@ -415,9 +418,9 @@ static void exclude_into(const TensorDictImpl& src, TensorDictImpl& dst, const s
   }
 }
 
-TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, bool inplace) const {
-  if (typed_) return detail::keep_type(*this, with_schema(nullptr).exclude(keys, inplace));
-  return node_of(node_, "exclude").exclude(*this, keys, inplace);
+TensorDict TensorDict::exclude(const std::vector<NestedKey>& keys, const ExcludeOptions& options) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).exclude(keys, options));
+  return node_of(node_, "exclude").exclude(*this, keys, options.inplace());
 }
 
 TensorDict TensorDictImpl::exclude(const TensorDict& self, const std::vector<NestedKey>& keys, bool inplace) const {
@@ -441,20 +444,20 @@ static std::vector<TensorDict> split_keys_impl(const TensorDict& self,
   std::vector<NestedKey> all;
   for (const auto& ks : key_sets) {
     if (strict) {
-      out.push_back(self.select(ks, true));
+      out.push_back(self.select(ks, SelectOptions().strict(true)));
     } else if (!default_value) {  // a missing key is skipped (no level of it is kept)
       std::vector<NestedKey> present;
       for (const auto& k : ks)
         if (self.contains(k)) present.push_back(k);
-      out.push_back(self.select(present, true));
+      out.push_back(self.select(present, SelectOptions().strict(true)));
     } else {  // each key in its set's order: its entry, or the default
-      TensorDict part = self.select({}, true);
+      TensorDict part = self.select({}, SelectOptions().strict(true));
       for (const auto& k : ks) part.set(k, self.contains(k) ? self.get_entry(k) : *default_value);
       out.push_back(part);
     }
     all.insert(all.end(), ks.begin(), ks.end());
   }
-  TensorDict rest = inplace ? self.exclude(all, true) : self.exclude(all).clone();
+  TensorDict rest = inplace ? self.exclude(all, ExcludeOptions().inplace(true)) : self.exclude(all).clone();
   // upstream filter_empty_() on the rest: sub-TensorDicts left without a leaf go (empty ones it had too)
   if (!rest.is_locked()) {
     std::vector<NestedKey> empty;
@@ -470,17 +473,17 @@ static std::vector<TensorDict> split_keys_impl(const TensorDict& self,
 }
 
 std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets,
-                                               const Entry& default_value, bool inplace, bool strict) const {
-  return split_keys_impl(*this, key_sets, inplace, strict, &default_value);
+                                               const Entry& default_value, const SelectOptions& options) const {
+  return split_keys_impl(*this, key_sets, options.inplace(), options.strict(), &default_value);
 }
 
-std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace,
-                                               bool strict) const {
-  return split_keys_impl(*this, key_sets, inplace, strict, nullptr);
+std::vector<TensorDict> TensorDict::split_keys(const std::vector<std::vector<NestedKey>>& key_sets,
+                                               const SelectOptions& options) const {
+  return split_keys_impl(*this, key_sets, options.inplace(), options.strict(), nullptr);
 }
 
-TensorDict TensorDict::flatten_keys(const std::string& separator, bool inplace) const {
-  return node_of(node_, "flatten_keys").flatten_keys(*this, separator, inplace);
+TensorDict TensorDict::flatten_keys(const FlattenKeysOptions& options) const {
+  return node_of(node_, "flatten_keys").flatten_keys(*this, options.separator(), options.inplace());
 }
 
 TensorDict TensorDictImpl::flatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const {
@@ -503,8 +506,8 @@ TensorDict TensorDictImpl::flatten_keys(const TensorDict& self, const std::strin
   return out;
 }
 
-TensorDict TensorDict::unflatten_keys(const std::string& separator, bool inplace) const {
-  return node_of(node_, "unflatten_keys").unflatten_keys(*this, separator, inplace);
+TensorDict TensorDict::unflatten_keys(const FlattenKeysOptions& options) const {
+  return node_of(node_, "unflatten_keys").unflatten_keys(*this, options.separator(), options.inplace());
 }
 
 TensorDict TensorDictImpl::unflatten_keys(const TensorDict& self, const std::string& separator, bool inplace) const {
@@ -564,7 +567,7 @@ struct CloneVisitor : detail::tree::RebuildVisitor {
   }
   std::optional<TensorDict> other_node(const detail::tree::KeyPath&, const TensorDict& sub, const BatchSize&,
                                        const detail::tree::Matched&) {
-    return sub.clone(recurse);
+    return sub.clone(CloneOptions().recurse(recurse));
   }
   std::optional<TensorDict> sub_result(const detail::tree::KeyPath&, const TensorDict& sub, TensorDict out, bool) {
     return detail::keep_type(sub, std::move(out));
@@ -572,9 +575,9 @@ struct CloneVisitor : detail::tree::RebuildVisitor {
 };
 }  // namespace
 
-TensorDict TensorDict::clone(bool recurse) const {
-  if (typed_) return detail::keep_type(*this, with_schema(nullptr).clone(recurse));
-  return node_of(node_, "clone").clone(*this, recurse);
+TensorDict TensorDict::clone(const CloneOptions& options) const {
+  if (typed_) return detail::keep_type(*this, with_schema(nullptr).clone(options));
+  return node_of(node_, "clone").clone(*this, options.recurse());
 }
 
 TensorDict TensorDictImpl::clone(const TensorDict&, bool recurse) const {
@@ -620,7 +623,7 @@ TensorDict TensorDictImpl::to(const TensorDict& self, at::Device device) const {
     });
   };
   // apply() moves results to the result's device (upstream): run it on a device-less structure copy
-  TensorDict src = self.clone(false);
+  TensorDict src = self.clone(CloneOptions().recurse(false));
   target = std::nullopt;
   set_dev(*detail::impl_of(src));
   TensorDict out = src.apply([&](const at::Tensor& t) { return t.to(device); });

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "api/loader_fns.hpp"
+#include "tensordict/shared_storage.hpp"
 
 namespace {
 

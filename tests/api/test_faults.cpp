@@ -224,7 +224,7 @@ BOOST_AUTO_TEST_CASE(meta_json_rewrite_killed_loads_old_or_new) {
     TensorDict(BatchSize{64}).memmap_(p);
     Child victim = start_child([&] {
       TensorDict td = TensorDict::load_memmap(p);
-      for (int i = 0; i < 100000; ++i) td.make_memmap("k" + std::to_string(i), {64, 32}, at::kFloat);
+      for (int i = 0; i < 100000; ++i) make_memmap(td, "k" + std::to_string(i), {64, 32}, at::kFloat);
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(20 + 15 * round));
     ::kill(victim.pid, SIGKILL);

@@ -57,7 +57,7 @@ struct Counts {
 Counts counts(int64_t threads_at_most = 1 << 30) {
   for (int i = 0; i < 300 && count_dir("/proc/self/task") > threads_at_most; ++i) ::usleep(10000);
   // this process' segments only ("<prefix><pid>_..."): other test processes share the prefix
-  const std::string mine = TensorDict::shm_prefix() + std::to_string(::getpid()) + "_";
+  const std::string mine = tensordict::shm_prefix() + std::to_string(::getpid()) + "_";
   return {count_dir("/proc/self/fd"), count_lines("/proc/self/maps"), count_dir("/proc/self/task"),
           count_dir("/dev/shm", mine), rss_kib()};
 }
@@ -116,7 +116,7 @@ BOOST_AUTO_TEST_CASE(shared_memory_share_attach_release_10000) {
   run_soak("shared", 10000, [&](int i) {
     TensorDict td = sample_td(8);
     td.share_memory_();
-    TensorDict other = TensorDict::from_share_handle(td.share_handle());
+    TensorDict other = tensordict::from_share_handle(share_handle(td));
     BOOST_REQUIRE(other.get("label")[i % 8].item<int64_t>() == i % 8);
   });
 }

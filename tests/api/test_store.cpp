@@ -351,7 +351,7 @@ BOOST_AUTO_TEST_CASE(add_key_under_missing_levels_creates_them) {
   Store shared = Store::open(buf);
   shared.add_key({"lvl", "y"}, at::full({kRows, 2}, 3.0));
   BOOST_TEST(shared.td().get_td("lvl").is_shared());
-  TensorDict other = TensorDict::from_share_handle(shared.td().share_handle());
+  TensorDict other = tensordict::from_share_handle(share_handle(shared.td()));
   BOOST_TEST(other.get({"lvl", "y"}).equal(at::full({kRows, 2}, 3.0)));
 }
 
@@ -363,7 +363,7 @@ BOOST_AUTO_TEST_CASE(shared_store_adds_segments_and_hands_out_handles) {
   BOOST_TEST(store.kind() == "shared");
   store.add_key("y", at::arange(kRows * 2, at::kFloat).view({kRows, 2}));
   BOOST_TEST(store.td().is_shared());
-  TensorDict other = TensorDict::from_share_handle(store.td().share_handle());
+  TensorDict other = tensordict::from_share_handle(share_handle(store.td()));
   BOOST_TEST(other.get("y").equal(at::arange(kRows * 2, at::kFloat).view({kRows, 2})));
   other.get("y")[3].fill_(-1.0);  // same memory
   BOOST_TEST(store.td().get("y")[3].equal(at::full({2}, -1.0)));

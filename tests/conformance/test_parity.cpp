@@ -315,10 +315,10 @@ BOOST_AUTO_TEST_CASE(test_exclude_inplace_on_locked) {
     // a memmap / shared store (zero-copy views of its snapshot) cannot remove keys at all (locked or not);
     // the HDF5 and Redis nodes erase them in their storage
     if (td.node()->dense_view() && td.node()->caps().zero_copy_views) {  // a store node
-      BOOST_CHECK_THROW(td.exclude({"b"}, true), NotImplementedError);
+      BOOST_CHECK_THROW(td.exclude({"b"}, ExcludeOptions().inplace(true)), NotImplementedError);
       return;
     }
-    td.exclude({"b"}, true);
+    td.exclude({"b"}, ExcludeOptions().inplace(true));
     BOOST_TEST(!td.contains("b"));
     BOOST_TEST(td.contains("a"));
     BOOST_TEST(td.is_locked());

@@ -36,7 +36,7 @@ BOOST_AUTO_TEST_CASE(test_err_msg_missing_nested) {
     for (const NestedKey& k : {through, deeper}) {
       BOOST_TEST_CONTEXT("key " << k) {
         BOOST_CHECK_THROW(td.set(k, v), KeyError);
-        BOOST_CHECK_THROW(td.set(k, v, /*inplace=*/true), KeyError);
+        BOOST_CHECK_THROW(td.set(k, v, SetOptions().inplace(true)), KeyError);
         BOOST_CHECK_THROW(td.set_(k, v), KeyError);
         BOOST_CHECK_THROW(td.get(k), ValueError);
         BOOST_CHECK_THROW(td.get_entry(k), ValueError);
@@ -56,7 +56,7 @@ BOOST_AUTO_TEST_CASE(test_err_msg_missing_nested_locked) {
   // a locked TensorDict does not create levels on set(inplace=true): the class is still set's KeyError
   TensorDict td({{"a", zeros4()}}, {4});
   td.lock_();
-  BOOST_CHECK_THROW(td.set({"a", "x"}, zeros4(), /*inplace=*/true), KeyError);
+  BOOST_CHECK_THROW(td.set({"a", "x"}, zeros4(), SetOptions().inplace(true)), KeyError);
   BOOST_CHECK_THROW(td.set({"a", "x"}, zeros4()), KeyError);
   BOOST_CHECK_THROW(td.del({"a", "x"}), AttributeError);
   BOOST_CHECK_THROW(td.get({"a", "x"}), ValueError);
@@ -71,7 +71,7 @@ BOOST_AUTO_TEST_CASE(test_unflatten_keys) {
   for (bool inplace : {false, true}) {
     BOOST_TEST_CONTEXT("inplace " << inplace) {
       TensorDict src = td.clone();
-      TensorDict u = src.unflatten_keys(".", inplace);
+      TensorDict u = src.unflatten_keys(FlattenKeysOptions().inplace(inplace));
       BOOST_TEST(nested_keys(u) == (std::vector<std::string>{"a", "d", "i", "b.c", "b", "e.f.g", "e.f", "e.h", "e"}));
       BOOST_TEST(u.get_td("e").batch_size() == BatchSize({4}));
       BOOST_TEST(u.is_same(src) == inplace);
@@ -89,7 +89,7 @@ BOOST_AUTO_TEST_CASE(test_unflatten_keys) {
   BOOST_CHECK_THROW(onto.unflatten_keys(), KeyError);
   TensorDict leaf({{"a", zeros4()}, {"a.b", zeros4()}}, {4});
   BOOST_CHECK_THROW(leaf.unflatten_keys(), KeyError);
-  BOOST_CHECK_THROW(leaf.unflatten_keys(".", true), KeyError);
+  BOOST_CHECK_THROW(leaf.unflatten_keys(FlattenKeysOptions().inplace(true)), KeyError);
 }
 
 BOOST_AUTO_TEST_CASE(test_view_and_unflatten_error_classes) {
@@ -131,31 +131,31 @@ BOOST_AUTO_TEST_CASE(test_split_keys) {
                 {4});
   const Entry dflt(at::full({4}, 7.0));
   BOOST_CHECK_THROW(td.split_keys({{"a", "zz"}}, dflt), KeyError);
-  BOOST_CHECK_THROW(td.split_keys({{"a", "zz"}}, dflt, /*inplace=*/true), KeyError);
-  BOOST_CHECK_THROW(td.split_keys({{"a", "zz"}}, dflt, /*inplace=*/false, /*strict=*/true), KeyError);
+  BOOST_CHECK_THROW(td.split_keys({{"a", "zz"}}, dflt, SelectOptions().inplace(true)), KeyError);
+  BOOST_CHECK_THROW(td.split_keys({{"a", "zz"}}, dflt, SelectOptions().strict(true)), KeyError);
   BOOST_CHECK_THROW(td.split_keys({{"a", "zz"}}), KeyError);
   BOOST_TEST(nested_keys(td) == (std::vector<std::string>{"a", "b", "n.x", "n.y", "n", "c"}));
-  auto parts = td.split_keys({{"a", "zz"}, {{"n", "x"}}}, dflt, /*inplace=*/false, /*strict=*/false);
+  auto parts = td.split_keys({{"a", "zz"}, {{"n", "x"}}}, dflt, SelectOptions().strict(false));
   BOOST_REQUIRE(parts.size() == 3u);
   BOOST_TEST(nested_keys(parts[0]) == (std::vector<std::string>{"a", "zz"}));
   BOOST_TEST(parts[0].get("zz").equal(at::full({4}, 7.0)));
   BOOST_TEST(nested_keys(parts[1]) == (std::vector<std::string>{"n.x", "n"}));
   BOOST_TEST(nested_keys(parts[2]) == (std::vector<std::string>{"b", "n.y", "n", "c"}));
   // strict=False without a default (None): the missing key is skipped
-  for (const auto& skipped : {td.split_keys({{"a", "zz"}}, /*inplace=*/false, /*strict=*/false),
-                              td.split_keys({{"a", "zz"}}, Entry(), /*inplace=*/false, /*strict=*/false)}) {
+  for (const auto& skipped : {td.split_keys({{"a", "zz"}}, SelectOptions().strict(false)),
+                              td.split_keys({{"a", "zz"}}, Entry(), SelectOptions().strict(false))}) {
     BOOST_REQUIRE(skipped.size() == 2u);
     BOOST_TEST(nested_keys(skipped[0]) == (std::vector<std::string>{"a"}));
     BOOST_TEST(nested_keys(skipped[1]) == (std::vector<std::string>{"b", "n.x", "n.y", "n", "c"}));
   }
   // the default goes in its key's place among the set's keys
-  auto ordered = td.split_keys({{"zz", "a"}}, dflt, /*inplace=*/false, /*strict=*/false);
+  auto ordered = td.split_keys({{"zz", "a"}}, dflt, SelectOptions().strict(false));
   BOOST_TEST(nested_keys(ordered[0]) == (std::vector<std::string>{"zz", "a"}));
   // a missing nested key skipped keeps no level of it; the rest drops sub-TensorDicts left empty, and empty
   // ones it had (upstream's filter_empty_)
   TensorDict withe = td.clone();
   withe.set("e", TensorDict(BatchSize{4}));
-  auto nested = withe.split_keys({{{"n", "zz"}, "a"}}, /*inplace=*/false, /*strict=*/false);
+  auto nested = withe.split_keys({{{"n", "zz"}, "a"}}, SelectOptions().strict(false));
   BOOST_TEST(nested_keys(nested[0]) == (std::vector<std::string>{"a"}));
   BOOST_TEST(nested_keys(nested[1]) == (std::vector<std::string>{"b", "n.x", "n.y", "n", "c"}));
   auto whole = withe.split_keys({{{"n", "x"}, {"n", "y"}}});
@@ -163,7 +163,7 @@ BOOST_AUTO_TEST_CASE(test_split_keys) {
   BOOST_TEST(nested_keys(whole[1]) == (std::vector<std::string>{"a", "b", "c"}));
   // in place: the rest is self, without the split keys
   TensorDict src = td.clone();
-  auto inpl = src.split_keys({{"a", "zz"}}, dflt, /*inplace=*/true, /*strict=*/false);
+  auto inpl = src.split_keys({{"a", "zz"}}, dflt, SelectOptions().inplace(true).strict(false));
   BOOST_TEST(inpl.back().is_same(src));
   BOOST_TEST(nested_keys(src) == (std::vector<std::string>{"b", "n.x", "n.y", "n", "c"}));
   BOOST_TEST(inpl[0].get("zz").equal(at::full({4}, 7.0)));

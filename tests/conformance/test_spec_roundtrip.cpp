@@ -329,7 +329,7 @@ BOOST_AUTO_TEST_CASE(malformed_index_is_a_value_error_at_parse) {
   }
   // well-formed but out of range: the index error at open, nothing opened half
   TensorDict mm = zoo::plain(kBatch, 160).memmap(conformance::fresh_dir("rt_bad"));
-  StorageSpec far = StorageSpec::parse(R"({"driver":"memmap","path":")" + mm.memmap_prefix() + R"(","index":[9]})");
+  StorageSpec far = StorageSpec::parse(R"({"driver":"memmap","path":")" + memmap_prefix(mm) + R"(","index":[9]})");
   BOOST_CHECK_THROW(open_storage(far), IndexError);
 }
 

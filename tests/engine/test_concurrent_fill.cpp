@@ -20,6 +20,7 @@
 #include "fixtures.hpp"
 #include "tensordict/tensor_dict.hpp"
 #include "process_util.hpp"
+#include "tensordict/shared_storage.hpp"
 
 using namespace tensordict;
 
@@ -155,7 +156,7 @@ enum class Path { Inherited, Reopened };
 TensorDict child_view(const TensorDict& buf, Path path, const std::string& storage, const std::string& prefix,
                       const std::string& handle) {
   if (path == Path::Inherited) return buf;
-  return storage == "memmap" ? TensorDict::load_memmap(prefix) : TensorDict::from_share_handle(handle);
+  return storage == "memmap" ? TensorDict::load_memmap(prefix) : tensordict::from_share_handle(handle);
 }
 
 TensorDict make_buffer(const std::string& storage, const std::string& prefix) {
@@ -165,11 +166,11 @@ TensorDict make_buffer(const std::string& storage, const std::string& prefix) {
 void run_process_fill(const std::string& storage, Path path) {
   fixtures::TempDir dir("fill");
   const std::string prefix = dir / "buf";
-  std::string old_prefix = TensorDict::shm_prefix();
-  TensorDict::set_shm_prefix("tdtest_" + std::to_string(::getpid()) + "_fill_");
+  std::string old_prefix = tensordict::shm_prefix();
+  tensordict::set_shm_prefix("tdtest_" + std::to_string(::getpid()) + "_fill_");
   {
     TensorDict buf = make_buffer(storage, prefix);
-    const std::string handle = storage == "shared" ? buf.share_handle() : "";
+    const std::string handle = storage == "shared" ? share_handle(buf) : "";
     std::vector<pid_t> pids;
     for (int w = 0; w < kWriters; ++w) {
       pids.push_back(spawn([&, w]() -> int {
@@ -188,17 +189,17 @@ void run_process_fill(const std::string& storage, Path path) {
       BOOST_TEST(err2.empty(), "reloaded: " << err2);
     }
   }
-  TensorDict::set_shm_prefix(old_prefix);
+  tensordict::set_shm_prefix(old_prefix);
 }
 
 void run_process_fill_with_kill(const std::string& storage, Path path) {
   fixtures::TempDir dir("fillkill");
   const std::string prefix = dir / "buf";
-  std::string old_prefix = TensorDict::shm_prefix();
-  TensorDict::set_shm_prefix("tdtest_" + std::to_string(::getpid()) + "_fillkill_");
+  std::string old_prefix = tensordict::shm_prefix();
+  tensordict::set_shm_prefix("tdtest_" + std::to_string(::getpid()) + "_fillkill_");
   {
     TensorDict buf = make_buffer(storage, prefix);
-    const std::string handle = storage == "shared" ? buf.share_handle() : "";
+    const std::string handle = storage == "shared" ? share_handle(buf) : "";
     SharedCounters progress;
     const int victim = 2;
     const int64_t kill_after = 256;  // of the victim's 1024 rows
@@ -239,7 +240,7 @@ void run_process_fill_with_kill(const std::string& storage, Path path) {
       BOOST_TEST(err2.empty(), "reloaded: " << err2);
     }
   }
-  TensorDict::set_shm_prefix(old_prefix);
+  tensordict::set_shm_prefix(old_prefix);
 }
 
 }  // namespace
@@ -256,8 +257,8 @@ BOOST_AUTO_TEST_CASE(sigkilled_writer_shared_from_handle) { run_process_fill_wit
 
 BOOST_AUTO_TEST_CASE(threads_fill_one_buffer) {
   fixtures::TempDir dir("fillthreads");
-  std::string old_prefix = TensorDict::shm_prefix();
-  TensorDict::set_shm_prefix("tdtest_" + std::to_string(::getpid()) + "_fillthr_");
+  std::string old_prefix = tensordict::shm_prefix();
+  tensordict::set_shm_prefix("tdtest_" + std::to_string(::getpid()) + "_fillthr_");
   for (const std::string storage : {"memmap", "shared"}) {
     BOOST_TEST_CONTEXT(storage) {
       TensorDict buf = make_buffer(storage, dir / "buf");
@@ -271,7 +272,7 @@ BOOST_AUTO_TEST_CASE(threads_fill_one_buffer) {
       BOOST_TEST(err.empty(), err);
     }
   }
-  TensorDict::set_shm_prefix(old_prefix);
+  tensordict::set_shm_prefix(old_prefix);
 }
 
 BOOST_AUTO_TEST_CASE(verifier_catches_torn_and_lost_rows) {

@@ -85,7 +85,7 @@ BOOST_AUTO_TEST_CASE(fromkeys_and_empty) {
   TensorDict e = n.empty();
   BOOST_TEST(e.keys().empty());
   BOOST_TEST(e.batch_size() == n.batch_size());
-  TensorDict r = n.empty(true);
+  TensorDict r = n.empty(EmptyOptions().recurse(true));
   BOOST_TEST(joined(r.keys(KeysOptions().include_nested(true))) == std::vector<std::string>({"sub.deep", "sub"}));
   BOOST_TEST(r.is_empty());
   BOOST_TEST(!n.is_empty());
@@ -139,7 +139,7 @@ BOOST_AUTO_TEST_CASE(set_creates_levels_and_replaces_without_copy) {
   at::Tensor y = at::ones({2, 3});
   td.set({"a", "b", "c"}, y);
   BOOST_TEST(td.get({"a", "b", "c"}).data_ptr() == y.data_ptr());  // replaced
-  td.set({"a", "b", "c"}, at::full({2, 3}, 5.0), /*inplace=*/true);
+  td.set({"a", "b", "c"}, at::full({2, 3}, 5.0), SetOptions().inplace(true));
   BOOST_TEST(y.eq(5).all().item<bool>());  // copied into the existing leaf
   BOOST_CHECK_THROW(td.set({"a", "b", "c", "d"}, at::zeros({2})), KeyError);  // c is a tensor (upstream)
 }
@@ -196,7 +196,7 @@ BOOST_AUTO_TEST_CASE(pop_del_rename_setdefault_clear) {
   td.rename_key_("a", "alpha");
   BOOST_TEST(joined(td.keys()) == std::vector<std::string>({"sub", "alpha"}));  // upstream: moved to the end
   td.set("beta", at::zeros({3}));
-  BOOST_CHECK_THROW(td.rename_key_("alpha", "beta", /*safe=*/true), KeyError);
+  BOOST_CHECK_THROW(td.rename_key_("alpha", "beta", RenameOptions().safe(true)), KeyError);
   td.rename_key_({"sub", "b"}, {"moved"});
   BOOST_TEST(td.contains("moved"));
   BOOST_TEST(!td.contains({"sub", "b"}));
@@ -215,16 +215,16 @@ BOOST_AUTO_TEST_CASE(select_exclude_no_copy) {
              std::vector<std::string>({"a", "sub.deep.c"}));
   BOOST_TEST(s.get("a").data_ptr() == td.get("a").data_ptr());
   BOOST_CHECK_THROW(td.select({"nope"}), KeyError);
-  BOOST_TEST(td.select({"nope", "a"}, /*strict=*/false).keys().size() == 1u);
+  BOOST_TEST(td.select({"nope", "a"}, SelectOptions().strict(false)).keys().size() == 1u);
   TensorDict x = td.exclude({"a", {"sub", "b"}, "missing"});
   BOOST_TEST(joined(x.keys(KeysOptions().include_nested(true).leaves_only(true))) ==
              std::vector<std::string>({"sub.deep.c", "z"}));
   BOOST_TEST(td.contains({"sub", "b"}));  // the source is untouched
   TensorDict y = nested3();
-  y.select({"a"}, true, /*inplace=*/true);
+  y.select({"a"}, SelectOptions().inplace(true));
   BOOST_TEST(joined(y.keys()) == std::vector<std::string>({"a"}));
   TensorDict w = nested3();
-  w.exclude({"a"}, /*inplace=*/true);
+  w.exclude({"a"}, ExcludeOptions().inplace(true));
   BOOST_TEST(!w.contains("a"));
 }
 
@@ -237,7 +237,7 @@ BOOST_AUTO_TEST_CASE(split_keys_sets) {
   BOOST_TEST(!parts[2].contains("a"));
   BOOST_TEST(parts[2].contains({"sub", "deep", "c"}));
   BOOST_TEST(parts[2].contains("z"));
-  auto inpl = td.split_keys({{"a"}}, /*inplace=*/true);
+  auto inpl = td.split_keys({{"a"}}, SelectOptions().inplace(true));
   BOOST_TEST(inpl.back().is_same(td));
   BOOST_TEST(!td.contains("a"));
 }
@@ -257,7 +257,7 @@ BOOST_AUTO_TEST_CASE(flatten_unflatten_keys) {
   TensorDict clash2(Dict{{"a", at::zeros({3})}, {"a.b", at::zeros({3})}}, {3});
   BOOST_CHECK_THROW(clash2.unflatten_keys(), KeyError);
   TensorDict inpl = nested3();
-  inpl.flatten_keys(".", true);
+  inpl.flatten_keys(FlattenKeysOptions().inplace(true));
   BOOST_TEST(inpl.contains("sub.b"));
 }
 
@@ -337,17 +337,17 @@ BOOST_AUTO_TEST_CASE(lock_blocks_structure_allows_inplace) {
   BOOST_CHECK_EXCEPTION(td.set("a", at::zeros({3, 4})), LockedError, locked);
   BOOST_CHECK_EXCEPTION(td.set({"sub", "new"}, at::zeros({3})), LockedError, locked);
   BOOST_CHECK_EXCEPTION(td.set({"fresh", "x"}, at::zeros({3})), LockedError, locked);
-  BOOST_CHECK_THROW(td.set("new", at::zeros({3}), /*inplace=*/true), LockedError);
+  BOOST_CHECK_THROW(td.set("new", at::zeros({3}), SetOptions().inplace(true)), LockedError);
   BOOST_CHECK_THROW(td.del("a"), LockedError);
   BOOST_CHECK_THROW(td.pop("a"), LockedError);
   BOOST_CHECK_THROW(td.rename_key_("a", "b"), LockedError);
   BOOST_CHECK_THROW(td.clear(), LockedError);
   BOOST_CHECK_THROW(td.update(TensorDict(Dict{{"q", at::zeros({3})}}, {3})), LockedError);
-  BOOST_CHECK_THROW(td.select({"a"}, true, true), LockedError);
+  BOOST_CHECK_THROW(td.select({"a"}, SelectOptions().inplace(true)), LockedError);
   BOOST_TEST(td.contains("a"));  // nothing lost
   // allowed: in-place writes
   td.set_("a", at::ones({3, 4}));
-  td.set("a", at::full({3, 4}, 2.0), /*inplace=*/true);
+  td.set("a", at::full({3, 4}, 2.0), SetOptions().inplace(true));
   td.update(TensorDict(Dict{{"z", at::ones({3})}}, {3}), UpdateOptions().inplace(true));
   td.update_(TensorDict(Dict{{"z", at::full({3}, 4.0)}}, {3}));
   td.set_at_("z", at::zeros({1}), {0});
@@ -357,7 +357,7 @@ BOOST_AUTO_TEST_CASE(lock_blocks_structure_allows_inplace) {
   BOOST_TEST(td.get("a").eq(2).all().item<bool>());
   BOOST_TEST(td.get("z").equal(at::tensor({0.0f, 4.0f, 4.0f})));
   // upstream allows exclude(inplace=True) on a locked TensorDict (test_exclude_inplace_on_locked)
-  td.exclude({"q"}, true);
+  td.exclude({"q"}, ExcludeOptions().inplace(true));
   BOOST_TEST(!td.contains("q"));
   BOOST_TEST(td.is_locked());
 }

@@ -15,6 +15,7 @@
 #include "tensordict/lazy_stack.hpp"
 #include "tensordict/tensor_dict.hpp"
 #include "zoo.hpp"
+#include "tensordict/memmap_storage.hpp"
 
 using namespace tensordict;
 using at::indexing::Slice;
@@ -247,21 +248,22 @@ BOOST_AUTO_TEST_CASE(load_memmap_into_self_and_refresh) {
   TensorDict td = zoo::plain({5});
   td.memmap_(tmp.path);
   TensorDict other = TensorDict::load_memmap(tmp.path);
-  td.make_memmap("extra", {5, 2}, at::kDouble);
+  make_memmap(td, "extra", {5, 2}, at::kDouble);
   BOOST_TEST(td.get("extra").sizes() == at::IntArrayRef({5, 2}));
   BOOST_TEST(!other.contains("extra"));
   other.memmap_refresh_();
   BOOST_TEST(other.contains("extra"));
   td.get("extra").fill_(2.0);
   BOOST_TEST(other.get("extra").eq(2.0).all().item<bool>());  // same file, shared mapping
-  BOOST_CHECK_THROW(td.make_memmap("extra", {5}, at::kFloat), KeyError);
-  BOOST_CHECK_THROW(td.make_memmap("bad", {4}, at::kFloat), BatchSizeError);
+  BOOST_CHECK_THROW(make_memmap(td, "extra", {5}, at::kFloat), KeyError);
+  BOOST_CHECK_THROW(make_memmap(td, "bad", {4}, at::kFloat), BatchSizeError);
   TensorDict fresh;
   fresh.load_memmap_(tmp.path);
   BOOST_TEST(fresh.is_memmap());
   BOOST_TEST(fresh.contains("extra"));
   BOOST_CHECK_THROW(TensorDict().memmap_refresh_(), ValueError);
-  BOOST_CHECK_THROW(TensorDict().make_memmap("x", {}, at::kFloat), ValueError);
+  TensorDict plain;
+  BOOST_CHECK_THROW(make_memmap(plain, "x", {}, at::kFloat), ValueError);
 }
 
 BOOST_AUTO_TEST_CASE(make_memmap_creates_missing_levels_in_plain_and_tensorclass_directories) {
@@ -269,7 +271,7 @@ BOOST_AUTO_TEST_CASE(make_memmap_creates_missing_levels_in_plain_and_tensorclass
   // a plain directory: the level's directory and meta.json, then the parent's meta.json
   TensorDict td = zoo::plain({5});
   td.memmap_(tmp.path + "/plain");
-  td.make_memmap({"lvl", "deeper", "v"}, {5, 2}, at::kLong);
+  make_memmap(td, {"lvl", "deeper", "v"}, {5, 2}, at::kLong);
   BOOST_TEST(td.get_td("lvl").is_memmap());
   BOOST_TEST(TensorDict::load_memmap(tmp.path + "/plain").get({"lvl", "deeper", "v"}).sizes() ==
              at::IntArrayRef({5, 2}));
@@ -279,15 +281,15 @@ BOOST_AUTO_TEST_CASE(make_memmap_creates_missing_levels_in_plain_and_tensorclass
   const BatchSize bs = tc.batch_size();
   BatchSize shape = bs;
   shape.push_back(3);
-  tc.make_memmap({"added", "x"}, shape, at::kFloat);
+  make_memmap(tc, {"added", "x"}, shape, at::kFloat);
   BOOST_TEST(fs::exists(tmp.path + "/tc/_tensordict/added/meta.json"));
   TensorDict back = TensorDict::load_memmap(tmp.path + "/tc");
   BOOST_TEST(back.type_name() == tc.type_name());
   BOOST_TEST(back.get({"added", "x"}).sizes() == at::IntArrayRef(shape));
   // names Python's meta.json uses for the TensorDict itself, and a level under a leaf: refused, nothing created
-  BOOST_CHECK_THROW(td.make_memmap({"shape", "x"}, {5}, at::kFloat), ValueError);
+  BOOST_CHECK_THROW(make_memmap(td, {"shape", "x"}, {5}, at::kFloat), ValueError);
   BOOST_TEST(!fs::exists(tmp.path + "/plain/shape"));
-  BOOST_CHECK_THROW(td.make_memmap({"lvl", "deeper", "v", "w"}, {5}, at::kFloat), KeyError);
+  BOOST_CHECK_THROW(make_memmap(td, {"lvl", "deeper", "v", "w"}, {5}, at::kFloat), KeyError);
 }
 
 BOOST_AUTO_TEST_CASE(read_only_files_map_private) {
@@ -518,10 +520,10 @@ BOOST_AUTO_TEST_CASE(shallow_copy_keeps_flags_and_leaves_not_structure) {
   BOOST_TEST(c.is_memmap());
   BOOST_TEST(!c.is_locked());
   BOOST_TEST(td.is_locked());
-  BOOST_TEST(c.memmap_prefix() == td.memmap_prefix());
+  BOOST_TEST(memmap_prefix(c) == memmap_prefix(td));
   BOOST_TEST(c.get("a").data_ptr() == td.get("a").data_ptr());
   BOOST_TEST(!c.get_entry("sub").tensordict().is_same(td.get_entry("sub").tensordict()));
-  c.make_memmap({"sub", "new"}, {4, 3}, at::kFloat);  // structure: only the copy
+  make_memmap(c, {"sub", "new"}, {4, 3}, at::kFloat);  // structure: only the copy
   BOOST_TEST(c.contains({"sub", "new"}));
   BOOST_TEST(!td.contains({"sub", "new"}));
   c.get("a")[1].fill_(5.0);  // leaves: shared

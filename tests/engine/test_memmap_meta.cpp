@@ -12,6 +12,7 @@
 #include "fixtures.hpp"
 #include "tensordict/lazy_stack.hpp"
 #include "tensordict/tensor_dict.hpp"
+#include "tensordict/memmap_storage.hpp"
 
 using namespace tensordict;
 namespace fs = std::filesystem;
@@ -108,7 +109,7 @@ BOOST_AUTO_TEST_CASE(reserved_keys_are_refused_by_make_memmap_and_the_directory_
   const auto before = snapshot(dir / "td");
   for (const std::string& k : kReserved) {
     for (const NestedKey& key : {NestedKey(k), NestedKey{"sub", k}, NestedKey{"new", k}, NestedKey{k, "x"}}) {
-      BOOST_TEST(throws_naming<ValueError>([&] { td.make_memmap(key, {4, 3}, at::kFloat); }, k), key.repr());
+      BOOST_TEST(throws_naming<ValueError>([&] { make_memmap(td, key, {4, 3}, at::kFloat); }, k), key.repr());
       BOOST_TEST(!td.contains(key));
     }
   }

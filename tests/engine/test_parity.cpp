@@ -118,7 +118,7 @@ BOOST_AUTO_TEST_CASE(test_flatten_keys_drops_empty_sub_tensordicts) {
   TensorDict f = td.flatten_keys();
   BOOST_TEST(names(f.keys()) == std::vector<std::string>({"a", "sub.x", "sub.y", "b"}));
   TensorDict g = td.clone();
-  g.flatten_keys(".", true);
+  g.flatten_keys(FlattenKeysOptions().inplace(true));
   BOOST_TEST(!g.contains("empty"));
 }
 
@@ -135,11 +135,11 @@ BOOST_AUTO_TEST_CASE(test_apply_filter_empty_default) {
 
 BOOST_AUTO_TEST_CASE(test_select_not_strict_keeps_the_existing_parent) {
   TensorDict td = sample();
-  TensorDict s = td.select({{"sub", "missing"}, "a"}, /*strict=*/false);
+  TensorDict s = td.select({{"sub", "missing"}, "a"}, SelectOptions().strict(false));
   BOOST_TEST(names(s.keys()) == std::vector<std::string>({"sub", "a"}));
   BOOST_TEST(s.get_td("sub").keys().empty());
   BOOST_TEST(s.get_td("sub").batch_size() == BatchSize({4}));
-  TensorDict none = td.select({{"nope", "missing"}}, false);
+  TensorDict none = td.select({{"nope", "missing"}}, SelectOptions().strict(false));
   BOOST_TEST(none.keys().empty());
   BOOST_CHECK_THROW(td.select({{"sub", "missing"}}), KeyError);
 }
@@ -147,7 +147,7 @@ BOOST_AUTO_TEST_CASE(test_select_not_strict_keeps_the_existing_parent) {
 BOOST_AUTO_TEST_CASE(test_split_keys_default) {
   TensorDict td = sample();
   // upstream uses the default only with strict=False (test_split_keys in tests/conformance/test_parity_keys.cpp)
-  auto parts = td.split_keys({{"a", "missing"}, {{"sub", "y"}}}, Entry(at::full({4}, 7.0)), false, /*strict=*/false);
+  auto parts = td.split_keys({{"a", "missing"}, {{"sub", "y"}}}, Entry(at::full({4}, 7.0)), SelectOptions().strict(false));
   BOOST_REQUIRE(parts.size() == 3u);
   BOOST_TEST(parts[0].get("missing").equal(at::full({4}, 7.0)));
   BOOST_TEST(parts[0].contains("a"));

@@ -23,6 +23,8 @@
 #include "tensordict/tensor_dict.hpp"
 #include "zoo.hpp"
 #include "process_util.hpp"
+#include "tensordict/shared_storage.hpp"
+#include "tensordict/memmap_storage.hpp"
 
 using namespace tensordict;
 namespace fs = std::filesystem;
@@ -33,11 +35,11 @@ namespace {
 struct ShmPrefix {
   std::string old;
   std::string prefix;
-  explicit ShmPrefix(const std::string& tag) : old(TensorDict::shm_prefix()) {
+  explicit ShmPrefix(const std::string& tag) : old(tensordict::shm_prefix()) {
     prefix = "tdtest_" + std::to_string(::getpid()) + "_" + tag + "_";
-    TensorDict::set_shm_prefix(prefix);
+    tensordict::set_shm_prefix(prefix);
   }
-  ~ShmPrefix() { TensorDict::set_shm_prefix(old); }
+  ~ShmPrefix() { tensordict::set_shm_prefix(old); }
 };
 
 //! names in /dev/shm that start with `prefix`
@@ -190,7 +192,7 @@ BOOST_AUTO_TEST_CASE(share_memory_locks_flags_and_places_leaves_in_dev_shm) {
   td.set_("a", at::ones({4, 3}));
   BOOST_TEST(td.get("a").data_ptr() == a_before.data_ptr());
   BOOST_TEST(at::equal(td.get("a"), at::ones({4, 3})));
-  td.set({"nested", "c"}, at::full({4, 2}, 3.0), /*inplace=*/true);
+  td.set({"nested", "c"}, at::full({4, 2}, 3.0), SetOptions().inplace(true));
   BOOST_TEST(at::equal(td.get({"nested", "c"}), at::full({4, 2}, 3.0)));
   BOOST_TEST(backends::segment_of(td.get({"nested", "c"})) != nullptr);
 
@@ -248,13 +250,13 @@ BOOST_AUTO_TEST_CASE(memmap_and_shared_are_mutually_exclusive) {
   BOOST_CHECK_THROW(mm.share_memory_(), ValueError);
   BOOST_TEST(mm.is_memmap());
   BOOST_TEST(!mm.is_shared());
-  BOOST_CHECK_THROW(mm.share_handle(), ValueError);
+  BOOST_CHECK_THROW(share_handle(mm), ValueError);
 
   TensorDict loaded = TensorDict::load_memmap(dir / "y");
   BOOST_CHECK_THROW(loaded.share_memory_(), ValueError);
 
   // a plain TensorDict has no handle
-  BOOST_CHECK_THROW(sample_td().share_handle(), ValueError);
+  BOOST_CHECK_THROW(share_handle(sample_td()), ValueError);
 }
 
 // ------------------------------------------------------------------------------------- handles
@@ -262,8 +264,8 @@ BOOST_AUTO_TEST_CASE(index_put_rows_visible_through_second_handle) {
   ShmPrefix pfx("handle2");
   TensorDict td = sample_td();
   td.share_memory_();
-  std::string handle = td.share_handle();
-  TensorDict other = TensorDict::from_share_handle(handle);
+  std::string handle = share_handle(td);
+  TensorDict other = tensordict::from_share_handle(handle);
   BOOST_TEST(other.is_shared());
   BOOST_TEST(other.is_locked());
   BOOST_TEST(other.batch_size() == BatchSize{4});
@@ -288,7 +290,7 @@ BOOST_AUTO_TEST_CASE(index_put_rows_visible_through_second_handle) {
   TensorDict extra(Dict{{"zzz", at::ones({2})}}, {});
   BOOST_CHECK_THROW(td.index_put_({0}, extra), LockedError);
   // re-sharing the opened TensorDict gives a handle to the same segment
-  BOOST_TEST(TensorDict::from_share_handle(other.share_handle()).get("a").sum().item<double>() ==
+  BOOST_TEST(tensordict::from_share_handle(share_handle(other)).get("a").sum().item<double>() ==
              td.get("a").sum().item<double>());
 }
 
@@ -297,9 +299,9 @@ BOOST_AUTO_TEST_CASE(forked_child_writes_rows_through_handle) {
   const int64_t n = 64;
   TensorDict td = TensorDict::from_schema(Schema{{"x", {{8}, at::kFloat}}, {{"sub", "y"}, {{}, at::kLong}}}, {n},
                                           "shared");
-  std::string handle = td.share_handle();
+  std::string handle = share_handle(td);
   pid_t pid = spawn([&]() -> int {
-    TensorDict c = TensorDict::from_share_handle(handle);
+    TensorDict c = tensordict::from_share_handle(handle);
     if (c.batch_size() != BatchSize{n}) return 2;
     for (int64_t i = 0; i < n; i += 2) {
       TensorDict row(Dict{{"x", at::full({8}, static_cast<double>(i))}, {"sub", Dict{{"y", at::full({}, i * 10, at::kLong)}}}},
@@ -343,12 +345,12 @@ BOOST_AUTO_TEST_CASE(sigkilled_opener_leaks_nothing) {
     TensorDict td = sample_td(11);
     td.share_memory_();
     TensorDict ref = td.clone();
-    std::string handle = td.share_handle();
+    std::string handle = share_handle(td);
     int ready[2];
     BOOST_REQUIRE(::pipe(ready) == 0);
     pid_t pid = spawn([&]() -> int {
       ::close(ready[0]);
-      TensorDict c = TensorDict::from_share_handle(handle);
+      TensorDict c = tensordict::from_share_handle(handle);
       c.set_at_("b", at::full({}, 1234, at::kLong), {0});
       char ok = 'k';
       if (::write(ready[1], &ok, 1) != 1) return 3;
@@ -377,33 +379,33 @@ BOOST_AUTO_TEST_CASE(handle_of_released_tensordict_fails_to_open) {
   {
     TensorDict td = sample_td();
     td.share_memory_();
-    handle = td.share_handle();
+    handle = share_handle(td);
   }
-  BOOST_CHECK_THROW(TensorDict::from_share_handle(handle), BackendError);
+  BOOST_CHECK_THROW(tensordict::from_share_handle(handle), BackendError);
 }
 
 BOOST_AUTO_TEST_CASE(malformed_handle_is_a_format_error) {
   ShmPrefix pfx("bad");
   TensorDict td = sample_td();
   td.share_memory_();
-  const std::string good = td.share_handle();
+  const std::string good = share_handle(td);
   BOOST_REQUIRE(good.size() > 8);
-  BOOST_CHECK_NO_THROW(TensorDict::from_share_handle(good));
-  BOOST_CHECK_THROW(TensorDict::from_share_handle(""), FormatError);
-  BOOST_CHECK_THROW(TensorDict::from_share_handle("not a handle at all"), FormatError);
+  BOOST_CHECK_NO_THROW(tensordict::from_share_handle(good));
+  BOOST_CHECK_THROW(tensordict::from_share_handle(""), FormatError);
+  BOOST_CHECK_THROW(tensordict::from_share_handle("not a handle at all"), FormatError);
   std::string bad_magic = good;
   bad_magic[0] = 'X';
-  BOOST_CHECK_THROW(TensorDict::from_share_handle(bad_magic), FormatError);
+  BOOST_CHECK_THROW(tensordict::from_share_handle(bad_magic), FormatError);
   std::string bad_version = good;
   bad_version[4] = 77;
-  BOOST_CHECK_THROW(TensorDict::from_share_handle(bad_version), FormatError);
-  BOOST_CHECK_THROW(TensorDict::from_share_handle(good + "extra"), FormatError);
+  BOOST_CHECK_THROW(tensordict::from_share_handle(bad_version), FormatError);
+  BOOST_CHECK_THROW(tensordict::from_share_handle(good + "extra"), FormatError);
   for (size_t cut : {size_t(4), size_t(6), good.size() / 2, good.size() - 1}) {
-    BOOST_CHECK_THROW(TensorDict::from_share_handle(good.substr(0, cut)), FormatError);
+    BOOST_CHECK_THROW(tensordict::from_share_handle(good.substr(0, cut)), FormatError);
   }
   // a tensor handle is not a TensorDict handle
   std::string tensor_handle = backends::serialize(*backends::handle_of(td.get("a")));
-  BOOST_CHECK_THROW(TensorDict::from_share_handle(tensor_handle), FormatError);
+  BOOST_CHECK_THROW(tensordict::from_share_handle(tensor_handle), FormatError);
 }
 
 // ------------------------------------------------------------------------------------- from_schema
@@ -438,7 +440,7 @@ BOOST_AUTO_TEST_CASE(from_schema_memmap_shapes_dtypes_zeros) {
   BOOST_TEST(td.is_memmap());
   BOOST_TEST(!td.is_shared());
   BOOST_TEST(td.is_locked());
-  BOOST_TEST(td.memmap_prefix() == prefix);
+  BOOST_TEST(memmap_prefix(td) == prefix);
   BOOST_TEST(fs::exists(prefix + "/meta.json"));
   BOOST_TEST(fs::exists(prefix + "/obs.memmap"));
   BOOST_TEST(fs::exists(prefix + "/next/meta.json"));
@@ -509,7 +511,7 @@ BOOST_AUTO_TEST_CASE(from_schema_setitem_round_trip_shared) {
   td.index_put_({0}, schema_row(2));
   check_row(td, 0, 2);
   BOOST_TEST(same_values(td.index({0}), schema_row(2)));
-  TensorDict other = TensorDict::from_share_handle(td.share_handle());
+  TensorDict other = tensordict::from_share_handle(share_handle(td));
   check_row(other, 0, 2);
   BOOST_TEST(same_values(other.index({2}), schema_row(0)));
 }

@@ -45,7 +45,7 @@ BOOST_AUTO_TEST_SUITE(tree_visitor)
 BOOST_AUTO_TEST_CASE(rebuild_keeps_structure_key_order_and_non_tensors) {
   TensorDict td = tree();
   const std::vector<std::string> order{"a", "sub", "note", "stack", "empty"};
-  for (const TensorDict& r : {td.clone(), td.clone(false), td.shallow_copy(), td.add(1), td.contiguous()}) {
+  for (const TensorDict& r : {td.clone(), td.clone(CloneOptions().recurse(false)), td.shallow_copy(), td.add(1), td.contiguous()}) {
     BOOST_TEST(top_keys(r) == order, boost::test_tools::per_element());
     BOOST_TEST((r.get_td("sub").batch_size() == BatchSize{3, 2}));
     BOOST_TEST((r.get_td({"sub", "deep"}).batch_size() == BatchSize{3, 2}));
@@ -54,7 +54,7 @@ BOOST_AUTO_TEST_CASE(rebuild_keeps_structure_key_order_and_non_tensors) {
     BOOST_TEST(r.is_non_tensor("stack"));
   }
   BOOST_TEST(!td.clone().get({"sub", "b"}).is_same(td.get({"sub", "b"})));
-  BOOST_TEST(td.clone(false).get({"sub", "b"}).is_same(td.get({"sub", "b"})));
+  BOOST_TEST(td.clone(CloneOptions().recurse(false)).get({"sub", "b"}).is_same(td.get({"sub", "b"})));
   BOOST_TEST(at::equal(td.add(1).get({"sub", "deep", "c"}), at::full({3, 2, 4}, 2.f)));
 }
 

@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     td.save(prefix, MemmapOptions().durable(durable));
     mark("add-key");
     TensorDict back = TensorDict::load_memmap(prefix);
-    back.make_memmap("added", {4, 5});
+    make_memmap(back, "added", {4, 5});
     mark("end");
     return TensorDict::load_memmap(prefix).get("a").eq(2).all().item<bool>() ? 0 : 3;
   } catch (const std::exception& e) {

@@ -35,6 +35,43 @@ struct UpdateOptions {
   TD_ARG(std::optional<std::vector<std::string>>, keys_to_update) = std::nullopt;  //!< joined with "."
 };
 
+//! set(key, value, SetOptions().inplace(true)): copy into the existing leaf when there is one (upstream inplace=True)
+struct SetOptions {
+  TD_ARG(bool, inplace) = false;
+};
+
+//! select / split_keys: `strict` (a missing key is a KeyError), `inplace` (self keeps the selection / the rest)
+struct SelectOptions {
+  TD_ARG(bool, strict) = true;
+  TD_ARG(bool, inplace) = false;
+};
+
+//! exclude: `inplace` drops the keys from self
+struct ExcludeOptions {
+  TD_ARG(bool, inplace) = false;
+};
+
+//! rename_key_: `safe` makes an existing new key a KeyError
+struct RenameOptions {
+  TD_ARG(bool, safe) = false;
+};
+
+//! flatten_keys / unflatten_keys
+struct FlattenKeysOptions {
+  TD_ARG(std::string, separator) = ".";
+  TD_ARG(bool, inplace) = false;
+};
+
+//! clone: `recurse` (false: a structure-only copy sharing the leaves, upstream copy())
+struct CloneOptions {
+  TD_ARG(bool, recurse) = true;
+};
+
+//! empty: `recurse` keeps the sub-TensorDict skeleton
+struct EmptyOptions {
+  TD_ARG(bool, recurse) = false;
+};
+
 struct FromDictOptions {
   TD_ARG(std::optional<std::vector<int64_t>>, batch_size) = std::nullopt;
   TD_ARG(std::optional<int64_t>, batch_dims) = std::nullopt;

@@ -156,10 +156,10 @@ class TensorDict {
 
   // ---------------------------------------------------------------- writing
   //! adds or replaces the value at key (no copy), creating intermediate TensorDicts; with
-  //! inplace=true copies into the existing leaf when there is one. Locked: only in-place works.
-  TensorDict& set(const NestedKey& key, const Entry& value, bool inplace = false);
+  //! SetOptions().inplace(true) copies into the existing leaf when there is one. Locked: only in-place works.
+  TensorDict& set(const NestedKey& key, const Entry& value, const SetOptions& options = {});
   //! set of one top-level key without building a NestedKey (the hot path of td.set("obs", t)); same results
-  TensorDict& set(const char* key, const Entry& value, bool inplace = false);
+  TensorDict& set(const char* key, const Entry& value, const SetOptions& options = {});
   //! strict in-place copy into an existing leaf (KeyError if missing); allowed when locked
   TensorDict& set_(const NestedKey& key, const Entry& value);
   //! in-place write of value into get(key)[index]
@@ -175,8 +175,8 @@ class TensorDict {
   Entry pop(const NestedKey& key);
   Entry pop(const NestedKey& key, const Entry& default_value);
   TensorDict& del(const NestedKey& key);
-  //! `safe`: KeyError if new_key exists
-  TensorDict& rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe = false);
+  //! RenameOptions().safe(true): KeyError if new_key exists
+  TensorDict& rename_key_(const NestedKey& old_key, const NestedKey& new_key, const RenameOptions& options = {});
   //! the value at key, after setting it to `default_value` when missing
   Entry setdefault(const NestedKey& key, const Entry& default_value);
   TensorDict& clear();
@@ -184,21 +184,25 @@ class TensorDict {
   TensorDict& fill_(const NestedKey& key, const at::Scalar& value);
 
   // ---------------------------------------------------------------- key-structure ops
-  //! no copy; strict: KeyError for a missing key; inplace: drops the other keys from self
-  TensorDict select(const std::vector<NestedKey>& keys, bool strict = true, bool inplace = false) const;
-  TensorDict exclude(const std::vector<NestedKey>& keys, bool inplace = false) const;
+  //! no copy; strict (the default): KeyError for a missing key; inplace: drops the other keys from self
+  TensorDict select(const std::vector<NestedKey>& keys, const SelectOptions& options = {}) const;
+  TensorDict exclude(const std::vector<NestedKey>& keys, const ExcludeOptions& options = {}) const;
   //! N+1 TensorDicts: one per key set, then the rest (inplace: the rest is self); KeyError for a key missing
   //! from self when strict
-  std::vector<TensorDict> split_keys(const std::vector<std::vector<NestedKey>>& key_sets, bool inplace = false,
-                                     bool strict = true) const;
-  //! upstream split_keys(..., default=value, strict=...): strict ignores `default_value` (a missing key is a
-  //! KeyError); otherwise a missing key gets `default_value` (an empty Entry, upstream's None: it is skipped)
+  std::vector<TensorDict> split_keys(const std::vector<std::vector<NestedKey>>& key_sets,
+                                     const SelectOptions& options = {}) const;
+  //! upstream split_keys(..., default=value, strict=False): a missing key gets `default_value` (an empty Entry,
+  //! upstream's None: it is skipped); with strict (the default) `default_value` is ignored (a KeyError)
   std::vector<TensorDict> split_keys(const std::vector<std::vector<NestedKey>>& key_sets, const Entry& default_value,
-                                     bool inplace = false, bool strict = true) const;
-  TensorDict flatten_keys(const std::string& separator = ".", bool inplace = false) const;
-  TensorDict unflatten_keys(const std::string& separator = ".", bool inplace = false) const;
-  //! same batch size and device, no leaves (recurse: keeps the sub-TensorDict skeleton)
-  TensorDict empty(bool recurse = false) const;
+                                     const SelectOptions& options = {}) const;
+  TensorDict flatten_keys(const FlattenKeysOptions& options = {}) const;
+  TensorDict flatten_keys(const std::string& separator) const { return flatten_keys(FlattenKeysOptions().separator(separator)); }
+  TensorDict unflatten_keys(const FlattenKeysOptions& options = {}) const;
+  TensorDict unflatten_keys(const std::string& separator) const {
+    return unflatten_keys(FlattenKeysOptions().separator(separator));
+  }
+  //! same batch size and device, no leaves (EmptyOptions().recurse(true): keeps the sub-TensorDict skeleton)
+  TensorDict empty(const EmptyOptions& options = {}) const;
 
   // ---------------------------------------------------------------- indexing (batch dims only)
   //! result batch size equals that of a dense tensor of shape batch_size indexed alike;
@@ -244,8 +248,8 @@ class TensorDict {
                          const ApplyOptions& options = {}) const;
 
   //! deep copy (recurse) or structure-only copy sharing the leaves; never locked
-  TensorDict clone(bool recurse = true) const;
-  TensorDict copy() const { return clone(false); }
+  TensorDict clone(const CloneOptions& options = {}) const;
+  TensorDict copy() const { return clone(CloneOptions().recurse(false)); }
   //! a new tree of TensorDict nodes sharing every leaf and keeping the memmap / shared flags, directories
   //! and class records, unlocked at every level (lock_() it when done): adding a key to one does not show
   //! in the other. How the store actors build the next snapshot of a store's structure.
@@ -362,11 +366,7 @@ class TensorDict {
   //! re-reads meta.json of this memmap TensorDict (keys added by other processes appear), with the default
   //! LoadOptions (symlinks and missing leaf files refused)
   TensorDict& memmap_refresh_();
-  //! adds a zero-filled memory-mapped leaf to a memmap TensorDict with a prefix (rewrites meta.json); missing
-  //! levels of a nested key are created (their directory and meta.json, then the parent's meta.json)
-  TensorDict& make_memmap(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype = at::kFloat);
-  //! the directory this memmap TensorDict lives in ("" when not memmap or anonymous)
-  std::string memmap_prefix() const;
+  // make_memmap and memmap_prefix: tensordict/memmap_storage.hpp
   //! the Python class recorded on disk: "TensorDict", or a tensorclass name such as "Pair"
   std::string type_name() const;
   //! the Python class path of the tensorclass this TensorDict is a record of ("__main__.Pair", read from a
@@ -377,15 +377,7 @@ class TensorDict {
   //! moves every leaf into shared-memory segments (named POSIX shm, one segment per TensorDict tree) and
   //! locks; ValueError on a memmap TensorDict (mutually exclusive, as upstream)
   TensorDict& share_memory_();
-  //! a small serialised handle (segment names, offsets, dtypes, shapes, batch size, keys) naming the
-  //! shared-memory leaves of a share_memory_()'d TensorDict; non-tensor entries are not included
-  std::string share_handle() const;
-  //! opens the TensorDict another process shared, zero-copy (writes are seen by every process); the
-  //! result is locked and is_shared(); sub-TensorDicts get the root's batch size
-  static TensorDict from_share_handle(const std::string& handle);
-  //! the name prefix of shared-memory segments created by this process (default "tensordict_")
-  static void set_shm_prefix(const std::string& prefix);
-  static std::string shm_prefix();
+  // share_handle, from_share_handle and the segments' name prefix: tensordict/shared_storage.hpp
 
   //! the schema-driven constructor (upstream from_schema): element shapes prefixed by batch_size,
   //! zero-filled; storage "" / "none" (memory), "memmap" (needs options.prefix), "shared"

@@ -226,13 +226,13 @@ class TypedTensorDict : public Parent {
   // results of ops are the same class, unvalidated (upstream _wrap_td)
   using TensorDict::apply;
   D index(const Index& index) const { return wrap(TensorDict::index(index)); }
-  D clone(bool recurse = true) const { return wrap(TensorDict::clone(recurse)); }
+  D clone(const CloneOptions& options = {}) const { return wrap(TensorDict::clone(options)); }
   D expand(BatchSize shape) const { return wrap(TensorDict::expand(std::move(shape))); }
-  D select(const std::vector<NestedKey>& keys, bool strict = true, bool inplace = false) const {
-    return wrap(TensorDict::select(keys, strict, inplace));
+  D select(const std::vector<NestedKey>& keys, const SelectOptions& options = {}) const {
+    return wrap(TensorDict::select(keys, options));
   }
-  D exclude(const std::vector<NestedKey>& keys, bool inplace = false) const {
-    return wrap(TensorDict::exclude(keys, inplace));
+  D exclude(const std::vector<NestedKey>& keys, const ExcludeOptions& options = {}) const {
+    return wrap(TensorDict::exclude(keys, options));
   }
   D apply(const LeafFn& fn, const ApplyOptions& options = {}) const { return wrap(TensorDict::apply(fn, options)); }
   std::vector<D> unbind(int64_t dim = 0) const {
@@ -375,7 +375,7 @@ class TensorClass : public Parent {
   }
 
   D index(const Index& index) const { return with(this->td_.index(index)); }
-  D clone(bool recurse = true) const { return with(this->td_.clone(recurse)); }
+  D clone(const CloneOptions& options = {}) const { return with(this->td_.clone(options)); }
   D expand(BatchSize shape) const { return with(this->td_.expand(std::move(shape))); }
   D contiguous() const { return with(this->td_.contiguous()); }
   D apply(const LeafFn& fn, const ApplyOptions& options = {}) const { return with(this->td_.apply(fn, options)); }

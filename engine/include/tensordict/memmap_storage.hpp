@@ -1,0 +1,20 @@
+#pragma once
+//! What belongs to the memmap storage alone (the handle keeps upstream's memmap_ / memmap / load_memmap /
+//! memmap_like / memmap_refresh_ / is_memmap): a new leaf in an existing directory, and the directory itself.
+#include <string>
+
+#include "tensordict/tensor_dict.hpp"
+
+namespace tensordict {
+
+//! upstream td.make_memmap(key, shape, dtype): adds a zero-filled memory-mapped leaf to `td`, a memmap
+//! TensorDict with a prefix (rewrites meta.json); missing levels of a nested key are created (their
+//! directory and meta.json, then the parent's meta.json). ValueError: not saved to a directory, or a key
+//! Python's meta.json reserves; KeyError: the key exists; BatchSizeError: `shape` does not start with the
+//! batch size
+TensorDict& make_memmap(TensorDict& td, const NestedKey& key, const BatchSize& shape, at::ScalarType dtype = at::kFloat);
+
+//! the directory the memmap TensorDict `td` lives in ("" when not memmap or anonymous)
+std::string memmap_prefix(const TensorDict& td);
+
+}  // namespace tensordict
