@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "remote_node.hpp"
+#include "tensordict/index_math.hpp"
 
 namespace tensordict {
 namespace remote {
@@ -27,17 +28,6 @@ inline std::string path_str(const LeafPath& p) {
 
 inline bool starts_with(const BatchSize& shape, const BatchSize& prefix) {
   return shape.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), shape.begin());
-}
-
-inline BatchSize common_prefix(const std::vector<BatchSize>& shapes) {
-  if (shapes.empty()) return {};
-  BatchSize out = shapes[0];
-  for (const auto& s : shapes) {
-    size_t n = 0;
-    while (n < out.size() && n < s.size() && out[n] == s[n]) ++n;
-    out.resize(n);
-  }
-  return out;
 }
 
 inline LeafPath concat_path(LeafPath p, const std::string& key) {

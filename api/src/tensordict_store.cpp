@@ -228,20 +228,9 @@ TensorDictStore::TensorDictStore(const TensorDict& td) : TensorDict(td) { node_o
 TensorDictStore TensorDictStore::from_tensordict(const TensorDict& td, const RedisOptions& options) {
   if (!td.defined()) throw ValueError("TensorDictStore.from_tensordict: the TensorDict is undefined");
   auto tree = create(td.batch_size(), options);
+  // a NonTensorStack (one value per row along dim 0) goes in as upstream's from_tensordict stores it: ONE json
+  // blob of its tolist() (LeafStore::stack_as_one_value), which Python and this library read back as a stack
   remote::upload_all(*tree, {}, td);
-  // a NonTensorStack (one value per row along dim 0) as upstream's from_tensordict stores it: ONE json blob of
-  // its tolist(), which Python and this library read back as a NonTensorStack
-  std::vector<std::pair<backends::LeafPath, JsonValue>> stacks;
-  for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
-    if (kv.second.is_non_tensor_stack() && kv.second.non_tensor_stack().batch_size().size() == 1)
-      stacks.emplace_back(kv.first.parts(), JsonValue::array(kv.second.non_tensor_stack().values()));
-  }
-  if (!stacks.empty()) {
-    tree->client()->run([&](backends::LeafStore& s) {
-      for (const auto& st : stacks) s.write_non_tensor(st.first, backends::NonTensorValue{st.second, false});
-    });
-    tree->reload();
-  }
   TensorDictStore out(remote::make_remote(tree));
   // a TensorClass's TensorDict: its class path, as Python's from_tensordict(tc) stores it
   if (td.typed_schema() && td.typed_schema()->tensorclass) out.set_tensorclass(td.typed_schema()->class_path);
@@ -320,6 +309,18 @@ bool TensorDictStore::is_lazy_stack(const std::string& td_id, const RedisOptions
   o.td_id(td_id);
   return backends::redis_store_kind(backend_options(o, runtime_of(o.engine())->config())) ==
          backends::RedisStoreKind::LazyStack;
+}
+
+int64_t TensorDictStore::remove(const std::string& td_id, const RedisOptions& options) {
+  RedisOptions o = options;
+  o.td_id(td_id);
+  return backends::remove_redis_store(backend_options(o, runtime_of(o.engine())->config()));
+}
+
+int64_t TensorDictStore::replace(const std::string& td_id, const std::string& staged_td_id, const RedisOptions& options) {
+  RedisOptions o = options;
+  o.td_id(td_id);
+  return backends::replace_redis_store(backend_options(o, runtime_of(o.engine())->config()), staged_td_id);
 }
 
 std::string TensorDictStore::address_of(const std::string& td_id, const RedisOptions& options) {

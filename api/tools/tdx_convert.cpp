@@ -27,7 +27,6 @@
 #include "tensordict/actors/progress.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/backends/memmap_format.hpp"
-#include "tensordict/backends/redis_client.hpp"
 #include "tensordict/backends/redis_store.hpp"
 #include "tensordict/describe.hpp"
 #include "tensordict/engine.hpp"
@@ -86,68 +85,6 @@ td::TensorDict dense_for_h5(const td::LazyStackedTensorDict& l, const std::strin
                     "file cannot hold it (convert it to a memmap directory or a Redis store, which keep lazy stacks)");
   return dense;
 }
-
-// ------------------------------------------------------------------------------------------ Redis, raw
-//! a glob pattern matching `s` literally (Redis SCAN / KEYS)
-std::string glob_literal(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-//! one connection to the server of a store address, for what the store API has no call for: removing every
-//! key of a td_id and switching a new store in under an existing td_id
-class RawRedis {
- public:
-  explicit RawRedis(const td::RedisOptions& o) {
-    // the store's own connection: the same user, password (given, else the environment's) and timeouts
-    client_ = std::make_unique<tdb::RedisClient>(o.connect_options());
-    prefix_ = o.prefix().empty() ? td::Engine::default_engine()->config().redis_prefix : o.prefix();
-  }
-
-  //! the key prefix of a store: "P:{ID}:" (backends/redis_store.cpp, redis_key)
-  std::string key_prefix(const std::string& id) const { return prefix_ + ":{" + id + "}:"; }
-
-  //! removes every key of the store `id`; returns how many
-  int64_t remove_store(const std::string& id) {
-    int64_t removed = 0;
-    std::string cursor = "0";
-    for (int guard = 0; guard < 1000000; ++guard) {
-      tdb::RedisReply r = client_->command(
-          {"SCAN", cursor, "MATCH", glob_literal(key_prefix(id)) + "*", "COUNT", "1000"});
-      cursor = r.elements.at(0).str;
-      std::vector<std::string> del{"DEL"};
-      for (const auto& k : r.elements.at(1).elements) del.push_back(k.str);
-      if (del.size() > 1) removed += client_->command(del).integer;
-      if (cursor == "0") break;
-    }
-    return removed;
-  }
-
-  //! in one script (atomic on the server): removes every key of `old_id`, renames every key of `new_id` to
-  //! `old_id`'s names. Returns how many keys moved.
-  int64_t switch_in(const std::string& new_id, const std::string& old_id) {
-    static const char* script =
-        "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end\n"
-        "local moved = 0\n"
-        "for _, k in ipairs(redis.call('KEYS', ARGV[2])) do\n"
-        "  redis.call('RENAME', k, ARGV[3] .. string.sub(k, #ARGV[4] + 1))\n"
-        "  moved = moved + 1\n"
-        "end\n"
-        "return moved\n";
-    const std::string old_p = key_prefix(old_id), new_p = key_prefix(new_id);
-    return client_
-        ->command({"EVAL", script, "0", glob_literal(old_p) + "*", glob_literal(new_p) + "*", old_p, new_p})
-        .integer;
-  }
-
- private:
-  std::string prefix_;
-  std::unique_ptr<tdb::RedisClient> client_;
-};
 
 // ------------------------------------------------------------------------------------------ the sibling
 enum class DstKind { Memmap, H5, Redis };
@@ -399,11 +336,9 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
   // the next convert or save to DST removes it if this process is killed, and never while it lives
   std::string stage;
   td::RedisOptions stage_ro = ro;
-  std::optional<RawRedis> raw;
   std::optional<tdb::StagingDir> staging;
   if (kind == DstKind::Redis) {
     stage_ro.td_id(tdb::new_redis_td_id());
-    raw.emplace(ro);
   } else {
     staging.emplace(dst_path);  // removes the abandoned siblings of DST first
     if (staging->path().empty())
@@ -418,7 +353,7 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
     }
     try {
       if (kind == DstKind::Redis) {
-        raw->remove_store(stage_ro.td_id());
+        td::TensorDictStore::remove(stage_ro.td_id(), ro);
       } else {
         staging.reset();  // the sibling, its contents and its lock file
       }
@@ -484,7 +419,7 @@ int cmd_convert(const std::string& src_path, const std::string& dst_path, const 
     }  // a memmap copy's mappings are released here, before its directory is renamed
     if (!src.lazy) check_copy(l, src.kind == InputKind::Memmap ? src.td.type_name() : "", stage, kind, stage_ro);
     if (kind == DstKind::Redis) {
-      if (!replace_id.empty()) raw->switch_in(stage_ro.td_id(), replace_id);
+      if (!replace_id.empty()) td::TensorDictStore::replace(replace_id, stage_ro.td_id(), ro);
       td::RedisOptions final_ro = ro;
       final_ro.td_id(replace_id.empty() ? stage_ro.td_id() : replace_id);
       if (src.lazy) {

@@ -420,6 +420,53 @@ RedisStoreKind redis_store_kind(const RedisOptions& options) {
   return r[1].is_string() && r[1].str == "lazy_stack" ? RedisStoreKind::LazyStack : RedisStoreKind::None;
 }
 
+namespace {
+//! a glob pattern matching `s` literally (Redis SCAN / KEYS)
+std::string glob_literal(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
+int64_t remove_redis_store(const RedisOptions& options) {
+  if (options.td_id().empty()) throw ValueError("remove_redis_store: no td_id");
+  RedisClient client(options.connect_options());
+  const std::string pattern = glob_literal(redis_key(options.prefix(), options.td_id(), "")) + "*";
+  int64_t removed = 0;
+  std::string cursor = "0";
+  for (int guard = 0; guard < 1000000; ++guard) {
+    RedisReply r = client.command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+    cursor = r.elements.at(0).str;
+    std::vector<std::string> del{"DEL"};
+    for (const auto& k : r.elements.at(1).elements) del.push_back(k.str);
+    if (del.size() > 1) removed += client.command(del).integer;
+    if (cursor == "0") break;
+  }
+  return removed;
+}
+
+int64_t replace_redis_store(const RedisOptions& options, const std::string& staged_td_id) {
+  if (options.td_id().empty() || staged_td_id.empty() || staged_td_id == options.td_id()) {
+    throw ValueError("replace_redis_store: needs two different td_ids");
+  }
+  static const char* script =
+      "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end\n"
+      "local moved = 0\n"
+      "for _, k in ipairs(redis.call('KEYS', ARGV[2])) do\n"
+      "  redis.call('RENAME', k, ARGV[3] .. string.sub(k, #ARGV[4] + 1))\n"
+      "  moved = moved + 1\n"
+      "end\n"
+      "return moved\n";
+  const std::string old_p = redis_key(options.prefix(), options.td_id(), "");
+  const std::string new_p = redis_key(options.prefix(), staged_td_id, "");
+  RedisClient client(options.connect_options());
+  return client.command({"EVAL", script, "0", glob_literal(old_p) + "*", glob_literal(new_p) + "*", old_p, new_p}).integer;
+}
+
 std::string redis_store_td_id(const LeafStore& store) {
   auto* r = dynamic_cast<const RedisStore*>(&store);
   if (!r) throw ValueError("not a Redis store: " + store.describe());

@@ -257,6 +257,17 @@ at::Tensor index_batch(const at::Tensor& source, const Index& index) {
   }
 }
 
+BatchSize common_prefix(const std::vector<BatchSize>& shapes) {
+  if (shapes.empty()) return {};
+  BatchSize p = shapes[0];
+  for (const auto& s : shapes) {
+    size_t n = 0;
+    while (n < p.size() && n < s.size() && p[n] == s[n]) ++n;
+    p.resize(n);
+  }
+  return p;
+}
+
 BatchSize getitem_batch_size(const BatchSize& batch, const Index& index) {
   if (!check_elements(index, static_cast<int64_t>(batch.size()))) return basic_batch_size(batch, index);
   // advanced indexing: let torch decide on a stride-0 dummy (only the result is allocated)

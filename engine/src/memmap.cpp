@@ -51,24 +51,42 @@ std::string class_record(const MemmapOptions& o, const std::string& own) {
   return "<class '" + path + "'>";
 }
 
-void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string& prefix) {
-  impl->is_memmap = true;
-  impl->is_shared = false;
-  impl->memmap_prefix = prefix;
-  std::string base = (prefix.empty() || impl->type_repr.empty()) ? prefix : join_path(prefix, "_tensordict");
-  for (auto& kv : impl->entries) {
-    if (kv.second.is_tensordict()) {
-      std::string sub = base.empty() ? "" : join_path(base, backends::encode_key(kv.first));
-      TensorDict child = kv.second.tensordict();
-      if (const StackMembers lz = child.node()->stack_members()) {  // members in sub/0, sub/1, ...
-        for (size_t i = 0; i < lz.members->size(); ++i) {
-          mark_memmap(detail::impl_of((*lz.members)[i]), sub.empty() ? "" : join_path(sub, std::to_string(i)));
-        }
-        continue;
-      }
-      mark_memmap(detail::impl_of(child), sub);
-    }
+namespace {
+//! marks each level of a saved tree with its directory ("" throughout for an anonymous save)
+struct MarkVisitor : detail::tree::SavedShapeVisitor<std::string> {
+  static void mark(TensorDictImpl& level, const std::string& dir) {
+    level.is_memmap = true;
+    level.is_shared = false;
+    level.memmap_prefix = dir;
   }
+  std::string sub(TensorDictImpl& level, std::string& dir, const std::string& key, TensorDictImpl& child) {
+    std::string cdir = child_dir(level, dir, key);
+    mark(child, cdir);
+    return cdir;
+  }
+  std::string stack(TensorDictImpl& level, std::string& dir, const std::string& key, const TensorDict&,
+                    const StackMembers&) {
+    return child_dir(level, dir, key);
+  }
+  std::string member(std::string& stack_dir, size_t i, TensorDictImpl& m) {  // members in sub/0, sub/1, ...
+    std::string mdir = stack_dir.empty() ? "" : join_path(stack_dir, std::to_string(i));
+    mark(m, mdir);
+    return mdir;
+  }
+  //! a sub-TensorDict's directory: below `_tensordict` for a tensorclass record
+  static std::string child_dir(const TensorDictImpl& level, const std::string& dir, const std::string& key) {
+    if (dir.empty()) return "";
+    const std::string base = level.type_repr.empty() ? dir : join_path(dir, "_tensordict");
+    return join_path(base, backends::encode_key(key));
+  }
+};
+}  // namespace
+
+void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string& prefix) {
+  MarkVisitor::mark(*impl, prefix);
+  std::string dir = prefix;
+  MarkVisitor v;
+  detail::tree::walk_saved(*impl, dir, v);
 }
 
 }  // namespace detail::memmap
@@ -284,104 +302,145 @@ DirNode non_tensor_node(const Entry& e) {
   return n;
 }
 
-//! plans the writing of `impl` into `dir`; returns the node whose meta.json is written in `dir`
-std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir, const MemmapOptions& o,
-                                   bool like, bool replace, WritePlan& plan) {
-  make_dirs(plan.at(dir));
-  std::string td_dir = dir;
-  if (!impl.type_repr.empty()) td_dir = join_path(dir, "_tensordict");  // tensorclass record
-  make_dirs(plan.at(td_dir));
-  auto node = std::make_shared<DirNode>();
-  node->kind = NodeKind::TensorDict;
-  node->type_repr = backends::type_repr::kTensorDict;
-  node->batch_size = impl.batch_size;
-  node->device = std::string("cpu");
-  for (auto& kv : impl.entries) {
-    const std::string& key = kv.first;
-    Entry& e = kv.second;
-    if (key == "shape" || key == "device" || key == "_type") {
-      throw ValueError("key '" + key + "' cannot be saved: Python's meta.json uses it for the TensorDict itself "
-                       "and would lose the entry on load");
-    }
-    if (e.is_tensor()) {
-      const at::Tensor& t = e.tensor();
-      if (t.is_nested()) throw TypeError("nested (ragged) tensor leaves cannot be memory-mapped yet: " + key);
-      LeafMeta m = leaf_meta(key, t);
-      std::string path = join_path(td_dir, backends::encode_key(key) + ".memmap");
-      LeafJob job{plan.at(path), t, replace ? &e : nullptr, like, false, {}, path};
-      if (!like && t.numel() > 0) {
-        auto info = backends::mapping_of(t);
-        if (info && !info->anonymous && !info->filename.empty()) {
-          bool same = false;
-          std::error_code ec;
-          same = fs::equivalent(info->filename, path, ec);
-          // the name may now be another file: a later save replaced the directory this leaf was mapped from
-          // (the leaf still reads its own, older file). Then its data is written like any other tensor's.
-          const bool replaced = same && !plan.inodes.same_file(t.data_ptr(), path);
-          if (replaced) {
-            same = false;
-          } else if (same && info->nbytes == t.numel() * static_cast<int64_t>(t.element_size()) &&
-                     t.is_contiguous() && t.storage_offset() == 0) {
-            job.reuse = true;
-          } else if (same && !plan.stage) {
-            job.source = t.clone();  // the file is about to be rewritten: read the data out first
-          } else if (!same && !o.copy_existing() && replace) {
-            throw ValueError("the leaf '" + key + "' is already memory-mapped to '" + info->filename +
-                             "'; memmap_ into '" + path + "' needs copy_existing=true");
-          }
-        }
-      }
-      plan.leaves.push_back(std::move(job));
-      node->add_leaf(m);
-    } else if (e.is_tensordict()) {
-      TensorDict child = e.tensordict();
-      std::string cdir = join_path(td_dir, backends::encode_key(key));
-      if (const StackMembers lz = child.node()->stack_members()) {
-        // a lazy stack inside the TensorDict: its directory {"_type", "stack_dim"} and its members in 0/, 1/...
-        // (upstream's layout; loading keeps it lazy)
-        make_dirs(plan.at(cdir));
-        auto lnode = std::make_shared<DirNode>();
-        lnode->kind = NodeKind::LazyStackedTensorDict;
-        lnode->type_repr = backends::type_repr::kLazyStackedTensorDict;
-        lnode->stack_dim = lz.dim;
-        lnode->batch_size = child.batch_size();
-        for (size_t i = 0; i < lz.members->size(); ++i) {
-          const TensorDict& m = (*lz.members)[i];
-          if (!detail::tree::level_of(m, detail::tree::Descend::DenseOnly)) {
-            throw NotImplementedError("memmap of the lazy stack at '" + key + "': member " + std::to_string(i) +
-                                      " is a " + m.node()->type_name() + " (dense members only)");
-          }
-          plan_tree(*detail::impl_of(m), join_path(cdir, std::to_string(i)), o, like, replace, plan);
-        }
-        plan.metas.emplace_back(plan.at(cdir), lnode);
-        node->add_child(key, *lnode);
-        continue;
-      }
-      auto cnode = plan_tree(*detail::impl_of(child), cdir, o, like, replace, plan);
-      DirNode copy = *cnode;
-      node->add_child(key, copy);
-    } else if (e.is_non_tensor()) {
-      std::string cdir = join_path(td_dir, backends::encode_key(key));
-      make_dirs(plan.at(cdir));
-      auto cnode = std::make_shared<DirNode>(non_tensor_node(e));
-      plan.metas.emplace_back(plan.at(cdir), cnode);
-      node->add_child(key, *cnode);
-    }
+//! one level of a save being planned: its directory, where its leaves go (below `_tensordict` for a
+//! tensorclass record) and its meta.json node
+struct PlanLevel {
+  std::string dir, td_dir;
+  std::shared_ptr<DirNode> node;
+};
+
+//! plans the writing of a tree (tree::walk_saved): directories, one job per tensor leaf, one meta.json per
+//! level (children before their parent), Python's layout
+struct PlanVisitor : detail::tree::SavedShapeVisitor<PlanLevel> {
+  const MemmapOptions& o;
+  bool like, replace;
+  WritePlan& plan;
+  PlanVisitor(const MemmapOptions& opts, bool lk, bool rp, WritePlan& p) : o(opts), like(lk), replace(rp), plan(p) {}
+
+  //! a level's directories and meta.json node
+  PlanLevel open(const TensorDictImpl& impl, const std::string& dir) {
+    PlanLevel l;
+    l.dir = l.td_dir = dir;
+    make_dirs(plan.at(dir));
+    if (!impl.type_repr.empty()) l.td_dir = join_path(dir, "_tensordict");  // tensorclass record
+    make_dirs(plan.at(l.td_dir));
+    l.node = std::make_shared<DirNode>();
+    l.node->kind = NodeKind::TensorDict;
+    l.node->type_repr = backends::type_repr::kTensorDict;
+    l.node->batch_size = impl.batch_size;
+    l.node->device = std::string("cpu");
+    return l;
   }
-  if (!impl.type_repr.empty()) {
-    plan.metas.emplace_back(plan.at(td_dir), node);
+  //! once its entries are planned: its meta.json (and its tensorclass record's); the node its parent lists
+  std::shared_ptr<DirNode> close(const TensorDictImpl& impl, const PlanLevel& l) {
+    if (impl.type_repr.empty()) {
+      plan.metas.emplace_back(plan.at(l.dir), l.node);
+      return l.node;
+    }
+    plan.metas.emplace_back(plan.at(l.td_dir), l.node);
     auto outer = std::make_shared<DirNode>();
     outer->kind = NodeKind::TensorClass;
     outer->type_repr = impl.type_repr;
     outer->batch_size = impl.batch_size;
     outer->data = impl.class_fields ? *impl.class_fields : JsonValue::object();
     outer->pickle = impl.class_pickle;
-    outer->add_child("_tensordict", *node);
-    plan.metas.emplace_back(plan.at(dir), outer);
+    outer->add_child("_tensordict", *l.node);
+    plan.metas.emplace_back(plan.at(l.dir), outer);
     return outer;
   }
-  plan.metas.emplace_back(plan.at(dir), node);
-  return node;
+
+  void leaf(TensorDictImpl&, PlanLevel& l, const std::string& key, Entry& e) {
+    check_key(key);
+    if (e.is_tensor()) {
+      plan_tensor(l, key, e);
+    } else if (e.is_non_tensor()) {
+      std::string cdir = join_path(l.td_dir, backends::encode_key(key));
+      make_dirs(plan.at(cdir));
+      auto cnode = std::make_shared<DirNode>(non_tensor_node(e));
+      plan.metas.emplace_back(plan.at(cdir), cnode);
+      l.node->add_child(key, *cnode);
+    }
+  }
+  PlanLevel sub(TensorDictImpl&, PlanLevel& l, const std::string& key, TensorDictImpl& child) {
+    check_key(key);
+    return open(child, join_path(l.td_dir, backends::encode_key(key)));
+  }
+  void after_sub(TensorDictImpl&, PlanLevel& l, const std::string& key, TensorDictImpl& child, PlanLevel& cl) {
+    auto cnode = close(child, cl);
+    DirNode copy = *cnode;
+    l.node->add_child(key, copy);
+  }
+  //! a lazy stack inside the TensorDict: its directory {"_type", "stack_dim"} and its members in 0/, 1/...
+  //! (upstream's layout; loading keeps it lazy)
+  PlanLevel stack(TensorDictImpl&, PlanLevel& l, const std::string& key, const TensorDict& sub, const StackMembers& lz) {
+    check_key(key);
+    PlanLevel sl;
+    sl.dir = sl.td_dir = join_path(l.td_dir, backends::encode_key(key));
+    make_dirs(plan.at(sl.dir));
+    sl.node = std::make_shared<DirNode>();
+    sl.node->kind = NodeKind::LazyStackedTensorDict;
+    sl.node->type_repr = backends::type_repr::kLazyStackedTensorDict;
+    sl.node->stack_dim = lz.dim;
+    sl.node->batch_size = sub.batch_size();
+    return sl;
+  }
+  PlanLevel member(PlanLevel& sl, size_t i, TensorDictImpl& m) { return open(m, join_path(sl.dir, std::to_string(i))); }
+  void after_member(PlanLevel&, size_t, TensorDictImpl& m, PlanLevel& ml) { close(m, ml); }
+  void after_stack(TensorDictImpl&, PlanLevel& l, const std::string& key, const TensorDict&, PlanLevel& sl) {
+    plan.metas.emplace_back(plan.at(sl.dir), sl.node);
+    l.node->add_child(key, *sl.node);
+  }
+  void other(const std::string& key, const TensorDict& sub) {
+    throw NotImplementedError("memmap of '" + key + "': a " + sub.node()->type_name() +
+                              " inside the TensorDict (dense TensorDicts and lazy stacks of them only)");
+  }
+
+  static void check_key(const std::string& key) {
+    if (key == "shape" || key == "device" || key == "_type") {
+      throw ValueError("key '" + key + "' cannot be saved: Python's meta.json uses it for the TensorDict itself "
+                       "and would lose the entry on load");
+    }
+  }
+  void plan_tensor(PlanLevel& l, const std::string& key, Entry& e) {
+    const at::Tensor& t = e.tensor();
+    if (t.is_nested()) throw TypeError("nested (ragged) tensor leaves cannot be memory-mapped yet: " + key);
+    LeafMeta m = leaf_meta(key, t);
+    std::string path = join_path(l.td_dir, backends::encode_key(key) + ".memmap");
+    LeafJob job{plan.at(path), t, replace ? &e : nullptr, like, false, {}, path};
+    if (!like && t.numel() > 0) {
+      auto info = backends::mapping_of(t);
+      if (info && !info->anonymous && !info->filename.empty()) {
+        bool same = false;
+        std::error_code ec;
+        same = fs::equivalent(info->filename, path, ec);
+        // the name may now be another file: a later save replaced the directory this leaf was mapped from
+        // (the leaf still reads its own, older file). Then its data is written like any other tensor's.
+        const bool replaced = same && !plan.inodes.same_file(t.data_ptr(), path);
+        if (replaced) {
+          same = false;
+        } else if (same && info->nbytes == t.numel() * static_cast<int64_t>(t.element_size()) &&
+                   t.is_contiguous() && t.storage_offset() == 0) {
+          job.reuse = true;
+        } else if (same && !plan.stage) {
+          job.source = t.clone();  // the file is about to be rewritten: read the data out first
+        } else if (!same && !o.copy_existing() && replace) {
+          throw ValueError("the leaf '" + key + "' is already memory-mapped to '" + info->filename +
+                           "'; memmap_ into '" + path + "' needs copy_existing=true");
+        }
+      }
+    }
+    plan.leaves.push_back(std::move(job));
+    l.node->add_leaf(m);
+  }
+};
+
+//! plans the writing of `impl` into `dir`; returns the node whose meta.json is written in `dir`
+std::shared_ptr<DirNode> plan_tree(TensorDictImpl& impl, const std::string& dir, const MemmapOptions& o,
+                                   bool like, bool replace, WritePlan& plan) {
+  PlanVisitor v(o, like, replace, plan);
+  PlanLevel root = v.open(impl, dir);
+  detail::tree::walk_saved(impl, root, v);
+  return v.close(impl, root);
 }
 
 void write_leaf_job(LeafJob& job) {

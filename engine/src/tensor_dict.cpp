@@ -382,17 +382,6 @@ TensorDict::TensorDict(const Dict& source, BatchSize batch_size, std::optional<a
   for (const auto& kv : source) set(kv.first, kv.second);
 }
 
-static BatchSize common_prefix(const std::vector<BatchSize>& shapes) {
-  if (shapes.empty()) return {};
-  BatchSize p = shapes[0];
-  for (const auto& s : shapes) {
-    size_t n = 0;
-    while (n < p.size() && n < s.size() && p[n] == s[n]) ++n;
-    p.resize(n);
-  }
-  return p;
-}
-
 //! from_dict's batch inference (upstream's auto_batch_size) as one structure walk: every sub-TensorDict,
 //! deepest first, gets the longest batch its entries share; the root's is returned
 struct AutoBatch : detail::tree::StructureVisitor {

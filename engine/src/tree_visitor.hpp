@@ -13,7 +13,10 @@
 //!  (b) `rebuild`: a new tree of the same structure from a per-entry transform, each level with its own
 //!      new batch size (shape ops, apply, arithmetic, reductions, clone, index, ...);
 //!  (c) `rebuild` / `walk` with `others`: several trees walked in parallel by key (binary ops, compare,
-//!      where, equal, stack / cat).
+//!      where, equal, stack / cat);
+//!  (d) `walk_saved`: one tree in the shape a memmap directory holds it, a lazy stack's members as levels of
+//!      their own below their stack, with a context per level (its directory, its meta.json node): the
+//!      memmap save's plan and the marking of a saved tree.
 //! (a)-(c) run over the dense levels' entries directly (no virtual call, no copy of an entry); a
 //! sub-TensorDict without a dense level (lazy stack, remote node) is handed to the visitor, which decides
 //! (its own form, its dense form, an error). Which sub-TensorDict has a dense level is the visitor's
@@ -391,6 +394,64 @@ bool walk(const TensorDictImpl& a, const std::vector<const TensorDictImpl*>& oth
   }
   v.leave(at);
   return true;
+}
+
+// ------------------------------------------------------------------------------------ (d) saved shape
+//! the default hooks of a saved-shape visitor (see walk_saved): derive from it and hide what differs. Ctx is
+//! what the visitor keeps per level (e.g. its directory and meta.json node)
+template <class Ctx>
+struct SavedShapeVisitor {
+  //! a leaf (tensor or non-tensor) of `level`, writable (a save may swap it for its memory-mapped copy)
+  void leaf(TensorDictImpl&, Ctx&, const std::string&, Entry&) {}
+  //! a sub-TensorDict with a dense level: the context its level is walked with
+  Ctx sub(TensorDictImpl&, Ctx&, const std::string&, TensorDictImpl&) { return Ctx(); }
+  //! after the sub-TensorDict's level was walked
+  void after_sub(TensorDictImpl&, Ctx&, const std::string&, TensorDictImpl&, Ctx&) {}
+  //! a lazy stack: the stack's context, then member(...) gives each member's, after_stack when all are walked
+  Ctx stack(TensorDictImpl&, Ctx&, const std::string&, const TensorDict&, const StackMembers&) { return Ctx(); }
+  Ctx member(Ctx&, size_t, TensorDictImpl&) { return Ctx(); }
+  void after_member(Ctx&, size_t, TensorDictImpl&, Ctx&) {}
+  void after_stack(TensorDictImpl&, Ctx&, const std::string&, const TensorDict&, Ctx&) {}
+  //! a sub-TensorDict (or a lazy stack's member) without a dense level: not walked (the default), or an error
+  void other(const std::string&, const TensorDict&) {}
+};
+
+//! the entries of `level` in order, as a saved directory holds them: leaves go to v.leaf, a sub-TensorDict's
+//! dense level is walked with v.sub's context, a lazy stack's dense members each with v.member's context
+template <class Ctx, class V>
+void walk_saved(TensorDictImpl& level, Ctx& ctx, V& v) {
+  for (auto& kv : level.entries) {
+    Entry& e = kv.second;
+    if (!e.is_tensordict()) {
+      v.leaf(level, ctx, kv.first, e);
+      continue;
+    }
+    const TensorDict sub = e.tensordict();
+    if (const StackMembers lz = sub.node()->stack_members()) {
+      Ctx sc = v.stack(level, ctx, kv.first, sub, lz);
+      for (size_t i = 0; i < lz.members->size(); ++i) {
+        const TensorDict& m = (*lz.members)[i];
+        TensorDictImpl* ml = const_cast<TensorDictImpl*>(level_of(m, Descend::DenseOnly));
+        if (!ml) {
+          v.other(kv.first, m);
+          continue;
+        }
+        Ctx mc = v.member(sc, i, *ml);
+        walk_saved(*ml, mc, v);
+        v.after_member(sc, i, *ml, mc);
+      }
+      v.after_stack(level, ctx, kv.first, sub, sc);
+      continue;
+    }
+    TensorDictImpl* child = const_cast<TensorDictImpl*>(dense_level(sub));
+    if (!child) {
+      v.other(kv.first, sub);
+      continue;
+    }
+    Ctx cc = v.sub(level, ctx, kv.first, *child);
+    walk_saved(*child, cc, v);
+    v.after_sub(level, ctx, kv.first, *child, cc);
+  }
 }
 
 }  // namespace tree

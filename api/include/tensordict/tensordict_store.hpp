@@ -95,6 +95,13 @@ class TensorDictStore : public TensorDict {
   //! the address of the store td_id under `options` (the config's redis.* values filled in), as address() gives
   //! it: for a lazy-stack store too
   static std::string address_of(const std::string& td_id, const RedisOptions& options = {});
+  //! removes every key of the store `td_id` (a TensorDict or lazy-stack store, or what a failed write left of
+  //! one); returns how many keys it removed. Handles open on it fail afterwards
+  static int64_t remove(const std::string& td_id, const RedisOptions& options = {});
+  //! switches the store written under `staged_td_id` in under `td_id`, atomically on the server (no client sees
+  //! both or neither): the keys of `td_id` are removed and those of `staged_td_id` take their names. Returns how
+  //! many keys moved. What tdx convert --force does to replace a store
+  static int64_t replace(const std::string& td_id, const std::string& staged_td_id, const RedisOptions& options = {});
 
   //! the tensorclass path stored in __tensorclass__ ("module.QualName", as Python stores it; "" when none).
   //! from_tensordict of a TensorClass's tensordict() records its class path there.

@@ -53,6 +53,9 @@ at::Tensor index_batch(const at::Tensor& source, const Index& index);
 //! not None, Ellipsis (which spans a leaf's feature dims too) or a bool. get_at / set_at on a store read or
 //! write just the selected rows
 bool selects_batch_dims_only(const Index& index, size_t batch_dims);
+//! the longest leading dims every shape shares (upstream's batch-size inference: _get_shape_from_args /
+//! auto_batch_size); [] for no shapes
+BatchSize common_prefix(const std::vector<BatchSize>& shapes);
 //! Python-like text: "(0, slice(1, 3, None), None, Ellipsis, tensor(shape=[4], dtype=Long))"
 std::string index_repr(const Index& index);
 

@@ -171,6 +171,13 @@ enum class RedisStoreKind { None, TensorDict, LazyStack };
 RedisStoreKind redis_store_kind(const RedisOptions& options);
 //! the td_id of a Redis store (ValueError for another kind of store)
 std::string redis_store_td_id(const LeafStore& store);
+//! removes every key of the td_id options.td_id() under options.prefix() (a TensorDict or a lazy-stack store,
+//! or what a failed write left of one): SCAN and DEL in pieces of 1000; returns how many keys it removed
+int64_t remove_redis_store(const RedisOptions& options);
+//! switches a store written under `staged_td_id` in under options.td_id(), in one server-side script (atomic:
+//! no client sees both or neither): every key of options.td_id() removed, every key of `staged_td_id` renamed
+//! to it. Returns how many keys moved
+int64_t replace_redis_store(const RedisOptions& options, const std::string& staged_td_id);
 
 // ------------------------------------------------------------------------------------ lazy-stack stores
 //! Python's LazyStackedTensorDictStore (§3.7): __type__="lazy_stack", __count__, __stack_dim__,
