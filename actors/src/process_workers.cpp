@@ -20,6 +20,7 @@
 
 #include "tensordict/actors/fault_points.hpp"
 #include "tensordict/actors/messages.hpp"
+#include "tensordict/actors/runtime.hpp"
 #include "tensordict/backends/redis_client.hpp"
 #include "tensordict/storage_spec.hpp"
 #include "tensordict/errors.hpp"
@@ -358,7 +359,7 @@ int serve(const WorkerSpec& spec) {
   int rc = 0;
   {
     // the coordinator listens since before the fork: a refused connection means it is gone already
-    auto coordinator = sys.middleman().remote_actor(spec.host, spec.port);
+    auto coordinator = connect_remote_actor(sys, spec.host, spec.port, std::chrono::seconds(30));
     if (!coordinator) {
       std::fprintf(stderr, "tensordict map worker %lld: cannot connect to %s:%u: %s\n",
                    static_cast<long long>(spec.index), spec.host.c_str(), spec.port,

@@ -539,5 +539,31 @@ MapIter Runtime::map_iter(const TensorDict& src, const MapFn& fn, const MapOptio
   return MapIter(std::make_unique<ActorMapIter>(shared_from_this(), std::move(job)));
 }
 
+caf::expected<caf::actor> connect_remote_actor(caf::actor_system& system, const std::string& host, uint16_t port,
+                                               std::chrono::milliseconds timeout, int attempts) {
+  if (attempts < 1) attempts = 1;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    caf::strong_actor_ptr found;
+    caf::error err;
+    {
+      caf::scoped_actor self{system};
+      self->request(system.middleman().actor_handle(), timeout, caf::connect_atom::value, host, port)
+          .receive([&](const caf::node_id&, caf::strong_actor_ptr& ptr,
+                       const std::set<std::string>&) { found = std::move(ptr); },
+                   [&](caf::error& e) { err = std::move(e); });
+    }
+    if (!err) {
+      if (!found) return caf::make_error(caf::sec::no_actor_published_at_port, host, port);
+      return caf::actor_cast<caf::actor>(std::move(found));
+    }
+    if (err != caf::sec::request_timeout) return err;
+    logger()->warn("{}:{} did not answer a connect within {} ms (attempt {} of {})", host, port, timeout.count(),
+                   attempt + 1, attempts);
+  }
+  return caf::make_error(caf::sec::request_timeout, host + ":" + std::to_string(port) + " did not answer within " +
+                                                        std::to_string(timeout.count()) + " ms (" +
+                                                        std::to_string(attempts) + " attempts)");
+}
+
 }  // namespace actors
 }  // namespace tensordict

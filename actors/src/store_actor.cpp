@@ -559,7 +559,7 @@ std::shared_ptr<StoreClient> StoreClient::connect(std::shared_ptr<Runtime> rt, c
   if (c->token_.empty()) {
     if (const char* env = std::getenv("TENSORDICT_STORE_TOKEN")) c->token_ = env;
   }
-  auto a = c->rt_->system().middleman().remote_actor(host, port);
+  auto a = connect_remote_actor(c->rt_->system(), host, port, c->rt_->request_timeout());
   if (!a) {
     throw BackendError("store: cannot connect to " + host + ":" + std::to_string(port) + ": " +
                        c->rt_->system().render(a.error()));

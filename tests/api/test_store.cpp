@@ -1,9 +1,11 @@
 // Store: memmap and shared-memory stores behind their store actor. Rows go straight to memory; add_key,
 // flush, refresh go through the actor (one message per call); other processes connect over the middleman
 // on 127.0.0.1 (td_store_client, path in TD_STORE_CLIENT_EXE) and map the same storage.
+#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -465,6 +467,31 @@ BOOST_AUTO_TEST_CASE(processes_connect_to_a_shared_store) {
   BOOST_TEST(td.get("k1").equal(at::ones({kRows, 2})));
   BOOST_TEST(td.get("x").index({Slice(0, 32)}).eq(1.0).all().item<bool>());
   BOOST_TEST(td.get("x").index({Slice(32, 64)}).eq(2.0).all().item<bool>());
+}
+
+// a peer that accepts the TCP connection but never answers CAF's handshake: CAF's remote_actor waited for it
+// without end; a connect is now bounded (request_timeout_ms per attempt, 3 attempts) and fails typed
+BOOST_AUTO_TEST_CASE(a_peer_that_never_answers_the_handshake_is_a_backend_error) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  BOOST_REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  BOOST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  BOOST_REQUIRE(::listen(fd, 8) == 0);  // the kernel completes TCP handshakes; nobody ever reads
+  socklen_t len = sizeof(addr);
+  BOOST_REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const uint16_t port = ntohs(addr.sin_port);
+  {
+    auto engine = engine_with_timeout(300);
+    const auto t0 = std::chrono::steady_clock::now();
+    BOOST_TEST(throws_with<BackendError>([&] { Store::connect("127.0.0.1", port, std::string(32, 'a'), engine); },
+                                         {"cannot connect", "did not answer", "3 attempts"}));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    BOOST_TEST_MESSAGE("a silent peer refused after " << secs << " s");
+  }
+  ::close(fd);
 }
 
 BOOST_AUTO_TEST_CASE(a_dropped_connection_is_a_backend_error) {

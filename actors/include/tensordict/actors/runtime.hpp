@@ -59,5 +59,13 @@ class Runtime : public MapBackend, public std::enable_shared_from_this<Runtime> 
   std::atomic<int64_t> last_ps_per_row_{0};
 };
 
+//! the actor published on host:port, through `system`'s middleman: CAF's remote_actor waits without end for a
+//! handshake that stalls (a peer that accepted the connection but never answers, a lost message on a loaded
+//! machine); here each attempt is bounded by `timeout` and a timed-out one is tried again, `attempts` times in
+//! all. Any other failure (nothing listens there, no actor published) is returned at once. The error renders
+//! as "<host>:<port> did not answer within <ms> ms (<n> attempts)" when every attempt timed out.
+caf::expected<caf::actor> connect_remote_actor(caf::actor_system& system, const std::string& host, uint16_t port,
+                                               std::chrono::milliseconds timeout, int attempts = 3);
+
 }  // namespace actors
 }  // namespace tensordict
