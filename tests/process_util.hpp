@@ -1,6 +1,7 @@
 #pragma once
 // Forked child processes for multi-process tests: fork, run fn in the child, _exit with its return value; wait
 // for a child with a timeout and say how it ended.
+#include <dirent.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,42 @@ inline pid_t spawn(const std::function<int()>& fn) {
     ::_exit(rc);
   }
   return pid;
+}
+
+//! pids of this process's children (zombies included: a child not reaped still shows up), from /proc
+inline std::vector<pid_t> children() {
+  std::vector<pid_t> out;
+  const pid_t self = ::getpid();
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in("/proc/" + name + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == self) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  ::closedir(d);
+  return out;
+}
+
+//! the command lines (NULs as spaces) of this process's children
+inline std::vector<std::string> children_cmdlines() {
+  std::vector<std::string> out;
+  for (pid_t pid : children()) {
+    std::ifstream cmd("/proc/" + std::to_string(pid) + "/cmdline");
+    std::string text((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    for (auto& c : text) c = c == '\0' ? ' ' : c;
+    out.push_back(text);
+  }
+  return out;
 }
 
 //! the whole text of a file a child wrote; "" when it is missing (the caller's assertions say what was expected)

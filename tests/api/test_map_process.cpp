@@ -15,6 +15,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "process_util.hpp"
 #include "redis_server.hpp"
 
 #include "api/map_process_fns.hpp"
@@ -34,29 +35,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-//! pids of this process's children (zombies included: a child not reaped still shows up)
-std::vector<pid_t> children() {
-  std::vector<pid_t> out;
-  const pid_t self = ::getpid();
-  DIR* d = ::opendir("/proc");
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in("/proc/" + name + "/stat");
-    std::string line;
-    if (!std::getline(in, line)) continue;
-    const auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    char state = 0;
-    long ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == self) out.push_back(static_cast<pid_t>(std::stol(name)));
-  }
-  ::closedir(d);
-  return out;
-}
+using testutil::children;
 
 struct TempDir {
   fs::path path;

@@ -9,6 +9,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "process_util.hpp"
 #include "api/loader_fns.hpp"
 #include "api/map_process_fns.hpp"
 #include "api/remote_fixtures.hpp"
@@ -28,33 +29,7 @@ using remote_fixtures::sample;
 
 namespace {
 
-//! the command lines (NULs as spaces) of this process's children
-std::vector<std::string> children_cmdlines() {
-  std::vector<std::string> out;
-  const pid_t self = ::getpid();
-  DIR* d = ::opendir("/proc");
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in("/proc/" + name + "/stat");
-    std::string line;
-    if (!std::getline(in, line)) continue;
-    const auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    char state = 0;
-    long ppid = 0;
-    rest >> state >> ppid;
-    if (ppid != self) continue;
-    std::ifstream cmd("/proc/" + name + "/cmdline");
-    std::string text((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
-    for (auto& c : text) c = c == '\0' ? ' ' : c;
-    out.push_back(text);
-  }
-  ::closedir(d);
-  return out;
-}
+using testutil::children_cmdlines;
 
 template <class E, class F>
 std::string error_of(F&& f) {
