@@ -638,7 +638,13 @@ BOOST_AUTO_TEST_CASE(no_segment_is_left_after_a_sigkilled_trainer) {
     t.kill_and_wait();
     // (at most one: a loader created meanwhile by another process may already have run the cleanup)
     BOOST_TEST(shm_names(my_ring_prefix(trainer)).size() <= 1u);
-    backends::cleanup_stale_segments(DataLoader::shm_prefix());
+    // the trainer's worker processes die with it (PR_SET_PDEATHSIG), a moment after it: while one still lives it
+    // holds the segment's lock (inherited across fork), and the cleanup rightly keeps the segment. Bounded: 10 s
+    for (int i = 0; i < 200; ++i) {
+      backends::cleanup_stale_segments(DataLoader::shm_prefix());
+      if (shm_names(my_ring_prefix(trainer)).empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     BOOST_TEST(shm_names(my_ring_prefix(trainer)).empty());
   }
 }
