@@ -38,10 +38,18 @@ namespace {
 //! EINTR (tmpfs gives up a whole call when a signal arrives), so a process with a busy timer still gets
 //! through. Filesystems without fallocate: ftruncate (sparse, as before). Returns 0 or an errno.
 int reserve_pages(int fd, uint64_t nbytes) {
+  // the size first (instant), then the pages (tens of ms for a large segment): a creator killed while its pages are
+  // reserved leaves a sized segment without a lock, which the stale cleanup removes. Were the size set by the
+  // fallocate itself, it would stay 0 until the call returned, and a size-0 segment is one the cleanup must keep
+  // (a creator between shm_open and its lock)
+  int rc;
+  do {
+    rc = ::ftruncate(fd, off_t(nbytes));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) return errno;
   constexpr uint64_t kPiece = uint64_t(256) << 20;
   for (uint64_t off = 0; off < nbytes;) {
     const uint64_t len = std::min(kPiece, nbytes - off);
-    int rc;
     do {
       rc = ::fallocate(fd, 0, off_t(off), off_t(len));
     } while (rc != 0 && errno == EINTR);
@@ -51,14 +59,7 @@ int reserve_pages(int fd, uint64_t nbytes) {
     }
     off += len;
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return errno;
-  if (uint64_t(st.st_size) == nbytes) return 0;
-  int rc;
-  do {
-    rc = ::ftruncate(fd, off_t(nbytes));
-  } while (rc != 0 && errno == EINTR);
-  return rc == 0 ? 0 : errno;
+  return 0;
 }
 
 }  // namespace
