@@ -638,8 +638,9 @@ BOOST_AUTO_TEST_CASE(no_segment_is_left_after_a_sigkilled_trainer) {
     t.kill_and_wait();
     // (at most one: a loader created meanwhile by another process may already have run the cleanup)
     BOOST_TEST(shm_names(my_ring_prefix(trainer)).size() <= 1u);
-    // the trainer's worker processes die with it (PR_SET_PDEATHSIG), a moment after it: while one still lives it
-    // holds the segment's lock (inherited across fork), and the cleanup rightly keeps the segment. Bounded: 10 s
+    // a child the trainer forked holds the segment's lock until it execs or dies (PR_SET_PDEATHSIG: a moment after
+    // the trainer), and the cleanup rightly keeps the segment meanwhile. Bounded: 10 s. (The trainer killed while
+    // it reserved the ring's pages once left a size-0 segment no cleanup removed: the size now comes first.)
     for (int i = 0; i < 200; ++i) {
       backends::cleanup_stale_segments(DataLoader::shm_prefix());
       if (shm_names(my_ring_prefix(trainer)).empty()) break;
