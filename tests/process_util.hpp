@@ -55,10 +55,10 @@ inline pid_t spawn(const std::function<int()>& fn) {
   return pid;
 }
 
-//! pids of this process's children (zombies included: a child not reaped still shows up), from /proc
-inline std::vector<pid_t> children() {
+//! pids of `parent`'s children (default: this process's), from /proc; `zombies`: a child not reaped yet counts
+inline std::vector<pid_t> children(pid_t parent = ::getpid(), bool zombies = true) {
   std::vector<pid_t> out;
-  const pid_t self = ::getpid();
+  const pid_t self = parent;
   DIR* d = ::opendir("/proc");
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
@@ -73,7 +73,7 @@ inline std::vector<pid_t> children() {
     char state = 0;
     long ppid = 0;
     rest >> state >> ppid;
-    if (ppid == self) out.push_back(static_cast<pid_t>(std::stol(name)));
+    if (ppid == self && (zombies || state != 'Z')) out.push_back(static_cast<pid_t>(std::stol(name)));
   }
   ::closedir(d);
   return out;

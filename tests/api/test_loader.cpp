@@ -22,6 +22,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "process_util.hpp"
 #include "api/loader_fns.hpp"
 #include "engine/fixtures.hpp"
 #include "redis_server.hpp"
@@ -203,24 +204,8 @@ bool returns_within(const std::function<void()>& fn, std::chrono::seconds bound)
   return ok;
 }
 
-//! pids of the live processes whose parent is `parent`
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string n = e.path().filename().string();
-    if (n.empty() || !std::isdigit(static_cast<unsigned char>(n[0]))) continue;
-    std::ifstream in(e.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state = 0;
-    long ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent && state != 'Z') out.push_back(static_cast<pid_t>(std::stol(n)));
-  }
-  return out;
-}
+//! pids of the live (not zombie) processes whose parent is `parent`
+std::vector<pid_t> children_of(pid_t parent) { return testutil::children(parent, false); }
 
 }  // namespace
 
