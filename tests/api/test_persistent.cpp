@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <fstream>
 
+#include <filesystem>
+
 #include <boost/test/unit_test.hpp>
 
 #include "api/remote_fixtures.hpp"
@@ -49,6 +51,21 @@ BOOST_AUTO_TEST_CASE(python_fixture_loads_with_inferred_batch_sizes) {
       BOOST_TEST(flat[static_cast<int64_t>(i)].item<double>() == v, key.repr() << "[" << i << "]");
     }
   }
+}
+
+// a memmap save of a TensorDict holding an HDF5 TensorDict saves the file's values, as upstream's memmap reads
+// the h5 leaves; the saved tree reads back equal
+BOOST_AUTO_TEST_CASE(memmap_of_a_tree_holding_a_file_node_saves_its_values) {
+  TempDir dir("persistent");
+  const TensorDict ref = sample(16, 1);
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, dir.path + "/a.h5");
+  TensorDict outer(BatchSize{16});
+  outer.set("x", at::arange(16, at::kFloat));
+  outer.set("file", h5);
+  outer.memmap(dir.path + "/mm");
+  TensorDict back = TensorDict::load_memmap(dir.path + "/mm");
+  BOOST_TEST(back.get("x").equal(at::arange(16, at::kFloat)));
+  BOOST_TEST(same(back.get_td("file").to_tensordict(), ref));
 }
 
 BOOST_AUTO_TEST_CASE(index_reads_match_the_dense_tensordict) {
