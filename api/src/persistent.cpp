@@ -52,7 +52,7 @@ std::shared_ptr<remote::RemoteTree> open_tree(const std::string& filename, const
                                              const backends::LeafPath& group = {}) {
   auto store = backends::open_h5_store(absolute(filename), backends::parse_h5_mode(o.mode()), group, create_options(o),
                                        o.durable());
-  auto client = actors::LeafStoreClient::open(runtime_of(o.engine()), std::move(store));
+  auto client = actors::StoreClient::open(runtime_of(o.engine()), std::move(store));
   auto tree = std::make_shared<remote::RemoteTree>(std::move(client), o.batch_size(), o.device(), kType);
   tree->create_options = create_options(o);
   return tree;

@@ -107,5 +107,10 @@ class PlanCache {
   std::map<LeafPath, ResolvedIndex::RowPlan> plans_;
 };
 
+//! writes each value at its leaf's selection in ONE write request (`value`: [the selection's result batch...,
+//! the leaf's feature dims...] in the leaf's dtype, contiguous): whole rows in order as they are, a permutation
+//! of whole rows re-ordered in memory, anything else read (one request), patched and written back
+void write_selected(actors::StoreClient& client, const std::vector<std::pair<LeafSel, at::Tensor>>& items);
+
 }  // namespace remote
 }  // namespace tensordict

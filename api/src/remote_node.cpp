@@ -18,6 +18,13 @@ namespace remote {
 // ============================================================================ RemoteNode
 RemoteNode::RemoteNode(std::shared_ptr<RemoteTree> tree, LeafPath path, std::optional<ResolvedIndex> index)
     : tree_(std::move(tree)), path_(std::move(path)), index_(std::move(index)) {
+  dense_ = tree_->client()->dense() != nullptr;
+  if (dense_) {
+    const TensorDict lv = dense_level();
+    batch_size = lv.batch_size();
+    device = lv.device();
+    return;
+  }
   batch_size = index_ ? index_->result_batch() : tree_->batch_of(path_);
   device = tree_->device();
 }
@@ -25,7 +32,38 @@ RemoteNode::RemoteNode(std::shared_ptr<RemoteTree> tree, LeafPath path, std::opt
 NodeCaps RemoteNode::caps() const {
   NodeCaps c;
   c.add_keys = tree_->client()->writable();
+  if (dense_) {
+    c.zero_copy_views = true;
+    c.memmap = tree_->client()->driver() == "memmap";
+    c.shared = tree_->client()->driver() == "shared";
+  }
   return c;
+}
+
+TensorDict RemoteNode::dense_level() const {
+  TensorDict td = tree_->client()->snapshot();
+  for (const auto& part : path_) {
+    std::optional<Entry> e = td.get_entry_opt(NestedKey(part));
+    if (!e || !e->is_tensordict()) return TensorDict(td.batch_size(), td.device());
+    td = e->tensordict();
+  }
+  return td;
+}
+
+std::shared_ptr<TensorDictImpl> RemoteNode::dense_view() const {
+  if (!dense_) return nullptr;
+  TensorDict v = dense_level();
+  TensorDictImpl* impl = v.node()->dense_node();  // a snapshot is a dense node
+  if (!impl) return nullptr;
+  std::shared_ptr<TensorDictImpl> out(v.node(), impl);
+  std::lock_guard<std::mutex> lock(kept_mu_);
+  if (kept_.empty() || kept_.back() != out) kept_.push_back(out);
+  return out;
+}
+
+void RemoteNode::refresh() {
+  if (actors::DenseStore* d = tree_->client()->dense()) tree_->client()->run([d](backends::LeafStore&) { d->refresh(); });
+  tree_->reload();
 }
 
 LeafPath RemoteNode::child_path(const std::string& key) const { return concat_path(path_, key); }
@@ -48,6 +86,7 @@ std::shared_ptr<RemoteNode> RemoteNode::child(const std::string& key) const {
 }
 
 std::vector<std::string> RemoteNode::keys() const {
+  if (dense_) return dense_level().node()->keys();
   auto lv = tree_->level(path_);
   return lv ? lv->keys : std::vector<std::string>{};
 }
@@ -71,6 +110,7 @@ EntryMeta RemoteNode::meta_of(const RemoteTree::Snapshot& snap, const std::strin
 }
 
 std::optional<EntryMeta> RemoteNode::meta(const std::string& key) const {
+  if (dense_) return dense_level().node()->meta(key);
   auto snap = tree_->snapshot();
   const LeafPath cp = child_path(key);
   if (const backends::LeafInfo* info = snap->leaf(cp)) return meta_of(*snap, key, info);
@@ -79,6 +119,7 @@ std::optional<EntryMeta> RemoteNode::meta(const std::string& key) const {
 }
 
 std::vector<std::pair<std::string, EntryMeta>> RemoteNode::metas() const {
+  if (dense_) return dense_level().node()->metas();
   auto snap = tree_->snapshot();  // one structure for the whole call
   std::vector<std::pair<std::string, EntryMeta>> out;
   const RemoteTree::Level* lv = snap->level(path_);
@@ -115,6 +156,11 @@ Entry RemoteNode::read_non_tensor(const LeafPath& path) const {
 }
 
 std::optional<Entry> RemoteNode::read(const std::string& key) const {
+  if (dense_) {
+    std::optional<Entry> e = dense_level().node()->read(key);
+    if (e && e->is_tensordict()) return Entry(TensorDict(std::shared_ptr<Node>(child(key))));
+    return e;
+  }
   const LeafPath cp = child_path(key);
   auto snap = tree_->snapshot();
   if (const backends::LeafInfo* info = snap->leaf(cp)) {
@@ -135,6 +181,7 @@ std::optional<Entry> RemoteNode::read(const std::string& key) const {
 }
 
 std::vector<Entry> RemoteNode::read(const std::vector<std::string>& keys, const Index& index) const {
+  if (dense_) return dense_level().node()->read(keys, index);
   auto node = std::static_pointer_cast<RemoteNode>(this->index(index));
   TensorDict d = node->materialize(&keys);
   std::vector<Entry> out;
@@ -225,22 +272,34 @@ TensorDict RemoteNode::materialize(const std::vector<std::string>* only) const {
   return build(path_);
 }
 
-TensorDict RemoteNode::to_dense() const { return materialize(nullptr); }
+TensorDict RemoteNode::to_dense() const { return dense_ ? dense_level() : materialize(nullptr); }
 
 std::optional<ResolvedIndex> RemoteNode::resolve(const Index& index) const {
+  if (dense_) return dense_level().node()->resolve(index);
   return index_ ? index_->compose(index) : ResolvedIndex::resolve(tree_->batch_of(path_), index);
 }
 
 std::shared_ptr<Node> RemoteNode::index_at(const ResolvedIndex& index) const {
+  if (dense_) return dense_level().node()->index_at(index);  // views of the storage, as the snapshot's
   auto n = std::make_shared<RemoteNode>(tree_, path_, index);
   n->locked = locked;
   return n;
 }
 
-std::shared_ptr<Node> RemoteNode::index(const Index& index) const { return index_at(*resolve(index)); }
+std::shared_ptr<Node> RemoteNode::index(const Index& index) const {
+  if (dense_) return dense_level().index(index).node();
+  return index_at(*resolve(index));
+}
 
 TensorDict RemoteNode::open_child(const std::string& key) {
   const LeafPath cp = child_path(key);
+  if (dense_) {
+    std::optional<Entry> e = dense_level().node()->read(key);
+    if (e && !e->is_tensordict()) {
+      throw KeyError("'" + key + "' is a " + std::string(Entry::kind_name(e->kind())) + ", not a TensorDict");
+    }
+    return TensorDict(std::shared_ptr<Node>(child(key)));  // missing: created by its first leaf
+  }
   if (tree_->leaf(cp)) {
     throw KeyError("'" + key + "' is a leaf of " + tree_->client()->describe() + ", not a TensorDict");
   }
@@ -256,6 +315,7 @@ TensorDict RemoteNode::open_child(const std::string& key) {
 
 bool RemoteNode::erase(const std::string& key) {
   const LeafPath cp = child_path(key);
+  if (dense_) return tree_->client()->run([&](backends::LeafStore& s) { return s.erase(cp); });
   if (!tree_->leaf(cp) && !tree_->level(cp)) return false;
   bool gone = tree_->client()->run([&](backends::LeafStore& s) { return s.erase(cp); });
   tree_->reload();

@@ -1,9 +1,12 @@
 #pragma once
-// (internal) The node of a TensorDict whose leaves live in a backends::LeafStore behind its store actor: an
-// HDF5 file or group (PersistentTensorDict), a Redis store (TensorDictStore). A node is (store, level path,
-// resolved index): indexing composes the index without I/O; reads and writes of one user call become ONE
-// request to the store actor covering every leaf, which reads whole rows along dim 0 (sorted, unique) and
-// re-indexes them in memory.
+// (internal) The one store node: a TensorDict whose leaves live in a backends::LeafStore behind its store actor
+// (actors/store_client.hpp): an HDF5 file or group (PersistentTensorDict), a Redis store (TensorDictStore), a
+// memmap or shared-memory store (Store::tensordict()). A node is (store, level path, resolved index): indexing
+// composes the index without I/O; reads and writes of one user call become ONE request to the store covering
+// every leaf, which reads whole rows along dim 0 (sorted, unique) and re-indexes them in memory. A dense store
+// (memmap, shared: its leaves are in this process's memory) is read through its published snapshot instead:
+// the node's keys, reads and indexing are the snapshot's (zero-copy views, no request), its dense_view() is the
+// snapshot, and only what changes the structure (a new key) goes to the store.
 #include <map>
 #include <memory>
 #include <mutex>
@@ -11,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tensordict/actors/leaf_store_actor.hpp"
+#include "tensordict/actors/store_client.hpp"
 #include "tensordict/node.hpp"
 #include "tensordict/resolved_index.hpp"
 
@@ -27,7 +30,7 @@ class RemoteTree {
   //! lists the store. `batch`: the root batch size (nullopt: the store's recorded one, else inferred per
   //! level from the leaves' shapes as upstream's from_h5 does). `nested_batch_root`: nested levels take the
   //! root's batch (Redis; HDF5 with a given batch size) instead of their own inferred one.
-  RemoteTree(std::shared_ptr<actors::LeafStoreClient> client, std::optional<BatchSize> batch,
+  RemoteTree(std::shared_ptr<actors::StoreClient> client, std::optional<BatchSize> batch,
              std::optional<at::Device> device, std::string type_name);
 
   struct Level {
@@ -51,7 +54,7 @@ class RemoteTree {
     void link();
   };
   std::shared_ptr<const Snapshot> snapshot() const;
-  const std::shared_ptr<actors::LeafStoreClient>& client() const { return client_; }
+  const std::shared_ptr<actors::StoreClient>& client() const { return client_; }
   const std::optional<at::Device>& device() const { return device_; }
   const std::string& type_name() const { return type_name_; }
   //! how the engine creates datasets in this store (h5: chunks / gzip / shuffle)
@@ -71,7 +74,7 @@ class RemoteTree {
 
  private:
   void build(const std::vector<backends::LeafInfo>& infos);
-  std::shared_ptr<actors::LeafStoreClient> client_;
+  std::shared_ptr<actors::StoreClient> client_;
   std::optional<at::Device> device_;
   std::string type_name_;
   bool infer_ = false;
@@ -92,8 +95,8 @@ class RemoteNode : public Node {
   //! their values
   std::optional<EntryMeta> meta(const std::string& key) const override;
   std::vector<std::pair<std::string, EntryMeta>> metas() const override;
-  //! lists the store again (keys another process or handle added)
-  void refresh() override { tree_->reload(); }
+  //! lists the store again (keys another process or handle added); a dense store refreshes its snapshot first
+  void refresh() override;
   std::optional<Entry> read(const std::string& key) const override;
   std::vector<Entry> read(const std::vector<std::string>& keys, const Index& index) const override;
   void put(const std::string& key, const Entry& value) override;
@@ -112,6 +115,8 @@ class RemoteNode : public Node {
   TensorDict open_child(const std::string& key) override;
   //! {"driver": "h5" | "redis", ...the store's fields} for an unindexed level ("group" names an h5 level)
   std::string storage_spec() const override;
+  //! a dense store's snapshot at this level (nullptr for the others)
+  std::shared_ptr<TensorDictImpl> dense_view() const override;
 
   const std::shared_ptr<RemoteTree>& tree() const { return tree_; }
   const LeafPath& path() const { return path_; }
@@ -130,9 +135,19 @@ class RemoteNode : public Node {
   //! the non-tensor at path, selected by this node's index
   Entry read_non_tensor(const LeafPath& path) const;
 
+  //! a dense store (memmap, shared): its snapshot serves the structure, reads and indexing
+  bool dense() const { return dense_; }
+  //! the dense store's snapshot at this level; a level not created yet (its first leaf creates it): an empty
+  //! TensorDict of its nearest existing ancestor's batch
+  TensorDict dense_level() const;
+
   std::shared_ptr<RemoteTree> tree_;
   LeafPath path_;
   std::optional<ResolvedIndex> index_;  //!< over the level's batch; nullopt: all of it
+  bool dense_ = false;
+  mutable std::mutex kept_mu_;
+  //! every snapshot dense_view() handed out stays alive with the node: callers hold raw pointers into it
+  mutable std::vector<std::shared_ptr<TensorDictImpl>> kept_;
 };
 
 //! writes every entry of td under path (a new file / store): ONE request, then one re-listing; nested

@@ -10,7 +10,7 @@ namespace tensordict {
 namespace remote {
 
 // ============================================================================ RemoteTree
-RemoteTree::RemoteTree(std::shared_ptr<actors::LeafStoreClient> client, std::optional<BatchSize> batch,
+RemoteTree::RemoteTree(std::shared_ptr<actors::StoreClient> client, std::optional<BatchSize> batch,
                        std::optional<at::Device> device, std::string type_name)
     : client_(std::move(client)), device_(device), type_name_(std::move(type_name)) {
   if (device_) parse_device(device_->str(), type_name_);  // a device this process cannot use: ValueError now

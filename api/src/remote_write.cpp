@@ -83,7 +83,63 @@ void upload(backends::LeafStore& s, const LeafPath& path, const Entry& value, bo
 
 }  // namespace
 
+void write_selected(actors::StoreClient& client, const std::vector<std::pair<LeafSel, at::Tensor>>& items) {
+  std::vector<backends::LeafWrite> writes;
+  std::vector<const std::pair<LeafSel, at::Tensor>*> patches;  // partial rows: read, patch, write back
+  for (const auto& item : items) {
+    const LeafSel& s = item.first;
+    const at::Tensor& v = item.second;
+    const BatchSize feat = tail(s.info->shape, s.level_batch.size());
+    const ResolvedIndex::RowPlan* plan = s.plan;
+    backends::LeafWrite w;
+    w.path = s.info->path;
+    if (s.level_batch.empty() || !plan || (plan->all && plan->in_order)) {  // LeafWrite checks the element count
+      w.whole = true;
+      w.data = v;
+    } else if (plan->in_order) {
+      w.whole = false;
+      w.rows = plan->rows;
+      w.data = v;
+    } else if (static_cast<int64_t>(plan->rows.size()) * plan->per_row == s.index->numel()) {
+      // whole rows in another order, no repeats: a permutation of the rows, no read needed
+      w.whole = false;
+      w.rows = plan->rows;
+      const BatchSize flat_shape = concat({static_cast<int64_t>(plan->rows.size()) * plan->per_row}, feat);
+      at::Tensor data = at::empty(flat_shape, v.options());
+      data.index_copy_(0, plan->local.reshape({-1}), v.reshape(concat({-1}, feat)));
+      w.data = data.reshape(concat({static_cast<int64_t>(plan->rows.size())}, tail(s.info->shape, 1)));
+    } else {
+      patches.push_back(&item);
+      continue;
+    }
+    writes.push_back(std::move(w));
+  }
+  if (!patches.empty()) {
+    std::vector<backends::LeafRead> reads;
+    for (const auto* p : patches) reads.push_back(to_read(p->first, false));
+    std::vector<at::Tensor> rows = client.read(std::move(reads));
+    for (size_t i = 0; i < patches.size(); ++i) {
+      const LeafSel& s = patches[i]->first;
+      const BatchSize feat = tail(s.info->shape, s.level_batch.size());
+      at::Tensor r = rows.at(i).contiguous();
+      at::Tensor flat = r.view(concat({static_cast<int64_t>(s.plan->rows.size()) * s.plan->per_row}, feat));
+      flat.index_put_({s.plan->local.reshape({-1})}, patches[i]->second.reshape(concat({-1}, feat)));
+      backends::LeafWrite w;
+      w.path = s.info->path;
+      w.whole = false;
+      w.rows = s.plan->rows;
+      w.data = r;
+      writes.push_back(std::move(w));
+    }
+  }
+  if (!writes.empty()) client.write(std::move(writes));
+}
+
 void RemoteNode::set_at(TensorDict& self, const NestedKey& key, const at::Tensor& value, const Index& index) {
+  if (dense_) {
+    TensorDict lv = dense_level();
+    return lv.node()->set_at(lv, key, value, index);
+  }
   if (!selects_batch_dims_only(index, batch_size.size())) return Node::set_at(self, key, value, index);
   const ResolvedIndex sel = *resolve(index);
   const TensorDict rows(index_at(sel));
@@ -116,6 +172,11 @@ void RemoteNode::set_at(TensorDict& self, const NestedKey& key, const at::Tensor
 
 void RemoteNode::put(const std::string& key, const Entry& value_in) {
   const LeafPath cp = child_path(key);
+  if (dense_ && dense_level().node()->read(key)) {  // an existing key: written in place (upstream's inplace)
+    TensorDict lv = dense_level();
+    lv.set_(NestedKey(key), value_in);
+    return;
+  }
   Entry value = value_in;
   if (value.is_dict()) value = Entry(TensorDict(value.dict(), batch_size, device));
   if (value.is_tensordict()) value = Entry(value.tensordict().node()->dense_form(value.tensordict()));
@@ -145,9 +206,16 @@ void RemoteNode::put(const std::string& key, const Entry& value_in) {
   tree_->reload();
 }
 
-void RemoteNode::write(const Index& index, const TensorDict& value) { write_at(*resolve(index), value); }
+void RemoteNode::write(const Index& index, const TensorDict& value) {
+  if (dense_) {
+    dense_level().index_put_(index, value);
+    return;
+  }
+  write_at(*resolve(index), value);
+}
 
 void RemoteNode::write_at(const ResolvedIndex& sel, const TensorDict& value_in) {
+  if (dense_) return dense_level().node()->write_at(sel, value_in);
   auto snap = tree_->snapshot();  // taken again after new keys are created below
   const BatchSize level_batch = snap->batch_of(path_);
   const BatchSize rb = sel.result_batch();
@@ -214,8 +282,7 @@ void RemoteNode::write_at(const ResolvedIndex& sel, const TensorDict& value_in) 
     if (it == sels.end()) it = sels.emplace(level, level_sel(level)).first;
     return it->second;
   };
-  std::vector<backends::LeafWrite> writes;
-  std::vector<std::pair<LeafSel, at::Tensor>> patches;  // partial rows: read, patch, write back
+  std::vector<std::pair<LeafSel, at::Tensor>> items;
   for (auto& it : tensors) {
     const backends::LeafInfo* info = snap->leaf(it.path);
     if (!info) {
@@ -235,51 +302,9 @@ void RemoteNode::write_at(const ResolvedIndex& sel, const TensorDict& value_in) 
                            ", which cannot be broadcast to the indexed region " + shape_str(target));
       }
     }
-    v = leaf_data(std::move(v), info->dtype);
-    const ResolvedIndex::RowPlan* plan = plans.get(lv, ls);
-    LeafSel s{info, ls, plan, lb};
-    backends::LeafWrite w;
-    w.path = it.path;
-    if (lb.empty() || (plan->all && plan->in_order)) {  // LeafWrite checks the element count, not the shape
-      w.whole = true;
-      w.data = v;
-    } else if (plan->in_order) {
-      w.whole = false;
-      w.rows = plan->rows;
-      w.data = v;
-    } else if (static_cast<int64_t>(plan->rows.size()) * plan->per_row == ls.numel()) {
-      // whole rows in another order, no repeats: a permutation of the rows, no read needed
-      w.whole = false;
-      w.rows = plan->rows;
-      const BatchSize flat_shape = concat({static_cast<int64_t>(plan->rows.size()) * plan->per_row}, feat);
-      at::Tensor data = at::empty(flat_shape, v.options());
-      data.index_copy_(0, plan->local.reshape({-1}), v.reshape(concat({-1}, feat)));
-      w.data = data.reshape(concat({static_cast<int64_t>(plan->rows.size())}, tail(info->shape, 1)));
-    } else {
-      patches.emplace_back(s, v);
-      continue;
-    }
-    writes.push_back(std::move(w));
+    items.emplace_back(LeafSel{info, ls, plans.get(lv, ls), lb}, leaf_data(std::move(v), info->dtype));
   }
-  if (!patches.empty()) {
-    std::vector<backends::LeafRead> reads;
-    for (const auto& p : patches) reads.push_back(to_read(p.first, false));
-    std::vector<at::Tensor> rows = tree_->client()->read(std::move(reads));
-    for (size_t i = 0; i < patches.size(); ++i) {
-      const LeafSel& s = patches[i].first;
-      const BatchSize feat = tail(s.info->shape, s.level_batch.size());
-      at::Tensor r = rows.at(i).contiguous();
-      at::Tensor flat = r.view(concat({static_cast<int64_t>(s.plan->rows.size()) * s.plan->per_row}, feat));
-      flat.index_put_({s.plan->local.reshape({-1})}, patches[i].second.reshape(concat({-1}, feat)));
-      backends::LeafWrite w;
-      w.path = s.info->path;
-      w.whole = false;
-      w.rows = s.plan->rows;
-      w.data = r;
-      writes.push_back(std::move(w));
-    }
-  }
-  if (!writes.empty()) tree_->client()->write(std::move(writes));
+  write_selected(*tree_->client(), items);
 
   // non-tensors: whole values, or one value per row (upstream's json_array) for a selection of rows
   for (const auto& nt : non_tensors) {

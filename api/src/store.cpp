@@ -9,7 +9,8 @@
 #include <cstring>
 
 #include "tensordict/actors/runtime.hpp"
-#include "tensordict/actors/store_actor.hpp"
+#include "remote_internal.hpp"
+#include "tensordict/actors/store_client.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/engine.hpp"
 
@@ -26,25 +27,41 @@ std::string shape_text(at::IntArrayRef s) {
   return r + "]";
 }
 
-actors::store_request request(actors::StoreOp op) {
-  actors::store_request r;
-  r.op = static_cast<int32_t>(op);
-  return r;
+//! the leaves of the store at `keys`, as LeafInfos over the store's batch (KeyError naming a key that is not a
+//! tensor leaf of the store); their selections share one row plan
+std::vector<backends::LeafInfo> leaf_infos(const TensorDict& snap, const std::vector<NestedKey>& keys,
+                                           const std::string& what) {
+  std::vector<backends::LeafInfo> out;
+  out.reserve(keys.size());
+  for (const auto& key : keys) {
+    std::optional<Entry> e = snap.get_entry_opt(key);
+    if (!e || !e->is_tensor()) {
+      throw KeyError(what + ": " + key.repr() + " is not a leaf of the store (add it with add_key)");
+    }
+    backends::LeafInfo info;
+    info.path = key.parts();
+    info.dtype = e->tensor().scalar_type();
+    info.shape.assign(e->tensor().sizes().begin(), e->tensor().sizes().end());
+    out.push_back(std::move(info));
+  }
+  return out;
 }
 }  // namespace
 
 Store Store::open(const TensorDict& td, const std::shared_ptr<Engine>& engine) {
   if (!td.defined()) throw ValueError("Store::open: the TensorDict is undefined");
-  std::shared_ptr<actors::StoreBackend> backend;
+  std::shared_ptr<actors::Runtime> rt = runtime_of(engine);
+  const int64_t max_key_bytes = rt->config().store_max_key_bytes;
+  std::shared_ptr<actors::DenseStore> backend;
   if (td.is_shared()) {
-    backend = actors::make_shared_store(td);
+    backend = actors::make_shared_store(td, max_key_bytes);
   } else if (td.is_memmap()) {
-    backend = actors::make_memmap_store(td);
+    backend = actors::make_memmap_store(td, max_key_bytes);
   } else {
     throw ValueError("Store::open: a store needs a memmap TensorDict saved to a directory or a shared one "
                      "(share_memory_()); this one is in ordinary memory");
   }
-  return Store(actors::StoreClient::open(runtime_of(engine), std::move(backend)));
+  return Store(actors::StoreClient::open_dense(std::move(rt), std::move(backend)));
 }
 
 Store Store::open_memmap(const std::string& prefix, const std::shared_ptr<Engine>& engine) {
@@ -95,7 +112,7 @@ std::string Store::load_token(const std::string& path) {
   return token;
 }
 
-std::string Store::kind() const { return client_->kind(); }
+std::string Store::kind() const { return client_->driver(); }
 bool Store::is_remote() const { return client_->remote(); }
 TensorDict Store::td() const { return client_->snapshot(); }
 BatchSize Store::batch_size() const { return td().batch_size(); }
@@ -109,28 +126,23 @@ void Store::set_(const Index& index, const TensorDict& value) const { td().index
 
 void Store::add_key(const NestedKey& key, const at::Tensor& value) const {
   if (!value.defined()) throw ValueError("add_key: the value is undefined");
-  if (!client_->remote()) {
-    actors::store_request r = request(actors::StoreOp::AddKey);
-    r.key = key.parts();
-    client_->call(r, {}, value);
-    return;
-  }
-  // another process: the owner adds a zero-filled leaf, then the values go straight into the mapping
-  add_key(key, BatchSize(value.sizes().begin(), value.sizes().end()), value.scalar_type());
-  td().get(key).copy_(value);
+  const at::Tensor data = value.detach().cpu().contiguous();
+  const std::vector<int64_t> shape(data.sizes().begin(), data.sizes().end());
+  client_->run([&](backends::LeafStore& s) { s.create(key.parts(), data.scalar_type(), shape, data, {}); });
 }
 
 void Store::add_key(const NestedKey& key, const BatchSize& shape, at::ScalarType dtype) const {
-  actors::store_request r = request(actors::StoreOp::AddKey);
-  r.key = key.parts();
-  r.shape.assign(shape.begin(), shape.end());
-  r.dtype = backends::dtype_to_string(dtype);
-  client_->call(r);
-  if (client_->remote()) client_->refresh();
+  const std::vector<int64_t> full(shape.begin(), shape.end());
+  client_->run([&](backends::LeafStore& s) { s.create(key.parts(), dtype, full, at::Tensor(), {}); });
 }
 
-void Store::flush() const { client_->call(request(actors::StoreOp::Flush)); }
-void Store::refresh() const { client_->refresh(); }
+void Store::flush() const {
+  client_->run([](backends::LeafStore& s) { s.flush(); });
+}
+void Store::refresh() const {
+  actors::DenseStore* dense = client_->dense();
+  client_->run([dense](backends::LeafStore&) { dense->refresh(); });
+}
 
 TensorDict Store::read(const Index& index) const {
   return read(td().keys(KeysOptions().include_nested(true).leaves_only(true)), index);
@@ -139,10 +151,9 @@ TensorDict Store::read(const Index& index) const {
 TensorDict Store::read(const std::vector<NestedKey>& keys, const Index& index) const {
   if (client_->remote()) throw ValueError("Store::read: a connected store reads rows through its mapping (get)");
   const TensorDict snap = td();
-  actors::store_rows rows;
-  rows.index = ResolvedIndex::resolve(snap.batch_size(), index);
-  rows.keys = keys;
-  const BatchSize result = rows.index->result_batch();
+  const ResolvedIndex sel = ResolvedIndex::resolve(snap.batch_size(), index);
+  const std::vector<backends::LeafInfo> infos = leaf_infos(snap, keys, "Store::read");
+  const BatchSize result = sel.result_batch();
   const size_t nb = snap.batch_size().size();
   TensorDict out(result, snap.device());
   // the levels first, with the extra batch dims a nested level has beyond the store's
@@ -156,9 +167,17 @@ TensorDict Store::read(const std::vector<NestedKey>& keys, const Index& index) c
       out.set(level, TensorDict(b, snap.device()));
     }
   }
-  std::vector<at::Tensor> got = client_->call(request(actors::StoreOp::Read), std::move(rows)).tensors;
+  // ONE read request for every leaf, rows planned once over the store's batch
+  const ResolvedIndex::RowPlan plan = sel.row_plan();
+  std::vector<remote::LeafSel> sels;
+  std::vector<backends::LeafRead> reads;
+  for (const auto& info : infos) {
+    sels.push_back(remote::LeafSel{&info, sel, &plan, snap.batch_size()});
+    reads.push_back(remote::to_read(sels.back()));
+  }
+  std::vector<at::Tensor> got = reads.empty() ? std::vector<at::Tensor>{} : client_->read(std::move(reads));
   if (got.size() != keys.size()) throw BackendError("Store::read: the store answered with a wrong count of leaves");
-  for (size_t i = 0; i < keys.size(); ++i) out.set(keys[i], got[i]);
+  for (size_t i = 0; i < keys.size(); ++i) out.set(keys[i], remote::select_rows(sels[i], got[i]));
   return out;
 }
 
@@ -166,35 +185,43 @@ void Store::write(const Index& index, const TensorDict& value) const {
   if (client_->remote()) throw ValueError("Store::write: a connected store writes rows through its mapping (set_)");
   if (!value.defined()) throw ValueError("Store::write: the value is undefined");
   const TensorDict snap = td();
-  actors::store_rows rows;
-  rows.index = ResolvedIndex::resolve(snap.batch_size(), index);
-  const BatchSize result = rows.index->result_batch();
+  const ResolvedIndex sel = ResolvedIndex::resolve(snap.batch_size(), index);
+  const BatchSize result = sel.result_batch();
   const size_t nb = snap.batch_size().size();
+  std::vector<NestedKey> keys;
+  std::vector<at::Tensor> values;
   for (const auto& kv : value.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
     if (!kv.second.is_tensor()) {
       throw NotImplementedError("Store::write: a store holds tensor leaves only, not the " +
                                 std::string(Entry::kind_name(kv.second.kind())) + " " + kv.first.repr());
     }
-    std::optional<Entry> leaf = snap.get_entry_opt(kv.first);
-    if (!leaf || !leaf->is_tensor()) {
-      throw KeyError("Store::write: " + kv.first.repr() + " is not a leaf of the store (add it with add_key)");
-    }
-    const at::Tensor& dst = leaf->tensor();
-    BatchSize target = result;  // the selection, then the leaf's own dims after the store's batch
-    target.insert(target.end(), dst.sizes().begin() + static_cast<long>(nb), dst.sizes().end());
+    keys.push_back(kv.first);
+    values.push_back(kv.second.tensor());
+  }
+  const std::vector<backends::LeafInfo> infos = leaf_infos(snap, keys, "Store::write");
+  const ResolvedIndex::RowPlan plan = sel.row_plan();
+  std::vector<std::pair<remote::LeafSel, at::Tensor>> items;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const auto& info = infos[i];
+    // the selection, then the leaf's own dims after the store's batch; checked for every key before any write
+    BatchSize target = result;
+    target.insert(target.end(), info.shape.begin() + static_cast<long>(nb), info.shape.end());
     at::Tensor v;
     try {
-      v = kv.second.tensor().to(dst.scalar_type()).expand(target);
+      v = values[i].to(info.dtype).expand(target);
     } catch (const c10::Error&) {
-      throw ValueError("Store::write: the value of " + kv.first.repr() + " of shape " +
-                       shape_text(kv.second.tensor().sizes()) + " does not broadcast to the selection " +
-                       shape_text(target));
+      throw ValueError("Store::write: the value of " + keys[i].repr() + " of shape " + shape_text(values[i].sizes()) +
+                       " does not broadcast to the selection " + shape_text(target));
     }
-    rows.keys.push_back(kv.first);
-    rows.values.push_back(std::move(v));
+    items.emplace_back(remote::LeafSel{&info, sel, &plan, snap.batch_size()}, remote::leaf_data(std::move(v), info.dtype));
   }
-  if (rows.keys.empty()) return;
-  client_->call(request(actors::StoreOp::Write), std::move(rows));
+  if (!items.empty()) remote::write_selected(*client_, items);
+}
+
+TensorDict Store::tensordict() const {
+  // the one store node over the store: the snapshot serves reads and indexing, new keys go to the store
+  auto tree = std::make_shared<remote::RemoteTree>(client_, std::nullopt, td().device(), "TensorDict");
+  return remote::make_remote(std::move(tree));
 }
 
 uint16_t Store::publish(uint16_t port) const { return client_->publish(port); }

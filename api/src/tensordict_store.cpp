@@ -40,7 +40,7 @@ backends::RedisOptions backend_options(const RedisOptions& o, const Config& cfg)
 std::string device_str(const RedisOptions& o) { return o.device() ? o.device()->str() : std::string(); }
 
 std::shared_ptr<remote::RemoteTree> tree_over(std::shared_ptr<backends::LeafStore> store, const RedisOptions& o) {
-  auto client = actors::LeafStoreClient::open(runtime_of(o.engine()), std::move(store));
+  auto client = actors::StoreClient::open(runtime_of(o.engine()), std::move(store));
   return std::make_shared<remote::RemoteTree>(std::move(client), std::nullopt, o.device(), kType);
 }
 

@@ -13,7 +13,7 @@
 
 #include "tensordict/actors/messages.hpp"
 #include "tensordict/actors/runtime.hpp"
-#include "tensordict/actors/store_actor.hpp"
+#include "tensordict/actors/store_client.hpp"
 #include "tensordict/backends/json_value.hpp"
 #include "tensordict/tensor_dict.hpp"
 
@@ -84,7 +84,7 @@ BOOST_AUTO_TEST_CASE(hostile_requests_to_a_memmap_store) {
   td.set(NestedKey{"nested", "x"}, at::zeros({16, 2}));
   td.memmap_(prefix);
   auto rt = actors::Runtime::start(Config::load());
-  auto client = actors::StoreClient::open(rt, actors::make_memmap_store(td));
+  auto client = actors::StoreClient::open_dense(rt, actors::make_memmap_store(td));
   const Outcome o = hammer(*rt, client->actor(), 3000, 20261125, 16);
   BOOST_TEST_MESSAGE("memmap store: " << o.ok << " accepted, " << o.typed << " typed errors");
   BOOST_TEST(o.untyped.empty(), (o.untyped.empty() ? "" : o.untyped.front()));
@@ -113,7 +113,7 @@ BOOST_AUTO_TEST_CASE(hostile_requests_to_a_shared_store) {
   td.set("obs", at::arange(16 * 4, at::kFloat).view({16, 4}));
   td.share_memory_();
   auto rt = actors::Runtime::start(Config::load());
-  auto client = actors::StoreClient::open(rt, actors::make_shared_store(td));
+  auto client = actors::StoreClient::open_dense(rt, actors::make_shared_store(td));
   const Outcome o = hammer(*rt, client->actor(), 1500, 7, 16);
   BOOST_TEST_MESSAGE("shared store: " << o.ok << " accepted, " << o.typed << " typed errors");
   BOOST_TEST(o.untyped.empty(), (o.untyped.empty() ? "" : o.untyped.front()));

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backends/backends_test_util.hpp"
-#include "tensordict/actors/leaf_store_actor.hpp"
+#include "tensordict/actors/store_client.hpp"
 #include "tensordict/actors/runtime.hpp"
 #include "tensordict/backends/h5_store.hpp"
 #include "tensordict/config.hpp"
@@ -43,7 +43,7 @@ struct StoreHolder {
   std::condition_variable cv;
   bool entered = false, released = false;
   std::thread t;
-  explicit StoreHolder(actors::LeafStoreClient& c) {
+  explicit StoreHolder(actors::StoreClient& c) {
     t = std::thread([this, &c] {
       c.run([this](be::LeafStore&) {
         std::unique_lock<std::mutex> lock(mu);
@@ -72,11 +72,11 @@ struct StoreHolder {
 struct H5Client {
   TempDir dir;
   std::shared_ptr<actors::Runtime> rt;
-  std::shared_ptr<actors::LeafStoreClient> client;
+  std::shared_ptr<actors::StoreClient> client;
   explicit H5Client(int64_t rows, const Config& config = Config::load()) : rt(actors::Runtime::start(config)) {
     auto store = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
     store->create({"x"}, at::kFloat, {rows, 3}, at::Tensor(), {});
-    client = actors::LeafStoreClient::open(rt, store);
+    client = actors::StoreClient::open(rt, store);
   }
 };
 

@@ -24,7 +24,8 @@
 #include <caf/io/all.hpp>
 
 #include "tensordict/actors/runtime.hpp"
-#include "tensordict/actors/store_actor.hpp"
+#include "tensordict/actors/store_client.hpp"
+#include "tensordict/storage_spec.hpp"
 #include "tensordict/index_math.hpp"
 #include "tensordict/tensordict.hpp"
 
@@ -372,6 +373,60 @@ BOOST_AUTO_TEST_CASE(shared_store_adds_segments_and_hands_out_handles) {
   store.flush();    // nothing to do, but allowed
   store.refresh();  // the owner's structure is current
   BOOST_TEST(store.td().contains("y"));
+}
+
+// the one store stack (issue 34, item 5): a memmap or shared store speaks the interface HDF5 and Redis stores
+// speak (backends::LeafStore), through the same client, behind the same node
+BOOST_AUTO_TEST_CASE(a_dense_store_speaks_the_one_store_interface) {
+  TempDir dir("store");
+  Store store = Store::open(make_buffer(dir.path + "/buf"));
+  auto& client = *store.client();
+  BOOST_TEST(client.driver() == "memmap");
+  BOOST_TEST((client.dense() != nullptr));
+  // structure: the store lists its levels and leaves as any LeafStore does
+  const auto infos = client.run([](backends::LeafStore& s) { return s.list(); });
+  BOOST_REQUIRE(infos.size() == 3u);
+  BOOST_TEST((infos[1].kind == backends::LeafKind::Group && infos[1].path == backends::LeafPath{"obs"}));
+  BOOST_TEST((infos[2].dtype == at::kLong && infos[2].shape == std::vector<int64_t>{kRows, 3}));
+  // a read of rows that form one run is a view of the storage: a write through it reaches the file
+  std::vector<at::Tensor> got = client.read({backends::LeafRead{{"x"}, false, {4, 5, 6}, std::nullopt}});
+  got.at(0).fill_(2.5);
+  BOOST_TEST(TensorDict::load_memmap(dir.path + "/buf").get("x").index({at::indexing::Slice(4, 7)}).eq(2.5).all().item<bool>());
+  // rows that are not one run are a gather (a copy), in the shape asked for
+  got = client.read({backends::LeafRead{{"x"}, false, {1, 6}, std::vector<int64_t>{2, 2, 2}}});
+  BOOST_TEST(got.at(0).sizes() == at::IntArrayRef({2, 2, 2}));
+  got.at(0).fill_(-1.0);
+  BOOST_TEST(store.td().get("x")[1].eq(0).all().item<bool>());
+  // a batched write lands every leaf; one bad leaf among them writes nothing
+  client.write({backends::LeafWrite{{"x"}, false, {0, 9}, at::ones({2, 4})},
+                backends::LeafWrite{{"obs", "a"}, false, {9}, at::full({3}, 7, at::kLong)}});
+  BOOST_TEST(store.td().get("x")[9].equal(at::ones({4})));
+  BOOST_TEST(store.td().get({"obs", "a"})[9].equal(at::full({3}, 7, at::kLong)));
+  BOOST_TEST(throws_with<KeyError>([&] {
+    client.write({backends::LeafWrite{{"x"}, false, {10}, at::full({4}, 8.0)},
+                  backends::LeafWrite{{"nope"}, false, {10}, at::ones({1})}});
+  }, {"'nope'"}));
+  BOOST_TEST(throws_with<ValueError>([&] {
+    client.write({backends::LeafWrite{{"x"}, false, {10}, at::full({4}, 8.0)},
+                  backends::LeafWrite{{"obs", "a"}, false, {10}, at::ones({3})}});  // float data for an int64 leaf
+  }, {"'obs', 'a'", "elements of Long"}));
+  BOOST_TEST(throws_with<ValueError>([&] {
+    client.write({backends::LeafWrite{{"x"}, false, {kRows}, at::ones({4})}});
+  }, {"outside"}));
+  BOOST_TEST(store.td().get("x")[10].eq(0).all().item<bool>());
+  // what a store cannot hold is refused by the interface, as the node reports it
+  BOOST_TEST(throws_with<NotImplementedError>([&] { client.run([](backends::LeafStore& s) { s.erase({"x"}); }); },
+                                              {"cannot remove"}));
+  // the store node has the store's storage spec: another process reopens the same directory
+  TensorDict td = store.tensordict();
+  const StorageSpec spec = StorageSpec::of(td);
+  BOOST_TEST(spec.driver() == "memmap");
+  BOOST_TEST(open_storage(spec).get("x")[9].equal(at::ones({4})));
+  // reads and row writes counted as store calls only when they go through the store, not through the node
+  const auto before = client.batch_stats().calls;
+  td.index_put_({3}, TensorDict({{"x", at::full({4}, 4.0)}}, {}));
+  BOOST_TEST(td.get("x")[3].equal(at::full({4}, 4.0)));
+  BOOST_TEST(client.batch_stats().calls == before);  // the snapshot: no request
 }
 
 BOOST_AUTO_TEST_CASE(a_killed_store_actor_fails_calls_instead_of_hanging) {

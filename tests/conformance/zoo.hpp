@@ -1,6 +1,6 @@
 #pragma once
 // The conformance zoo: every kind of TensorDict node the generic tests run on, in-memory kinds of the engine
-// zoo plus memmap, shared memory, a store-backed TensorDict, a lazy stack, a nested lazy stack and a lazy
+// zoo plus memmap, shared memory, store-backed TensorDicts (a memmap and a shared store), a lazy stack, a nested lazy stack and a lazy
 // stack of heterogeneous members (exclusive keys). Every member has batch_size [4, 3, 2, 1] and the tensor
 // leaves "a" [..,5] f32, "b" [..,1,10] f32, "c" [..,3] i64 (common to every member of a lazy stack).
 // A new node kind joins the suite with one line in members().
@@ -77,6 +77,13 @@ inline std::vector<Member> members() {
   out.push_back({"store_td",
                  [=] {
                    TensorDict buf = zoo::plain(bs, 35).memmap(fresh_dir("store"));
+                   return tensordict::Store::open(buf).tensordict();
+                 },
+                 true});
+  out.push_back({"shared_store_td",
+                 [=] {
+                   TensorDict buf = zoo::plain(bs, 37);
+                   buf.share_memory_();
                    return tensordict::Store::open(buf).tensordict();
                  },
                  true});

@@ -20,10 +20,8 @@
 //!   C -> P  (map_stop_atom)                                            done or failed: P exits
 //! P exits as well when C goes down (P monitors C: a dropped connection is a down message).
 //!
-//! store protocol (facade F or remote client R -> store actor S; one message per user call, covering
-//! every leaf):
-//!   F -> S  (store_atom, store_call_ptr)     in-process: request + payload (Index, TensorDict, tensor) +
-//!                                            the caller's Reply slot, which S fulfils (value or error)
+//! store protocol (store_client.hpp; in-process callers run their calls themselves, with the store held,
+//! and message the store actor S only to hand it calls left waiting: (leaf-call atom), no payload):
 //!   R -> S  (store_atom, store_request) -> store_response          inspectable: what another process may
 //!           ask. Data never travels in messages across processes: the response carries the storage
 //!           handle (memmap directory or share_handle() bytes) and the client maps it, zero-copy.
@@ -41,7 +39,6 @@
 #include "tensordict/actors/reply.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/map.hpp"  // map_detail::CarriedError
-#include "tensordict/resolved_index.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace tensordict {
@@ -112,8 +109,8 @@ enum class StoreOp : int32_t {
   AddKey,    //!< a new leaf: zero-filled (dtype + full shape) or, in-process, with the given tensor's data
   Flush,     //!< msync every leaf (memmap); nothing for shared memory
   Refresh,   //!< pick up leaves another process added to the directory (memmap_refresh_)
-  Read,      //!< some leaves at a resolved index, one request (in-process only; the direct path needs no actor)
-  Write,     //!< some leaves at a resolved index = values, one request (in-process only)
+  Read,      //!< refused: rows are read through the mapping in another process (StoreClient::read here)
+  Write,     //!< refused: rows are written through the mapping in another process
   Close,     //!< flush and stop the actor
 };
 
@@ -129,7 +126,7 @@ typename Inspector::result_type inspect(Inspector& f, store_leaf& x) {
   return f(caf::meta::type_name("tensordict::store_leaf"), x.key, x.dtype, x.shape);
 }
 
-//! inspectable request (remote clients; the in-process store_call carries one too)
+//! inspectable request (remote clients; StoreClient::call makes one in-process)
 struct store_request {
   int32_t op = 0;
   std::vector<std::string> key;  // AddKey
@@ -160,32 +157,6 @@ typename Inspector::result_type inspect(Inspector& f, store_response& x) {
            x.leaves, x.version);
 }
 
-//! the rows of a Read / Write, backend-neutral: the leaves by full key, the rows as a resolved index over the
-//! store's batch (what the facade resolved, so a bad index fails before the hop), and for a Write one value
-//! per key, already [result batch..., the leaf's feature dims...] in the leaf's dtype
-struct store_rows {
-  std::vector<NestedKey> keys;
-  std::optional<ResolvedIndex> index;
-  std::vector<at::Tensor> values;
-};
-
-//! what an in-process request gets back: the response; for AddKey / Refresh the new snapshot (td); for a
-//! Read one tensor per requested key (tensors)
-struct StoreResult {
-  store_response response;
-  TensorDict td = TensorDict::undefined();
-  std::vector<at::Tensor> tensors;
-};
-
-//! an in-process store request: the inspectable part, the rows (Read / Write), AddKey's data, the reply slot
-struct store_call {
-  store_request req;
-  store_rows rows;
-  at::Tensor tensor;
-  Reply<StoreResult> reply;
-};
-using store_call_ptr = std::shared_ptr<store_call>;
-
 //! adds the inspectable types to a config (both sides of a middleman connection must do it)
 void register_message_types(caf::actor_system_config& cfg);
 
@@ -194,4 +165,3 @@ void register_message_types(caf::actor_system_config& cfg);
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::TensorDict)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::actors::int_reply_ptr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tensordict::actors::store_call_ptr)

@@ -1,24 +1,34 @@
-#include "tensordict/actors/leaf_store_actor.hpp"
+// The one store actor and its client (store_client.hpp): flat combining over a backends::LeafStore, the
+// protocol requests of other processes (dense stores), tokens.
+#include "tensordict/actors/store_client.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <set>
 #include <thread>
 
-#include <caf/all.hpp>
+#include <caf/io/all.hpp>
 
 #include "tensordict/actors/hot_actor.hpp"
 #include "tensordict/actors/reply.hpp"
 #include "tensordict/actors/runtime.hpp"
+#include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/errors.hpp"
+#include "tensordict/logging.hpp"
 
 namespace tensordict {
 namespace actors {
 
-//! one request to a leaf-store actor (in-process only)
+//! one call of a caller (in-process only)
 struct leaf_call {
   enum class Op { Read, Write, Run } op = Op::Run;
   std::vector<backends::LeafRead> reads;
@@ -27,12 +37,6 @@ struct leaf_call {
   Reply<std::vector<at::Tensor>> reply;
 };
 using leaf_call_ptr = std::shared_ptr<leaf_call>;
-
-}  // namespace actors
-}  // namespace tensordict
-
-namespace tensordict {
-namespace actors {
 
 using leaf_atom = caf::atom_constant<caf::atom("tdleaf")>;
 
@@ -49,7 +53,7 @@ using leaf_atom = caf::atom_constant<caf::atom("tdleaf")>;
 //! promises to look at `pending` once more before it lets go of the store; a call appended when it is not
 //! set is announced to the actor by a message, and the actor, once it holds the store, runs everything
 //! waiting. A holder that stops with calls still waiting (its round bound) announces them the same way.
-struct LeafCallState {
+struct StoreCallState {
   caf::actor actor;
   std::string describe;
   //! the store (also the actor's); used under store_mu only
@@ -67,7 +71,7 @@ struct LeafCallState {
   bool closed = false;
   std::string why_dead;
   std::set<leaf_call_ptr> calls;
-  LeafStoreClient::BatchStats stats;
+  StoreClient::BatchStats stats;
 
   //! registers a call and gives the actor to send it to; false (and `why`) when the actor is gone
   bool begin(const leaf_call_ptr& c, std::string* why, caf::actor* to) {
@@ -94,8 +98,8 @@ struct LeafCallState {
     std::set<leaf_call_ptr> pending_calls;
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (alive) why_dead = why;  // the first reason stays (a killed actor's, not its end's afterwards)
       alive = false;
-      why_dead = why;
       pending_calls.swap(calls);
     }
     {
@@ -249,21 +253,81 @@ struct LeafCallState {
   }
 };
 
-struct LeafStoreClient::Impl {
-  std::shared_ptr<Runtime> rt;
-  std::shared_ptr<LeafCallState> st;
-};
 
 namespace {
 
-//! the store's actor: it owns the store and runs the calls left in `pending` when no caller holding the
-//! store will run them (it is told by a message, and drains its mailbox of the others first)
-class LeafStoreActor final : public HotActor {
+//! a == b without an early exit (a token compared byte by byte leaks nothing through timing)
+bool same_token(const std::string& a, const std::string& b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = static_cast<unsigned char>(diff | (a[i] ^ b[i]));
+  return diff == 0;
+}
+
+store_response info_of(const DenseStore& store) {
+  store_response r;
+  r.kind = store.driver();
+  r.spec = store.spec().dump();
+  const TensorDict td = store.td();
+  r.batch_size.assign(td.batch_size().begin(), td.batch_size().end());
+  r.leaves = describe_leaves(td);
+  r.version = store.version();
+  return r;
+}
+
+//! a protocol request, with the store held: what another process (or the owner, StoreClient::call) asks of a
+//! dense store. A connected client's store forwards it to its owner
+store_response apply_request(DenseStore& store, const store_request& req) {
+  if (store.connected()) return store.request(req);
+  switch (static_cast<StoreOp>(req.op)) {
+    case StoreOp::Info:
+      break;
+    case StoreOp::AddKey: {
+      auto d = backends::dtype_from_string(req.dtype);
+      if (!d) throw TypeError("add_key: unknown dtype '" + req.dtype + "' (expected e.g. \"torch.float32\")");
+      store.create(req.key, *d, req.shape, at::Tensor(), {});
+      break;
+    }
+    case StoreOp::Flush:
+      store.flush();
+      break;
+    case StoreOp::Refresh:
+      store.refresh();
+      break;
+    case StoreOp::Read:
+    case StoreOp::Write:
+      throw ValueError("store: rows are read and written through the mapping in another process, not by message");
+    case StoreOp::Close:
+      store.close();
+      break;
+    default:
+      throw ValueError("store: unknown request " + std::to_string(req.op));
+  }
+  return info_of(store);
+}
+
+store_response error_response(const map_detail::CarriedError& e) {
+  store_response r;
+  r.ok = false;
+  r.error = to_wire(e);
+  return r;
+}
+
+//! the store's actor: it owns the store, runs the calls left waiting when no caller holding the store will run
+//! them (it is told by a message, and drains its mailbox of the others first), and serves the protocol requests
+//! of other processes (dense stores; they must show the store's token)
+class StoreActor final : public HotActor {
  public:
-  LeafStoreActor(caf::actor_config& cfg, std::chrono::microseconds spin, std::chrono::microseconds linger,
-                 std::shared_ptr<backends::LeafStore> store, std::shared_ptr<LeafCallState> impl)
-      : HotActor(cfg, spin), linger_(linger), store_(std::move(store)), impl_(impl) {
-    std::weak_ptr<LeafCallState> weak = impl;
+  StoreActor(caf::actor_config& cfg, std::chrono::microseconds spin, std::chrono::microseconds linger,
+             std::shared_ptr<backends::LeafStore> store, DenseStore* dense, std::string token,
+             std::shared_ptr<StoreCallState> impl)
+      : HotActor(cfg, spin),
+        linger_(linger),
+        store_(std::move(store)),
+        dense_(dense),
+        token_(std::move(token)),
+        impl_(impl) {
+    std::weak_ptr<StoreCallState> weak = impl;
     const std::string what = store_->describe();
     caf::abstract_actor::attach_functor([weak, what](const caf::error& reason) {
       if (auto s = weak.lock()) {
@@ -276,50 +340,133 @@ class LeafStoreActor final : public HotActor {
 
   void act() override {
     bool running = true;
-    auto on_exit = [&](caf::exit_msg&) { running = false; };
+    auto on_exit = [&](caf::exit_msg& m) {
+      if (m.source && m.source.node() != system().node()) return;  // only this process stops its store
+      if (m.reason && m.reason != caf::exit_reason::user_shutdown) {  // killed: say so to every caller
+        impl_->fail_all(store_->describe() + ": the store actor terminated (" + to_string(m.reason) + ")");
+      }
+      running = false;
+    };
+    auto on_request = [&](store_atom, const store_request& req) -> store_response { return serve(req); };
     receive_while(running)(
         [&](leaf_atom) {
           // the other messages waiting are for calls that this drain runs too
-          // (an empty mailbox ends it at once: a timed receive on it costs ~110 us, store_actor.cpp)
-          for (size_t n = 0; running && n < LeafCallState::kMaxBatch && !mailbox().empty(); ++n)
-            receive([](leaf_atom) {}, on_exit, caf::after(std::chrono::seconds(0)) >> [] {});
+          // (an empty mailbox ends it at once: a timed receive on it costs ~110 us)
+          for (size_t n = 0; running && n < StoreCallState::kMaxBatch && !mailbox().empty(); ++n)
+            receive([](leaf_atom) {}, on_request, on_exit, caf::after(std::chrono::seconds(0)) >> [] {});
           std::lock_guard<std::mutex> lock(impl_->store_mu);
           impl_->drain({}, SIZE_MAX, linger_);  // no bound: nothing is left waiting
         },
-        on_exit);
+        on_request, on_exit);
     // the actor's end fails every call still registered (attach_functor)
   }
 
  private:
+  store_response serve(const store_request& req) {
+    // another node (or an anonymous sender, whose node is unknown) must show the store's token; the actors of
+    // this process need none
+    const caf::strong_actor_ptr& sender = current_sender();
+    if ((!sender || sender->node() != system().node()) && !same_token(req.token, token_)) {
+      logger()->warn("store: refused a request from another process: {}", req.token.empty() ? "no token" : "wrong token");
+      return error_response({ErrorCode::Backend,
+                             std::string("store: access refused: the request carries ") +
+                                 (req.token.empty() ? "no store token" : "a wrong store token") +
+                                 " (give the owner's Store::token() to Store::connect, or set "
+                                 "TENSORDICT_STORE_TOKEN); nothing was done",
+                             -1});
+    }
+    // another process: it may not close the owner's store (its own close just disconnects)
+    if (static_cast<StoreOp>(req.op) == StoreOp::Close) {
+      return error_response({ErrorCode::Value, "store: only the owner closes a store; a client disconnects", -1});
+    }
+    if (!dense_) {
+      return error_response({ErrorCode::Value, "store: " + store_->describe() +
+                                                   " is reopened by its storage spec, not through its actor", -1});
+    }
+    try {
+      std::lock_guard<std::mutex> lock(impl_->store_mu);
+      impl_->check_alive();
+      return apply_request(*dense_, req);
+    } catch (...) {
+      return error_response(map_detail::carry_current_exception(-1));
+    }
+  }
+
   std::chrono::microseconds linger_;
   std::shared_ptr<backends::LeafStore> store_;  // keeps the store alive as long as its actor
-  std::shared_ptr<LeafCallState> impl_;
+  DenseStore* dense_;                           // store_ itself when it is a dense store
+  std::string token_;
+  std::shared_ptr<StoreCallState> impl_;
 };
 
 }  // namespace
 
-std::shared_ptr<LeafStoreClient> LeafStoreClient::open(std::shared_ptr<Runtime> rt,
-                                                       std::shared_ptr<backends::LeafStore> store) {
+struct StoreClient::Impl {
+  std::shared_ptr<Runtime> rt;
+  std::shared_ptr<StoreCallState> st;
+  std::shared_ptr<backends::LeafStore> store;
+  //! runs the call here when the store is free, else leaves it waiting for whoever holds the store
+  void send(const leaf_call_ptr& call);
+  //! tells the actor that calls are waiting for the store
+  void announce();
+};
+
+std::shared_ptr<StoreClient> StoreClient::spawn(std::shared_ptr<Runtime> rt, std::shared_ptr<backends::LeafStore> store,
+                                                DenseStore* dense, std::string token) {
   if (!rt || !store) throw ValueError("opening a storage: no engine runtime or no store");
-  std::shared_ptr<LeafStoreClient> c(new LeafStoreClient());
+  std::shared_ptr<StoreClient> c(new StoreClient());
   c->describe_ = store->describe();
   c->driver_ = store->driver();
   c->spec_fields_ = store->spec_fields();
   c->writable_ = store->writable();
+  c->dense_ = dense;
+  c->token_ = std::move(token);
   c->impl_ = std::make_shared<Impl>();
   c->impl_->rt = std::move(rt);
-  c->impl_->st = std::make_shared<LeafCallState>();
+  c->impl_->store = store;
+  c->impl_->st = std::make_shared<StoreCallState>();
   c->impl_->st->describe = c->describe_;
   c->impl_->st->store = store;
-  caf::actor a = c->impl_->rt->system().spawn<LeafStoreActor>(
-      std::chrono::microseconds(c->impl_->rt->config().actor_spin_us),
-      std::chrono::microseconds(c->impl_->rt->config().store_linger_us), std::move(store), c->impl_->st);
+  const Config& cfg = c->impl_->rt->config();
+  caf::actor a = c->impl_->rt->system().spawn<StoreActor>(std::chrono::microseconds(cfg.actor_spin_us),
+                                                          std::chrono::microseconds(cfg.store_linger_us),
+                                                          std::move(store), dense, c->token_, c->impl_->st);
+  c->actor_ = a;
   std::lock_guard<std::mutex> lock(c->impl_->st->mu);
   c->impl_->st->actor = std::move(a);
   return c;
 }
 
-LeafStoreClient::~LeafStoreClient() {
+std::shared_ptr<StoreClient> StoreClient::open(std::shared_ptr<Runtime> rt, std::shared_ptr<backends::LeafStore> store) {
+  return spawn(std::move(rt), std::move(store), nullptr, "");
+}
+
+std::shared_ptr<StoreClient> StoreClient::open_dense(std::shared_ptr<Runtime> rt, std::shared_ptr<DenseStore> store) {
+  DenseStore* dense = store.get();
+  return spawn(std::move(rt), std::move(store), dense, new_store_token());
+}
+
+std::shared_ptr<StoreClient> StoreClient::connect(std::shared_ptr<Runtime> rt, const std::string& host, uint16_t port,
+                                                  const std::string& token_in) {
+  std::string token = token_in;
+  if (token.empty()) {
+    if (const char* env = std::getenv("TENSORDICT_STORE_TOKEN")) token = env;
+  }
+  auto a = connect_remote_actor(rt->system(), host, port, rt->request_timeout());
+  if (!a) {
+    throw BackendError("store: cannot connect to " + host + ":" + std::to_string(port) + ": " +
+                       rt->system().render(a.error()));
+  }
+  store_request req;
+  req.op = static_cast<int32_t>(StoreOp::Info);
+  req.token = token;
+  const store_response info = store_request_blocking(rt->system(), *a, req, rt->request_timeout());
+  std::shared_ptr<DenseStore> store = connect_dense_store(rt, *a, token, info);
+  DenseStore* dense = store.get();
+  return spawn(std::move(rt), std::move(store), dense, std::move(token));
+}
+
+StoreClient::~StoreClient() {
   try {
     close();
   } catch (...) {
@@ -335,9 +482,9 @@ constexpr size_t kCallerRounds = 1;
 constexpr std::chrono::microseconds kMaxWaitSpin(1000);
 }  // namespace
 
-void LeafStoreClient::send(const leaf_call_ptr& call) {
-  LeafCallState& st = *impl_->st;
-  const auto linger = std::chrono::microseconds(impl_->rt->config().store_linger_us);
+void StoreClient::Impl::send(const leaf_call_ptr& call) {
+  StoreCallState& st = *this->st;
+  const auto linger = std::chrono::microseconds(rt->config().store_linger_us);
   // the store is free: this caller runs its call, with every call waiting, on its own thread
   auto run_here = [&](std::unique_lock<std::mutex>& lock, std::vector<leaf_call_ptr> mine) {
     st.check_alive();
@@ -375,63 +522,70 @@ void LeafStoreClient::send(const leaf_call_ptr& call) {
   // trips, bound many producers on few cores (4 producers on one Redis handle, 2 cores: ~25k rows/s
   // sleeping after 50 us, a median of ~40k spinning); at least facade_spin_us, at most kMaxWaitSpin;
   // facade_spin_us = 0 (no spinning wanted) sleeps at once
-  const auto facade_spin = std::chrono::microseconds(impl_->rt->config().facade_spin_us);
+  const auto facade_spin = std::chrono::microseconds(rt->config().facade_spin_us);
   const auto spin =
       facade_spin.count() == 0
           ? facade_spin
           : std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::nanoseconds(
                            2 * st.recent_store_ns.load(std::memory_order_relaxed))) +
-                           std::chrono::microseconds(impl_->rt->config().store_linger_us),
+                           std::chrono::microseconds(rt->config().store_linger_us),
                        facade_spin, std::max(kMaxWaitSpin, facade_spin));
   // no timeout: a long HDF5 write is legitimate; an actor that dies fails the call (fail_all)
   call->reply.wait(std::chrono::steady_clock::time_point::max(), spin);
   st.end(call);
 }
 
-void LeafStoreClient::announce() {
+void StoreClient::Impl::announce() {
   caf::actor to;
   {
-    std::lock_guard<std::mutex> lock(impl_->st->mu);
-    if (!impl_->st->alive) return;  // fail_all has failed the calls waiting
-    to = impl_->st->actor;
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (!st->alive) return;  // fail_all has failed the calls waiting
+    to = st->actor;
   }
   if (to) caf::anon_send(to, leaf_atom::value);
 }
 
-std::vector<at::Tensor> LeafStoreClient::read(std::vector<backends::LeafRead> reads) {
+std::vector<at::Tensor> StoreClient::read(std::vector<backends::LeafRead> reads) {
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Read;
   c->reads = std::move(reads);
-  send(c);
+  impl_->send(c);
   return c->reply.get();
 }
 
-void LeafStoreClient::write(std::vector<backends::LeafWrite> writes) {
+void StoreClient::write(std::vector<backends::LeafWrite> writes) {
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Write;
   c->writes = std::move(writes);
-  send(c);
+  impl_->send(c);
   c->reply.get();
 }
 
-void LeafStoreClient::run_void(const std::function<void(backends::LeafStore&)>& fn) {
+void StoreClient::run_void(const std::function<void(backends::LeafStore&)>& fn) {
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Run;
   c->fn = fn;
-  send(c);
+  impl_->send(c);
   c->reply.get();
 }
 
-void LeafStoreClient::close() {
-  LeafCallState& st = *impl_->st;
+void StoreClient::close() {
+  StoreCallState& st = *impl_->st;
   {
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.closed) return;
     st.closed = true;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint16_t p : ports_) impl_->rt->system().middleman().unpublish(actor_, p);
+    ports_.clear();
+  }
   std::exception_ptr err;
   try {
     run_void([](backends::LeafStore& s) { s.close(); });
+  } catch (const BackendError&) {
+    // already gone (killed): closing is done
   } catch (...) {
     err = std::current_exception();
   }
@@ -445,16 +599,115 @@ void LeafStoreClient::close() {
   if (err) std::rethrow_exception(err);
 }
 
-bool LeafStoreClient::closed() const {
+bool StoreClient::closed() const {
   std::lock_guard<std::mutex> lock(impl_->st->mu);
   return impl_->st->closed;
 }
 
-size_t LeafStoreClient::waiting() const { return impl_->st->pending_n.load(std::memory_order_acquire); }
+size_t StoreClient::waiting() const { return impl_->st->pending_n.load(std::memory_order_acquire); }
 
-LeafStoreClient::BatchStats LeafStoreClient::batch_stats() const {
+StoreClient::BatchStats StoreClient::batch_stats() const {
   std::lock_guard<std::mutex> lock(impl_->st->mu);
   return impl_->st->stats;
+}
+
+TensorDict StoreClient::snapshot() const { return dense_ ? dense_->td() : TensorDict::undefined(); }
+
+int64_t StoreClient::version() const { return dense_ ? dense_->version() : 0; }
+
+store_response StoreClient::call(const store_request& req) {
+  if (!dense_) throw ValueError("store: " + describe_ + " takes no protocol requests");
+  if (static_cast<StoreOp>(req.op) == StoreOp::Close && !remote()) {
+    close();
+    return store_response();
+  }
+  return run([&](backends::LeafStore&) { return apply_request(*dense_, req); });
+}
+
+uint16_t StoreClient::publish(uint16_t port) {
+  if (!dense_ || remote()) throw ValueError("store: only the owner of a store can publish it");
+  impl_->st->check_alive();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto p = impl_->rt->system().middleman().publish(actor_, port, "127.0.0.1");
+  if (!p) {
+    throw BackendError("store: cannot listen on 127.0.0.1:" + std::to_string(port) + ": " +
+                       impl_->rt->system().render(p.error()));
+  }
+  ports_.push_back(*p);
+  return *p;
+}
+
+std::string new_store_token() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  while (fd >= 0 && got < sizeof bytes) {
+    const ssize_t n = ::read(fd, bytes + got, sizeof bytes - got);
+    if (n > 0) got += static_cast<size_t>(n);
+    else if (!(n < 0 && errno == EINTR)) break;
+  }
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (got < sizeof bytes) {
+    throw BackendError("store: cannot draw a token from /dev/urandom: " +
+                       std::string(fd < 0 || err ? std::strerror(err) : "short read"));
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
+store_response store_request_blocking(caf::actor_system& system, const caf::actor& actor, const store_request& req,
+                                      std::chrono::milliseconds timeout) {
+  if (!actor) throw BackendError("store: not connected");
+  // send + monitor instead of request(): a request to a remote actor whose node went away is never
+  // answered (it would wait for the whole timeout), while the monitor delivers a down message at once
+  caf::scoped_actor self{system};
+  self->monitor(actor);
+  self->send(actor, store_atom::value, req);
+  store_response out;
+  std::string failure;
+  bool done = false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    self->receive(
+        [&](const store_response& r) {
+          out = r;
+          done = true;
+        },
+        [&](const caf::down_msg& d) {
+          if (d.source != actor.address()) return;  // not ours: keep waiting
+          failure = "the store actor is down (" + system.render(d.reason) + "): the connection dropped or the store was closed";
+          done = true;
+        },
+        [&](const caf::error& e) {
+          failure = "the request failed: " + system.render(e);
+          done = true;
+        },
+        caf::after(std::max(left, std::chrono::milliseconds(0))) >> [&] {
+          failure = "no reply from the store actor within " + std::to_string(timeout.count()) + " ms (request_timeout_ms)";
+          done = true;
+        });
+  }
+  if (!failure.empty()) throw BackendError("store: " + failure);
+  if (!out.ok) map_detail::rethrow(from_wire(out.error));
+  return out;
+}
+
+std::vector<store_leaf> describe_leaves(const TensorDict& td) {
+  std::vector<store_leaf> out;
+  for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true))) {
+    if (!kv.second.is_tensor()) continue;
+    const at::Tensor& t = kv.second.tensor();
+    out.push_back(store_leaf{kv.first.parts(), backends::dtype_to_string(t.scalar_type()),
+                             std::vector<int64_t>(t.sizes().begin(), t.sizes().end())});
+  }
+  return out;
 }
 
 }  // namespace actors
