@@ -67,6 +67,33 @@ struct CloneOptions {
   TD_ARG(bool, recurse) = true;
 };
 
+//! TensorDict::from_module (upstream's from_module): a module's parameters and buffers as a nested TensorDict
+struct FromModuleOptions {
+  //! the module's state dict: detached leaves (upstream's keep_vars=False). C++ modules have no state-dict
+  //! hooks, so the keys and values are those of the default path otherwise
+  TD_ARG(bool, use_state_dict) = false;
+  //! lock the result (upstream's lock)
+  TD_ARG(bool, lock) = false;
+  //! copies of the tensors instead of new handles on their storage
+  TD_ARG(bool, copy) = false;
+  //! leave out submodules that hold no tensor (upstream's filter_empty)
+  TD_ARG(bool, filter_empty) = true;
+};
+
+//! TensorDict::to_module / ModuleSwap (upstream's to_module)
+struct ToModuleOptions {
+  //! copy the values into the module's tensors (their storage stays); default: the module's tensors take the
+  //! values' storage (swapped in, no copy)
+  TD_ARG(bool, inplace) = false;
+  //! return the previous values (upstream's return_swap): handles on the storage the module's tensors had
+  TD_ARG(bool, return_swap) = true;
+  //! every parameter and buffer of the module needs a value (KeyError naming the first that has none); false:
+  //! the TensorDict may cover part of the module
+  TD_ARG(bool, strict) = true;
+  //! upstream's use_state_dict: the values are loaded as load_state_dict does, copied in place
+  TD_ARG(bool, use_state_dict) = false;
+};
+
 //! empty: `recurse` keeps the sub-TensorDict skeleton
 struct EmptyOptions {
   TD_ARG(bool, recurse) = false;

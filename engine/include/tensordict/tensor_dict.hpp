@@ -21,6 +21,12 @@
 #include "tensordict/non_tensor.hpp"
 #include "tensordict/options.hpp"
 
+namespace torch {
+namespace nn {
+class Module;
+}
+}  // namespace torch
+
 namespace tensordict {
 
 //! fn for map/map_iter: gets one chunk, returns its result (undefined TensorDict = upstream's None)
@@ -381,6 +387,21 @@ class TensorDict {
 
   //! the schema-driven constructor (upstream from_schema): element shapes prefixed by batch_size,
   //! zero-filled; storage "" / "none" (memory), "memmap" (needs options.prefix), "shared"
+  //! upstream TensorDict.from_module: the module's parameters and buffers (in registration order), then its
+  //! submodules as sub-TensorDicts by name ("0", "1", ... for a Sequential), batch size []. The leaves are new
+  //! handles on the module's storage (writes to their values reach the module; a later swap into the module
+  //! does not change them), with the module's requires_grad; undefined buffers are left out
+  //! (tensordict/module.hpp has ModuleSwap, the `with params.to_module(module):` of C++)
+  static TensorDict from_module(const torch::nn::Module& module, const FromModuleOptions& options = {});
+  //! upstream td.to_module(module): writes the leaves into the module's parameters and buffers, recursively by
+  //! submodule name. Every key is checked first (KeyError: a key with no parameter, buffer or submodule of that
+  //! name, or, strict, a parameter or buffer with no value; TypeError: a dtype that differs or a tensor where a
+  //! submodule is; ValueError: a shape or device that differs), so a mismatch leaves the module as it was. By
+  //! default the module's tensors take the values' storage (set_ under no-grad: the module keeps its own tensor
+  //! objects, their requires_grad and grads); `inplace` copies into their storage instead. Returns the previous
+  //! values (handles on the storage they had) when return_swap, else an undefined TensorDict
+  TensorDict to_module(torch::nn::Module& module, const ToModuleOptions& options = {}) const;
+
   static TensorDict from_schema(const Schema& schema, const BatchSize& batch_size,
                                 const std::string& storage = "", const MemmapOptions& options = {});
   //! from_schema on a storage driver an upper layer registered (register_storage_driver): "h5" with H5Options,

@@ -1,0 +1,192 @@
+// Modules and parameters: TensorDict::from_module, TensorDict::to_module, ModuleSwap (tensordict/module.hpp).
+#include "tensordict/module.hpp"
+
+#include <torch/nn/module.h>
+
+namespace tensordict {
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
+
+at::Tensor leaf_of(const at::Tensor& t, const FromModuleOptions& o) {
+  if (o.use_state_dict()) return o.copy() ? t.detach().clone() : t.detach();
+  at::Tensor out = o.copy() ? t.detach().clone() : t.detach();  // a new handle: a later swap leaves it alone
+  if (t.requires_grad()) out.requires_grad_(true);
+  return out;
+}
+
+//! the level of `m`; nullopt when it holds no tensor and filter_empty
+std::optional<TensorDict> from_level(const torch::nn::Module& m, const FromModuleOptions& o) {
+  TensorDict td{BatchSize{}};
+  bool any = false;
+  for (const auto& kv : m.named_parameters(/*recurse=*/false)) {
+    if (!kv.value().defined()) continue;
+    td.set(NestedKey(kv.key()), leaf_of(kv.value(), o));
+    any = true;
+  }
+  for (const auto& kv : m.named_buffers(/*recurse=*/false)) {
+    if (!kv.value().defined()) continue;
+    td.set(NestedKey(kv.key()), leaf_of(kv.value(), o));
+    any = true;
+  }
+  for (const auto& kv : m.named_children()) {
+    std::optional<TensorDict> sub = from_level(*kv.value(), o);
+    if (!sub) continue;
+    td.set(NestedKey(kv.key()), *sub);
+    any = true;
+  }
+  if (!any && o.filter_empty()) return std::nullopt;
+  return td;
+}
+
+//! one module tensor and the value it takes
+struct Slot {
+  std::vector<std::string> path;
+  at::Tensor target;  //!< the module's own tensor (its registered parameter or buffer)
+  at::Tensor value;
+};
+
+//! whether the module holds any defined parameter or buffer (recursively)
+bool holds_tensors(const torch::nn::Module& m) {
+  for (const auto& kv : m.named_parameters(true))
+    if (kv.value().defined()) return true;
+  for (const auto& kv : m.named_buffers(true))
+    if (kv.value().defined()) return true;
+  return false;
+}
+
+//! pairs the TensorDict's level with the module's, checking everything; nothing is changed here
+void match(const TensorDict& td, const torch::nn::Module& m, std::vector<std::string>& path, const std::string& prefix,
+           const ToModuleOptions& o, std::vector<Slot>& out) {
+  const auto params = m.named_parameters(false);
+  const auto buffers = m.named_buffers(false);
+  const auto children = m.named_children();
+  auto tensor_of = [&](const std::string& k) -> const at::Tensor* {
+    if (const at::Tensor* p = params.find(k); p && p->defined()) return p;
+    if (const at::Tensor* b = buffers.find(k); b && b->defined()) return b;
+    return nullptr;
+  };
+  std::vector<std::string> seen;
+  for (const auto& kv : td.items()) {
+    const std::string& k = kv.first.parts()[0];
+    const std::string where = join(prefix, k);
+    seen.push_back(k);
+    const at::Tensor* target = tensor_of(k);
+    const auto* child = children.find(k);
+    if (kv.second.is_tensor()) {
+      if (!target) {
+        if (child) throw TypeError("to_module: '" + where + "' is a submodule of the module, but the value is a tensor");
+        throw KeyError("to_module: the module has no parameter or buffer '" + where + "'");
+      }
+      const at::Tensor& v = kv.second.tensor();
+      if (v.scalar_type() != target->scalar_type()) {
+        throw TypeError("to_module: '" + where + "' is " + std::string(c10::toString(target->scalar_type())) +
+                        " in the module, but the value is " + c10::toString(v.scalar_type()));
+      }
+      if (v.sizes() != target->sizes()) {
+        throw ValueError("to_module: '" + where + "' has shape " + shape_str(target->sizes()) +
+                         " in the module, but the value has shape " + shape_str(v.sizes()));
+      }
+      if (v.device() != target->device()) {
+        throw ValueError("to_module: '" + where + "' is on " + target->device().str() + " in the module, but the value is on " +
+                         v.device().str());
+      }
+      path.push_back(k);
+      out.push_back(Slot{path, *target, v});
+      path.pop_back();
+    } else if (kv.second.is_tensordict()) {
+      if (!child) {
+        if (target) throw TypeError("to_module: '" + where + "' is a tensor of the module, but the value is a TensorDict");
+        throw KeyError("to_module: the module has no submodule '" + where + "'");
+      }
+      path.push_back(k);
+      match(kv.second.tensordict(), **child, path, where, o, out);
+      path.pop_back();
+    } else {
+      throw TypeError("to_module: '" + where + "' holds a " + std::string(Entry::kind_name(kv.second.kind())) +
+                      ", which a module cannot hold");
+    }
+  }
+  if (!o.strict()) return;
+  auto has = [&](const std::string& k) { return std::find(seen.begin(), seen.end(), k) != seen.end(); };
+  for (const auto& kv : params)
+    if (kv.value().defined() && !has(kv.key()))
+      throw KeyError("to_module: the module's parameter '" + join(prefix, kv.key()) + "' has no value in the TensorDict");
+  for (const auto& kv : buffers)
+    if (kv.value().defined() && !has(kv.key()))
+      throw KeyError("to_module: the module's buffer '" + join(prefix, kv.key()) + "' has no value in the TensorDict");
+  for (const auto& kv : children)
+    if (!has(kv.key()) && holds_tensors(*kv.value()))
+      throw KeyError("to_module: the module's submodule '" + join(prefix, kv.key()) + "' has no value in the TensorDict");
+}
+
+}  // namespace
+
+TensorDict TensorDict::from_module(const torch::nn::Module& module, const FromModuleOptions& options) {
+  std::optional<TensorDict> td = from_level(module, options);
+  TensorDict out = td ? *td : TensorDict(BatchSize{});
+  if (options.lock()) out.lock_();
+  return out;
+}
+
+TensorDict TensorDict::to_module(torch::nn::Module& module, const ToModuleOptions& options) const {
+  if (!defined()) throw ValueError("to_module: the TensorDict is undefined");
+  std::vector<Slot> slots;
+  std::vector<std::string> path;
+  match(*this, module, path, "", options, slots);
+  at::NoGradGuard no_grad;
+  const bool copy_in = options.inplace() || options.use_state_dict();
+  // the previous values first: a tensor registered under two names (shared parameters) is recorded as it was
+  // before either name changed it
+  std::vector<at::Tensor> previous;
+  if (options.return_swap()) {
+    previous.reserve(slots.size());
+    for (const auto& s : slots) previous.push_back(copy_in ? s.target.detach().clone() : s.target.detach());
+  }
+  for (auto& s : slots) {
+    if (copy_in) {
+      s.target.detach().copy_(s.value);
+    } else {
+      // the module keeps its tensor object (requires_grad, grad, hooks); its storage becomes the value's
+      s.target.set_(s.value.detach());
+    }
+  }
+  if (!options.return_swap()) return TensorDict::undefined();
+  TensorDict out{BatchSize{}};
+  for (size_t i = 0; i < slots.size(); ++i) out.set(NestedKey(slots[i].path), previous[i]);
+  return out;
+}
+
+ModuleSwap::ModuleSwap(const TensorDict& params, torch::nn::Module& module, const ToModuleOptions& options)
+    : module_(&module), inplace_(options.inplace() || options.use_state_dict()) {
+  previous_ = params.to_module(module, ToModuleOptions(options).return_swap(true));
+}
+
+ModuleSwap::ModuleSwap(ModuleSwap&& other) noexcept
+    : module_(other.module_), previous_(std::move(other.previous_)), inplace_(other.inplace_) {
+  other.module_ = nullptr;
+}
+
+ModuleSwap::~ModuleSwap() {
+  try {
+    restore();
+  } catch (...) {
+    // restoring what was checked and swapped in cannot mismatch; nothing to report from a destructor
+  }
+}
+
+void ModuleSwap::restore() {
+  if (!module_) return;
+  torch::nn::Module* m = module_;
+  module_ = nullptr;
+  previous_.to_module(*m, ToModuleOptions().inplace(inplace_).return_swap(false).strict(false));
+}
+
+}  // namespace tensordict

@@ -1,0 +1,265 @@
+// Modules and parameters (issue 36): TensorDict::from_module / to_module and ModuleSwap over real libtorch
+// modules: Sequential, nested custom modules with buffers, shared and frozen parameters, empty modules, every
+// mismatch (the module is left as it was), the guard restoring on scope exit and on exceptions, memmap round
+// trips and slices, ensembles through stacked params.
+#include <boost/test/unit_test.hpp>
+
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/activation.h>
+
+#include "engine/zoo.hpp"
+#include "fixtures.hpp"
+#include "tensordict/module.hpp"
+
+using namespace tensordict;
+using zoo::throws_with;
+using fixtures::TempDir;
+
+namespace {
+
+torch::nn::Sequential mlp(int64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+}
+
+//! a module with its own parameter, a buffer, a child with a BatchNorm (running buffers) and an empty child
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    scale = register_parameter("scale", torch::ones({3}));
+    steps = register_buffer("steps", torch::zeros({}, torch::kLong));
+    block = register_module("block", torch::nn::Sequential(torch::nn::Linear(3, 3), torch::nn::BatchNorm1d(3)));
+    act = register_module("act", torch::nn::ReLU());
+  }
+  torch::Tensor forward(torch::Tensor x) { return act->forward(block->forward(x * scale)); }
+  torch::Tensor scale, steps;
+  torch::nn::Sequential block{nullptr};
+  torch::nn::ReLU act{nullptr};
+};
+TORCH_MODULE(Net);
+
+//! every parameter and buffer of m by dotted name, cloned (what the module holds now)
+std::map<std::string, at::Tensor> state_of(const torch::nn::Module& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& kv : m.named_parameters()) out[kv.key()] = kv.value().detach().clone();
+  for (const auto& kv : m.named_buffers()) out[kv.key()] = kv.value().detach().clone();
+  return out;
+}
+
+bool same_state(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& kv : a) {
+    auto it = b.find(kv.first);
+    if (it == b.end() || !kv.second.equal(it->second)) return false;
+  }
+  return true;
+}
+
+//! params with every leaf replaced by `v` (same shapes and dtypes, new storage)
+TensorDict filled(const TensorDict& params, double v) {
+  return params.apply([v](const at::Tensor& t) { return at::full_like(t, v).detach(); });
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(module)
+
+BOOST_AUTO_TEST_CASE(from_module_follows_the_module_tree_and_aliases_its_storage) {
+  auto seq = mlp(1);
+  TensorDict p = TensorDict::from_module(*seq);
+  BOOST_TEST(p.batch_size() == BatchSize({}));
+  // upstream's keys: submodules by name, the ReLU (no tensor) left out; weight then bias (registration order)
+  BOOST_TEST(p.keys() == std::vector<NestedKey>({NestedKey("0"), NestedKey("2")}));
+  BOOST_TEST(p.get_td("0").keys() == std::vector<NestedKey>({NestedKey("weight"), NestedKey("bias")}));
+  auto lin0 = seq->ptr(0)->as<torch::nn::Linear>();
+  BOOST_TEST(p.get({"0", "weight"}).equal(lin0->weight));
+  BOOST_TEST(p.get({"0", "weight"}).requires_grad());
+  // the same storage: a write to the value reaches the module
+  {
+    at::NoGradGuard g;
+    p.get({"2", "bias"}).fill_(5.0);
+  }
+  BOOST_TEST(seq->ptr(2)->as<torch::nn::Linear>()->bias.eq(5.0).all().item<bool>());
+  // copies when asked, detached leaves for the state dict, an empty Sequential gives an empty TensorDict
+  TensorDict c = TensorDict::from_module(*seq, FromModuleOptions().copy(true));
+  BOOST_TEST(c.get({"0", "weight"}).data_ptr() != lin0->weight.data_ptr());
+  BOOST_TEST(!TensorDict::from_module(*seq, FromModuleOptions().use_state_dict(true)).get({"0", "weight"}).requires_grad());
+  BOOST_TEST(TensorDict::from_module(*torch::nn::Sequential(torch::nn::ReLU())).is_empty());
+  BOOST_TEST(TensorDict::from_module(*torch::nn::Sequential(torch::nn::ReLU()), FromModuleOptions().filter_empty(false))
+                 .contains("0"));
+  BOOST_TEST(TensorDict::from_module(*seq, FromModuleOptions().lock(true)).is_locked());
+}
+
+BOOST_AUTO_TEST_CASE(to_module_swaps_storage_and_returns_the_previous_values) {
+  auto seq = mlp(2);
+  const auto before = state_of(*seq);
+  TensorDict p = TensorDict::from_module(*seq);
+  TensorDict zeros = filled(p, 0.0);
+  auto lin0 = seq->ptr(0)->as<torch::nn::Linear>();
+  at::TensorImpl* own = lin0->weight.unsafeGetTensorImpl();
+  TensorDict prev = zeros.to_module(*seq);
+  // the module keeps its own tensor objects (and requires_grad) on the values' storage
+  BOOST_TEST(lin0->weight.unsafeGetTensorImpl() == own);
+  BOOST_TEST(lin0->weight.data_ptr() == zeros.get({"0", "weight"}).data_ptr());
+  BOOST_TEST(lin0->weight.requires_grad());
+  BOOST_TEST(seq->forward(at::ones({1, 4})).eq(0).all().item<bool>());
+  // what from_module returned before is unchanged by the swap, and the swap returned the same values
+  BOOST_TEST(p.get({"0", "weight"}).equal(before.at("0.weight")));
+  BOOST_TEST(prev.get({"2", "bias"}).equal(before.at("2.bias")));
+  prev.to_module(*seq, ToModuleOptions().return_swap(false));
+  BOOST_TEST(same_state(state_of(*seq), before));
+  // inplace: the module's storage stays, the values are copied in
+  const void* ptr = lin0->weight.data_ptr();
+  TensorDict old = filled(p, 3.0).to_module(*seq, ToModuleOptions().inplace(true));
+  BOOST_TEST(lin0->weight.data_ptr() == ptr);
+  BOOST_TEST(lin0->weight.eq(3.0).all().item<bool>());
+  BOOST_TEST(old.get({"0", "weight"}).equal(before.at("0.weight")));
+}
+
+BOOST_AUTO_TEST_CASE(module_swap_restores_on_scope_exit_and_on_exceptions) {
+  auto seq = mlp(3);
+  const auto before = state_of(*seq);
+  const at::Tensor x = at::randn({5, 4});
+  const at::Tensor y = seq->forward(x).detach();
+  TensorDict other = TensorDict::from_module(*mlp(4), FromModuleOptions().copy(true));
+  auto twin = mlp(4);
+  {
+    ModuleSwap swap(other, *seq);
+    BOOST_TEST(seq->forward(x).allclose(twin->forward(x)));
+    BOOST_TEST(!seq->forward(x).allclose(y));
+    BOOST_TEST(swap.previous().get({"0", "weight"}).equal(before.at("0.weight")));
+  }
+  BOOST_TEST(same_state(state_of(*seq), before));
+  BOOST_TEST(seq->forward(x).equal(y));
+  try {
+    ModuleSwap swap(other, *seq);
+    throw std::runtime_error("fn failed");
+  } catch (const std::runtime_error&) {
+  }
+  BOOST_TEST(same_state(state_of(*seq), before));
+  // gradients reach the module's own parameters while the swap holds
+  {
+    ModuleSwap swap(other, *seq);
+    seq->forward(x).sum().backward();
+    BOOST_TEST(seq->ptr(0)->as<torch::nn::Linear>()->weight.grad().defined());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(nested_modules_with_buffers_round_trip) {
+  Net net;
+  net->block->ptr(1)->as<torch::nn::BatchNorm1d>()->running_mean.fill_(0.5);
+  TensorDict p = TensorDict::from_module(*net);
+  BOOST_TEST(p.keys() == std::vector<NestedKey>({NestedKey("scale"), NestedKey("steps"), NestedKey("block")}));
+  BOOST_TEST(p.get({"block", "1", "running_mean"}).eq(0.5).all().item<bool>());
+  BOOST_TEST(p.contains({"block", "1", "num_batches_tracked"}));
+  BOOST_TEST(p.get("steps").scalar_type() == at::kLong);
+  const auto before = state_of(*net);
+  {
+    ModuleSwap swap(filled(p, 2.0), *net);
+    BOOST_TEST(net->block->ptr(1)->as<torch::nn::BatchNorm1d>()->running_var.eq(2.0).all().item<bool>());
+    BOOST_TEST(net->steps.item<int64_t>() == 2);
+  }
+  BOOST_TEST(same_state(state_of(*net), before));
+}
+
+BOOST_AUTO_TEST_CASE(shared_and_frozen_parameters) {
+  // one tensor under two names
+  auto lin = torch::nn::Linear(3, 3);
+  lin->register_parameter("tied", lin->weight);
+  TensorDict p = TensorDict::from_module(*lin);
+  BOOST_TEST(p.contains("tied"));
+  BOOST_TEST(p.get("tied").data_ptr() == p.get("weight").data_ptr());
+  const at::Tensor w = lin->weight.detach().clone();
+  {
+    TensorDict v = filled(p, 7.0);
+    v.set("tied", v.get("weight"));  // tied in the values too
+    ModuleSwap swap(v, *lin);
+    BOOST_TEST(lin->weight.eq(7.0).all().item<bool>());
+    BOOST_TEST(swap.previous().get("tied").equal(w));  // recorded before either name changed it
+  }
+  BOOST_TEST(lin->weight.equal(w));
+  // a frozen parameter stays frozen; its value keeps requires_grad false
+  auto seq = mlp(5);
+  seq->ptr(0)->as<torch::nn::Linear>()->weight.requires_grad_(false);
+  TensorDict q = TensorDict::from_module(*seq);
+  BOOST_TEST(!q.get({"0", "weight"}).requires_grad());
+  BOOST_TEST(q.get({"0", "bias"}).requires_grad());
+  filled(q, 1.0).to_module(*seq, ToModuleOptions().return_swap(false));
+  BOOST_TEST(!seq->ptr(0)->as<torch::nn::Linear>()->weight.requires_grad());
+  BOOST_TEST(seq->ptr(0)->as<torch::nn::Linear>()->bias.requires_grad());
+}
+
+BOOST_AUTO_TEST_CASE(every_mismatch_is_a_typed_error_and_changes_nothing) {
+  auto seq = mlp(6);
+  const auto before = state_of(*seq);
+  const void* ptr = seq->ptr(0)->as<torch::nn::Linear>()->weight.data_ptr();
+  const TensorDict p = filled(TensorDict::from_module(*seq), 1.0);
+  auto check_untouched = [&] {
+    BOOST_TEST(same_state(state_of(*seq), before));
+    BOOST_TEST(seq->ptr(0)->as<torch::nn::Linear>()->weight.data_ptr() == ptr);
+  };
+  TensorDict extra = p.clone();
+  extra.set({"2", "gain"}, at::ones({2}));
+  BOOST_TEST(throws_with<KeyError>([&] { extra.to_module(*seq); }, {"'2.gain'", "no parameter or buffer"}));
+  check_untouched();
+  TensorDict missing = p.clone();
+  missing.del({"2", "bias"});
+  BOOST_TEST(throws_with<KeyError>([&] { missing.to_module(*seq); }, {"'2.bias'", "has no value"}));
+  check_untouched();
+  TensorDict no_sub = p.clone();
+  no_sub.del("2");
+  BOOST_TEST(throws_with<KeyError>([&] { no_sub.to_module(*seq); }, {"submodule '2'"}));
+  // a part of the module, when asked; its previous values put back the same way
+  no_sub.to_module(*seq, ToModuleOptions().strict(false)).to_module(*seq, ToModuleOptions().strict(false));
+  check_untouched();
+  TensorDict shape = p.clone();
+  shape.set({"0", "bias"}, at::ones({9}));
+  BOOST_TEST(throws_with<ValueError>([&] { shape.to_module(*seq); }, {"'0.bias'", "[8]", "[9]"}));
+  check_untouched();
+  TensorDict dtype = p.clone();
+  dtype.set({"0", "weight"}, at::ones({8, 4}, at::kDouble));
+  BOOST_TEST(throws_with<TypeError>([&] { dtype.to_module(*seq); }, {"'0.weight'", "Double"}));
+  check_untouched();
+  TensorDict flat = p.clone();
+  flat.set("0", at::ones({1}));
+  BOOST_TEST(throws_with<TypeError>([&] { flat.to_module(*seq); }, {"'0'", "submodule"}));
+  check_untouched();
+  TensorDict nt = p.clone();
+  nt.set_non_tensor({"0", "tag"}, JsonValue("x"));
+  BOOST_TEST(throws_with<TypeError>([&] { nt.to_module(*seq); }, {"'0.tag'"}));
+  check_untouched();
+}
+
+BOOST_AUTO_TEST_CASE(weights_saved_with_memmap_load_whole_or_by_slice) {
+  TempDir dir("module");
+  auto seq = mlp(7);
+  TensorDict::from_module(*seq).memmap(dir.path + "/w");
+  auto other = mlp(8);
+  TensorDict loaded = TensorDict::load_memmap(dir.path + "/w");
+  loaded.to_module(*other, ToModuleOptions().return_swap(false));
+  const at::Tensor x = at::randn({3, 4});
+  BOOST_TEST(other->forward(x).equal(seq->forward(x)));
+  BOOST_TEST(other->ptr(0)->as<torch::nn::Linear>()->weight.requires_grad());  // the module's flag stays
+  // a slice: the directory of the first layer into the first layer of a third model
+  auto third = mlp(9);
+  TensorDict::load_memmap(dir.path + "/w/0").to_module(*third->ptr(0), ToModuleOptions().inplace(true));
+  BOOST_TEST(third->ptr(0)->as<torch::nn::Linear>()->weight.equal(seq->ptr(0)->as<torch::nn::Linear>()->weight));
+  BOOST_TEST(!third->ptr(2)->as<torch::nn::Linear>()->weight.equal(seq->ptr(2)->as<torch::nn::Linear>()->weight));
+}
+
+BOOST_AUTO_TEST_CASE(an_ensemble_runs_member_by_member_on_stacked_params) {
+  std::vector<torch::nn::Sequential> members = {mlp(10), mlp(11), mlp(12)};
+  std::vector<TensorDict> params;
+  for (auto& m : members) params.push_back(TensorDict::from_module(*m));
+  TensorDict stacked = tensordict::stack(params, 0);
+  BOOST_TEST(stacked.batch_size() == BatchSize({3}));
+  auto model = mlp(13);
+  const at::Tensor x = at::randn({2, 4});
+  for (int64_t i = 0; i < 3; ++i) {
+    ModuleSwap swap(stacked.index({i}), *model);  // views of the stack: no copy
+    BOOST_TEST(model->forward(x).allclose(members[static_cast<size_t>(i)]->forward(x)));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
