@@ -206,6 +206,32 @@ void write_meta(const std::string& dir, const JsonValue& meta, JsonValue::Style 
 
 void write_meta(const std::string& dir, const DirNode& node) { write_meta(dir, make_meta(node), meta_style(node.kind)); }
 
+void write_new_meta(const std::string& dir, const DirNode& node, bool sync) {
+  const std::string data = make_meta(node).dump(meta_style(node.kind));
+  const std::string path = join(dir, "meta.json");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) throw BackendError("cannot create '" + path + "': " + std::strerror(errno));
+  try {
+    write_all(fd, data, path);
+    if (sync && ::fsync(fd) != 0) throw BackendError("fsync failed for '" + path + "': " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(path.c_str());
+    throw BackendError("close failed for '" + path + "': " + std::strerror(err));
+  }
+  if (!sync) return;
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // its entries (the leaves, the child directories, meta.json): best effort, as atomic_write
+    ::close(dfd);
+  }
+}
+
 LeafMeta write_leaf(const std::string& dir, const std::string& key, const at::Tensor& value) {
   if (!value.defined()) throw ValueError("write_leaf: undefined tensor for key '" + key + "'");
   LeafMeta leaf;

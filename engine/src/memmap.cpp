@@ -133,7 +133,9 @@ struct LeafJob {
 //! for its life (backends::StagingDir): the next save of the same prefix removes only staging directories whose
 //! lock it can take (their writer died), never a live writer's in another PID namespace or on another host. When
 //! the parent directory is not writable the save is written in place (the old behaviour).
-//! durable: every leaf file and meta.json is fsynced before the rename, and the parent directory after it.
+//! durable: every leaf file, meta.json and directory of the staging directory is fsynced before the rename, and
+//! the parent directory after it. Not durable (upstream's default): nothing is fsynced; the rename alone makes
+//! the switch (a killed writer loses nothing the page cache holds).
 class StagedSave {
  public:
   StagedSave(const std::string& prefix, bool durable);
@@ -468,7 +470,7 @@ void write_leaf_job(LeafJob& job) {
   }
 }
 
-//! writes a leaf; durable: then fsyncs its file (meta.json files are always fsynced: backends' atomic_write)
+//! writes a leaf; durable: then fsyncs its file
 void run_leaf_job(LeafJob& job, bool durable) {
   write_leaf_job(job);
   if (durable && job.source.numel() > 0) backends::sync_path(job.path, /*directory=*/false);
@@ -497,6 +499,19 @@ void run_jobs(std::vector<LeafJob>& jobs, int64_t num_threads, bool durable) {
   for (size_t i = 0; i < n; ++i) pool.emplace_back(work);
   for (auto& th : pool) th.join();
   if (first_error) std::rethrow_exception(first_error);
+}
+
+//! every meta.json of the plan, children first. A staged save writes into a directory nobody reads until the
+//! commit switches it in whole, so each is a plain write (fsynced with its directory when durable); a save in
+//! place (a parent that is not writable) replaces each atomically (temp file, fsync, rename)
+void write_metas(const WritePlan& plan, const StagedSave& stage) {
+  for (const auto& m : plan.metas) {
+    if (stage.staged()) {
+      backends::write_new_meta(m.first, *m.second, plan.durable);
+    } else {
+      backends::write_meta(m.first, *m.second);
+    }
+  }
 }
 
 void check_prefix(const std::string& prefix, const MemmapOptions& o) {
@@ -551,7 +566,7 @@ void TensorDictImpl::memmap_(TensorDict& self, const std::string& prefix, const 
     throw;
   }
   run_jobs(plan.leaves, options.num_threads(), plan.durable);
-  for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
+  write_metas(plan, stage);
   stage.commit();
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
@@ -598,7 +613,7 @@ TensorDict TensorDictImpl::memmap_like(const TensorDict& self, const std::string
   plan.durable = options.durable();
   plan_tree(*detail::impl_of(out), prefix, options, /*like=*/true, /*replace=*/true, plan);
   run_jobs(plan.leaves, options.num_threads(), plan.durable);
-  for (const auto& m : plan.metas) backends::write_meta(m.first, *m.second);
+  write_metas(plan, stage);
   stage.commit();
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);

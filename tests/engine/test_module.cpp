@@ -13,6 +13,8 @@
 #include "fixtures.hpp"
 #include "tensordict/module.hpp"
 
+#include <filesystem>
+
 using namespace tensordict;
 using zoo::throws_with;
 using fixtures::TempDir;
@@ -260,6 +262,34 @@ BOOST_AUTO_TEST_CASE(an_ensemble_runs_member_by_member_on_stacked_params) {
     ModuleSwap swap(stacked.index({i}), *model);  // views of the stack: no copy
     BOOST_TEST(model->forward(x).allclose(members[static_cast<size_t>(i)]->forward(x)));
   }
+}
+
+// interop (upstream's layout both ways): tests/data/python_weights was written by Python tensordict v0.14.0
+// (TensorDict.from_module(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))).memmap(dir), with an input
+// and that model's output on it: scripts/python_weights.py); the C++ model of the same layers loads it and gives
+// the same output. The reverse direction: weights_for_python below writes test-tmp/cpp_weights, which
+// scripts/python_weights.py --check loads into the Python model (run by hand with the peer, shared/peer/)
+BOOST_AUTO_TEST_CASE(weights_written_by_python_load_into_the_same_cpp_model) {
+  const std::string data = (std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "python_weights").string();
+  BOOST_REQUIRE_MESSAGE(std::filesystem::exists(data + "/params/meta.json"), "missing fixture " << data);
+  TensorDict params = TensorDict::load_memmap(data + "/params");
+  BOOST_TEST(params.keys() == std::vector<NestedKey>({NestedKey("0"), NestedKey("2")}));
+  auto model = mlp(99);
+  params.to_module(*model, ToModuleOptions().return_swap(false));
+  TensorDict io = TensorDict::load_memmap(data + "/io");
+  BOOST_TEST(model->forward(io.get("x")).allclose(io.get("y"), 1e-5, 1e-6));
+}
+
+BOOST_AUTO_TEST_CASE(weights_for_python) {
+  const std::string out = std::string(TD_BINARY_DIR) + "/test-tmp/cpp_weights";
+  std::filesystem::remove_all(out);
+  auto model = mlp(21);
+  TensorDict::from_module(*model).memmap(out + "/params");
+  const at::Tensor x = at::randn({3, 4});
+  at::NoGradGuard g;
+  TensorDict io({{"x", x}, {"y", model->forward(x)}}, {3});
+  io.memmap(out + "/io");
+  BOOST_TEST(TensorDict::load_memmap(out + "/params").keys() == std::vector<NestedKey>({NestedKey("0"), NestedKey("2")}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

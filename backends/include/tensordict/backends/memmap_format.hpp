@@ -204,6 +204,10 @@ JsonValue::Style meta_style(NodeKind kind);
 void write_meta(const std::string& dir, const JsonValue& meta, JsonValue::Style style = JsonValue::Style::Python);
 //! write_meta(dir, make_meta(node), meta_style(node.kind)).
 void write_meta(const std::string& dir, const DirNode& node);
+//! Writes `dir`/meta.json of a directory nobody reads yet (a staged save's, switched in as a whole later): a
+//! plain write, no temp file and no rename. `sync`: the file, then `dir`, fsynced (a durable save). Throws
+//! BackendError on I/O failure, with the half-written file removed.
+void write_new_meta(const std::string& dir, const DirNode& node, bool sync);
 
 //! Writes `value` as `dir`/encode_key(key).memmap and returns its entry (device = value's device, e.g.
 //! "cpu"). Zero elements: no file (a stale one is removed) and leaf.file = "". Throws like write_file.
