@@ -82,6 +82,15 @@ int main(int argc, char** argv) {
   // copy deleted just before measured the file system's allocator (45% of the profile), not the save
   int n = 0;
   auto fresh = [&] { return dir + "/s" + std::to_string(n++); };
+  if (argc > 3 && std::string(argv[3]) == "swap-only") {  // for a profiler: from_module + swap + restore
+    const TensorDict other = params.clone();
+    for (int r = 0; r < 3000; ++r) {
+      TensorDict p = TensorDict::from_module(*model);
+      ModuleSwap swap(other, *model);
+    }
+    fs::remove_all(dir);
+    return 0;
+  }
   if (argc > 3 && std::string(argv[3]) == "save-only") {  // for a profiler: memmap saves alone
     for (int r = 0; r < 20; ++r) saved = params.memmap(fresh());
     saved = TensorDict();

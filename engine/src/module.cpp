@@ -76,16 +76,19 @@ void match(const TensorDict& td, const torch::nn::Module& m, std::vector<std::st
   std::vector<std::string> seen;
   for (const auto& kv : td.items()) {
     const std::string& k = kv.first.parts()[0];
-    const std::string where = join(prefix, k);
+    auto where_fn = [&] { return join(prefix, k); };  // built for messages only
     seen.push_back(k);
     const at::Tensor* target = tensor_of(k);
     const auto* child = children.find(k);
     if (kv.second.is_tensor()) {
       if (!target) {
+        const std::string where = where_fn();
         if (child) throw TypeError("to_module: '" + where + "' is a submodule of the module, but the value is a tensor");
         throw KeyError("to_module: the module has no parameter or buffer '" + where + "'");
       }
       const at::Tensor& v = kv.second.tensor();
+      if (v.scalar_type() != target->scalar_type() || v.sizes() != target->sizes() || v.device() != target->device()) {
+        const std::string where = where_fn();
       if (v.scalar_type() != target->scalar_type()) {
         throw TypeError("to_module: '" + where + "' is " + std::string(c10::toString(target->scalar_type())) +
                         " in the module, but the value is " + c10::toString(v.scalar_type()));
@@ -98,19 +101,21 @@ void match(const TensorDict& td, const torch::nn::Module& m, std::vector<std::st
         throw ValueError("to_module: '" + where + "' is on " + target->device().str() + " in the module, but the value is on " +
                          v.device().str());
       }
+      }
       path.push_back(k);
       out.push_back(Slot{path, *target, v});
       path.pop_back();
     } else if (kv.second.is_tensordict()) {
       if (!child) {
+        const std::string where = where_fn();
         if (target) throw TypeError("to_module: '" + where + "' is a tensor of the module, but the value is a TensorDict");
         throw KeyError("to_module: the module has no submodule '" + where + "'");
       }
       path.push_back(k);
-      match(kv.second.tensordict(), **child, path, where, o, out);
+      match(kv.second.tensordict(), **child, path, where_fn(), o, out);
       path.pop_back();
     } else {
-      throw TypeError("to_module: '" + where + "' holds a " + std::string(Entry::kind_name(kv.second.kind())) +
+      throw TypeError("to_module: '" + where_fn() + "' holds a " + std::string(Entry::kind_name(kv.second.kind())) +
                       ", which a module cannot hold");
     }
   }
@@ -136,57 +141,98 @@ TensorDict TensorDict::from_module(const torch::nn::Module& module, const FromMo
   return out;
 }
 
-TensorDict TensorDict::to_module(torch::nn::Module& module, const ToModuleOptions& options) const {
-  if (!defined()) throw ValueError("to_module: the TensorDict is undefined");
+namespace {
+
+//! every slot of td in module, checked (nothing changed yet)
+std::vector<Slot> plan_slots(const TensorDict& td, const torch::nn::Module& module, const ToModuleOptions& options) {
+  if (!td.defined()) throw ValueError("to_module: the TensorDict is undefined");
   std::vector<Slot> slots;
   std::vector<std::string> path;
-  match(*this, module, path, "", options, slots);
+  match(td, module, path, "", options, slots);
+  return slots;
+}
+
+//! writes the slots' values into the module; `previous` (when given) gets what each slot held before, recorded
+//! before any slot changes (a tensor registered under two names, shared parameters, is recorded as it was)
+void apply_slots(const std::vector<Slot>& slots, bool copy_in, std::vector<at::Tensor>* previous) {
   at::NoGradGuard no_grad;
-  const bool copy_in = options.inplace() || options.use_state_dict();
-  // the previous values first: a tensor registered under two names (shared parameters) is recorded as it was
-  // before either name changed it
-  std::vector<at::Tensor> previous;
-  if (options.return_swap()) {
-    previous.reserve(slots.size());
-    for (const auto& s : slots) previous.push_back(copy_in ? s.target.detach().clone() : s.target.detach());
+  if (previous) {
+    previous->reserve(slots.size());
+    for (const auto& s : slots) previous->push_back(copy_in ? s.target.detach().clone() : s.target.detach());
   }
-  for (auto& s : slots) {
+  for (const auto& s : slots) {
+    at::Tensor target = s.target;
     if (copy_in) {
-      s.target.detach().copy_(s.value);
+      target.detach().copy_(s.value);
     } else {
       // the module keeps its tensor object (requires_grad, grad, hooks); its storage becomes the value's
-      s.target.set_(s.value.detach());
+      target.set_(s.value.detach());
     }
   }
-  if (!options.return_swap()) return TensorDict::undefined();
+}
+
+TensorDict previous_td(const std::vector<Slot>& slots, const std::vector<at::Tensor>& previous) {
   TensorDict out{BatchSize{}};
   for (size_t i = 0; i < slots.size(); ++i) out.set(NestedKey(slots[i].path), previous[i]);
   return out;
 }
 
-ModuleSwap::ModuleSwap(const TensorDict& params, torch::nn::Module& module, const ToModuleOptions& options)
-    : module_(&module), inplace_(options.inplace() || options.use_state_dict()) {
-  previous_ = params.to_module(module, ToModuleOptions(options).return_swap(true));
+}  // namespace
+
+TensorDict TensorDict::to_module(torch::nn::Module& module, const ToModuleOptions& options) const {
+  const std::vector<Slot> slots = plan_slots(*this, module, options);
+  const bool copy_in = options.inplace() || options.use_state_dict();
+  if (!options.return_swap()) {
+    apply_slots(slots, copy_in, nullptr);
+    return TensorDict::undefined();
+  }
+  std::vector<at::Tensor> previous;
+  apply_slots(slots, copy_in, &previous);
+  return previous_td(slots, previous);
 }
 
-ModuleSwap::ModuleSwap(ModuleSwap&& other) noexcept
-    : module_(other.module_), previous_(std::move(other.previous_)), inplace_(other.inplace_) {
-  other.module_ = nullptr;
+struct ModuleSwap::State {
+  std::vector<Slot> slots;
+  std::vector<at::Tensor> previous;
+  bool copy_in = false;
+  bool restored = false;
+};
+
+ModuleSwap::ModuleSwap(const TensorDict& params, torch::nn::Module& module, const ToModuleOptions& options)
+    : state_(std::make_unique<State>()) {
+  state_->slots = plan_slots(params, module, options);
+  state_->copy_in = options.inplace() || options.use_state_dict();
+  apply_slots(state_->slots, state_->copy_in, &state_->previous);
 }
+
+ModuleSwap::ModuleSwap(ModuleSwap&& other) noexcept = default;
 
 ModuleSwap::~ModuleSwap() {
   try {
     restore();
   } catch (...) {
-    // restoring what was checked and swapped in cannot mismatch; nothing to report from a destructor
+    // putting back what was checked and swapped in cannot mismatch; nothing to report from a destructor
   }
 }
 
 void ModuleSwap::restore() {
-  if (!module_) return;
-  torch::nn::Module* m = module_;
-  module_ = nullptr;
-  previous_.to_module(*m, ToModuleOptions().inplace(inplace_).return_swap(false).strict(false));
+  if (!state_ || state_->restored) return;
+  state_->restored = true;
+  at::NoGradGuard no_grad;
+  // the previous tensors back, last slot first (a tensor under two names ends as it was)
+  for (size_t i = state_->slots.size(); i-- > 0;) {
+    at::Tensor target = state_->slots[i].target;
+    if (state_->copy_in) {
+      target.detach().copy_(state_->previous[i]);
+    } else {
+      target.set_(state_->previous[i]);
+    }
+  }
+}
+
+const TensorDict& ModuleSwap::previous() const {
+  if (!previous_.defined() && state_) previous_ = previous_td(state_->slots, state_->previous);
+  return previous_;
 }
 
 }  // namespace tensordict

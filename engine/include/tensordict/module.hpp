@@ -13,6 +13,7 @@
 //! Ensembles: C++ has no vmap; stack the members' params (`tensordict::stack`) and run member i through a
 //! ModuleSwap of `stacked.index({i})` (views of the stack: no copy), one after the other.
 //! Thread-safety: a swap changes the module's tensors; do not run the module on another thread meanwhile.
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -33,15 +34,16 @@ class ModuleSwap {
   ModuleSwap(ModuleSwap&& other) noexcept;
   ModuleSwap& operator=(ModuleSwap&&) = delete;
 
-  //! puts the previous tensors back now (later calls do nothing)
+  //! puts the previous tensors back now (later calls do nothing); no check runs again: the swap recorded each
+  //! tensor it changed and what it held
   void restore();
-  //! what the module held before the swap (handles on its previous storage)
-  const TensorDict& previous() const { return previous_; }
+  //! what the module held before the swap (handles on its previous storage; built when first asked)
+  const TensorDict& previous() const;
 
  private:
-  torch::nn::Module* module_ = nullptr;
-  TensorDict previous_ = TensorDict::undefined();
-  bool inplace_ = false;
+  struct State;
+  std::unique_ptr<State> state_;
+  mutable TensorDict previous_ = TensorDict::undefined();
 };
 
 }  // namespace tensordict
