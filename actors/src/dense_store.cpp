@@ -13,6 +13,7 @@
 #include "tensordict/actors/store_client.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/backends/shape_text.hpp"
 #include "tensordict/memmap_storage.hpp"
 #include "tensordict/non_tensor.hpp"
 
@@ -20,12 +21,6 @@ namespace tensordict {
 namespace actors {
 
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 //! bytes the file system holding `path` still gives an unprivileged writer; -1 when statvfs fails
 int64_t free_bytes_at(const std::string& path) {
@@ -113,8 +108,8 @@ std::optional<std::vector<int64_t>> DenseStore::stored_batch_size() const {
 void DenseStore::set_stored_batch_size(const std::vector<int64_t>& batch) {
   const BatchSize& b = td().batch_size();
   if (!std::equal(b.begin(), b.end(), batch.begin(), batch.end())) {
-    throw ValueError("store: the batch size " + shape_str(b) + " of a " + kind_ + " store is fixed, not " +
-                     shape_str(batch));
+    throw ValueError("store: the batch size " + shape_text(b) + " of a " + kind_ + " store is fixed, not " +
+                     shape_text(batch));
   }
 }
 
@@ -160,7 +155,7 @@ std::vector<at::Tensor> DenseStore::read(const std::vector<backends::LeafRead>& 
     }
     if (r.shape) {
       if (c10::multiply_integers(*r.shape) != v.numel()) {
-        throw ValueError("store: the shape " + shape_str(*r.shape) + " asked for " + key_of(r.path).repr() +
+        throw ValueError("store: the shape " + shape_text(*r.shape) + " asked for " + key_of(r.path).repr() +
                          " does not hold its " + std::to_string(v.numel()) + " elements");
       }
       v = v.reshape(*r.shape);  // a view of the storage where the rows are one run
@@ -239,8 +234,8 @@ void DenseStore::check_new_leaf(const NestedKey& key, const std::vector<int64_t>
   }
   const BatchSize& bs = t.batch_size();
   if (shape.size() < bs.size() || !std::equal(bs.begin(), bs.end(), shape.begin())) {
-    throw BatchSizeError("add_key: the shape " + shape_str(shape) + " of " + key.repr() +
-                         " does not start with the store's batch size " + shape_str(bs));
+    throw BatchSizeError("add_key: the shape " + shape_text(shape) + " of " + key.repr() +
+                         " does not start with the store's batch size " + shape_text(bs));
   }
   // its bytes against the configured maximum and the space left, before anything is made
   for (int64_t d : shape)
@@ -256,13 +251,13 @@ void DenseStore::check_new_leaf(const NestedKey& key, const std::vector<int64_t>
   }
   const std::string size = overflow ? std::string("more than 2^63 bytes") : std::to_string(bytes) + " bytes";
   if (max_key_bytes_ > 0 && (overflow || bytes > max_key_bytes_)) {
-    throw ValueError("add_key: " + key.repr() + " of shape " + shape_str(shape) + " needs " + size +
+    throw ValueError("add_key: " + key.repr() + " of shape " + shape_text(shape) + " needs " + size +
                      ", more than the store's limit of " + std::to_string(max_key_bytes_) +
                      " bytes (config store.max_key_bytes)");
   }
   const int64_t left = space_left();
   if (left >= 0 && (overflow || bytes > left)) {
-    throw BackendError("add_key: " + key.repr() + " of shape " + shape_str(shape) + " needs " + size + ", but only " +
+    throw BackendError("add_key: " + key.repr() + " of shape " + shape_text(shape) + " needs " + size + ", but only " +
                        std::to_string(left) + " bytes are left for the " + kind_ + " store; nothing was added");
   }
 }

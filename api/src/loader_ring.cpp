@@ -1,5 +1,6 @@
 // The DataLoader's ring: one shared-memory segment of batch slots (its layout and the JSON config the trainer
 // writes into it for the worker processes), and the futex / spin waits trainer and workers use on it.
+#include "tensordict/backends/shape_text.hpp"
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -195,10 +196,6 @@ std::string batch_name(int64_t batch, int64_t epoch) {
   return "batch " + std::to_string(batch) + " of epoch " + std::to_string(epoch);
 }
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+std::string shape_str(at::IntArrayRef s) { return shape_text(s); }
 
 }  // namespace tensordict::loader_internal

@@ -9,16 +9,13 @@
 #include <vector>
 
 #include "remote_node.hpp"
+#include "tensordict/backends/shape_text.hpp"
 #include "tensordict/index_math.hpp"
 
 namespace tensordict {
 namespace remote {
 
-inline std::string shape_str(const BatchSize& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
+inline std::string shape_str(const BatchSize& s) { return shape_text(s); }
 
 inline std::string path_str(const LeafPath& p) {
   std::string r;

@@ -12,6 +12,7 @@
 #include "remote_internal.hpp"
 #include "tensordict/actors/store_client.hpp"
 #include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/backends/shape_text.hpp"
 #include "tensordict/engine.hpp"
 
 namespace tensordict {
@@ -19,12 +20,6 @@ namespace tensordict {
 namespace {
 std::shared_ptr<actors::Runtime> runtime_of(const std::shared_ptr<Engine>& engine) {
   return (engine ? engine : Engine::default_engine())->runtime();
-}
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
 }
 
 //! the leaves of the store at `keys`, as LeafInfos over the store's batch (KeyError naming a key that is not a

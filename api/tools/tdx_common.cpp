@@ -1,4 +1,5 @@
 // tdx: the helpers its subcommands share (tdx_common.hpp): paths, text, Redis addresses, store layouts.
+#include "tensordict/backends/shape_text.hpp"
 #include "tdx_common.hpp"
 
 #include <fcntl.h>
@@ -96,11 +97,7 @@ std::string count(int64_t n, const std::string& one, const std::string& many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+std::string shape_str(const std::vector<int64_t>& s) { return tensordict::shape_text(s); }
 
 //! Truncates to `max` characters (on a UTF-8 boundary) with "..." when longer.
 std::string truncate(const std::string& s, size_t max) {

@@ -1,5 +1,6 @@
 // The HDF5 store's shared helpers (h5_internal.hpp): the library guard and error stack, the type mapping
 // between torch dtypes and HDF5 types (h5py's layout), key paths.
+#include "tensordict/backends/shape_text.hpp"
 #include "h5_internal.hpp"
 
 #include <cstring>
@@ -255,11 +256,7 @@ void check_path(const LeafPath& p, const std::string& where) {
                        " (HDF5 names cannot be empty, '.', '..' or hold '/')");
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+std::string shape_str(const std::vector<int64_t>& s) { return shape_text(s); }
 
 int64_t checked_numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;

@@ -1,6 +1,7 @@
 // The Redis layout (Python's TensorDictStore, shared/reference/upstream-formats.md): connection options,
 // store ids, key names, shapes and leaf paths as text, leaf metadata and non-tensor encodings; the helpers
 // the Redis store's sources share (redis_internal.hpp).
+#include "tensordict/backends/shape_text.hpp"
 #include "redis_internal.hpp"
 
 #include <ATen/EmptyTensor.h>
@@ -118,14 +119,7 @@ std::string redis_key(const std::string& prefix, const std::string& td_id, const
   return prefix + ":{" + td_id + "}:" + suffix;
 }
 
-std::string redis_shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
+std::string redis_shape_text(const std::vector<int64_t>& shape) { return shape_text(shape); }
 
 std::vector<int64_t> parse_redis_shape(const std::string& text, const std::string& what) {
   JsonValue v;

@@ -66,12 +66,6 @@ bool starts_with_batch(const std::vector<int64_t>& shape, const std::vector<int6
   return true;
 }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 }  // namespace shm_internal
 
 using namespace shm_internal;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tensordict/backends/shape_text.hpp"
 #include "tensordict/backends/shm.hpp"
 
 namespace tensordict::backends::shm_internal {
@@ -67,6 +68,6 @@ std::string extent_problem(uint64_t offset, at::ScalarType dtype, at::IntArrayRe
 std::string key_text(const std::vector<std::string>& key);
 std::string key_problem(const std::vector<std::string>& key);
 bool starts_with_batch(const std::vector<int64_t>& shape, const std::vector<int64_t>& batch);
-std::string shape_text(const std::vector<int64_t>& s);
+using tensordict::shape_text;  // "[3, 4]" (shape_text.hpp)
 
 }  // namespace tensordict::backends::shm_internal

@@ -3,15 +3,11 @@
 
 #include <torch/nn/module.h>
 
+#include "tensordict/backends/shape_text.hpp"
+
 namespace tensordict {
 
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
 
@@ -94,8 +90,8 @@ void match(const TensorDict& td, const torch::nn::Module& m, std::vector<std::st
                         " in the module, but the value is " + c10::toString(v.scalar_type()));
       }
       if (v.sizes() != target->sizes()) {
-        throw ValueError("to_module: '" + where + "' has shape " + shape_str(target->sizes()) +
-                         " in the module, but the value has shape " + shape_str(v.sizes()));
+        throw ValueError("to_module: '" + where + "' has shape " + shape_text(target->sizes()) +
+                         " in the module, but the value has shape " + shape_text(v.sizes()));
       }
       if (v.device() != target->device()) {
         throw ValueError("to_module: '" + where + "' is on " + target->device().str() + " in the module, but the value is on " +

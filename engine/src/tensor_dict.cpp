@@ -1,5 +1,6 @@
 // TensorDict core: the engine's shared helpers, Entry, construction, metadata (keys and reads:
 // tensor_dict_keys.cpp; writes: tensor_dict_write.cpp).
+#include "tensordict/backends/shape_text.hpp"
 #include <algorithm>
 #include <cstring>
 #include <sstream>
@@ -16,11 +17,7 @@ namespace tensordict {
 // ============================================================================ detail helpers
 namespace detail {
 
-std::string shape_list(at::IntArrayRef shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+std::string shape_list(at::IntArrayRef shape) { return shape_text(shape); }
 std::string shape_str(at::IntArrayRef shape) { return "torch.Size(" + shape_list(shape) + ")"; }
 
 int64_t prod(at::IntArrayRef shape) {
