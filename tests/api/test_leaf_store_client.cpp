@@ -1,4 +1,4 @@
-// The leaf-store client (actors/leaf_store_actor.hpp) over a real HDF5 file: calls that find the store busy
+// The store client (actors/store_client.hpp) over a real HDF5 file: calls that find the store busy
 // wait and are merged into one store call; each caller still gets its own result or error; calls from many
 // threads at once all complete with the right values. Assertions run on the test's thread only.
 #include <boost/test/unit_test.hpp>

@@ -1,8 +1,9 @@
 #pragma once
-//! Store: a memmap directory or a shared-memory TensorDict behind its store actor (actors/store_actor.hpp).
-//! Many threads and processes share one store: rows are read and written directly in memory (`get`,
-//! `set_`, `td()`: no actor hop), while what must be serialised goes to the actor as ONE message per call —
-//! adding a key (new leaf file + atomic meta.json rewrite, or a new shared-memory segment), flush, refresh.
+//! Store: a memmap directory or a shared-memory TensorDict behind its store actor, in the one store stack
+//! (actors/store_client.hpp: the same interface, actor and client as HDF5 and Redis stores). Many threads and
+//! processes share one store: rows are read and written directly in memory (`get`, `set_`, `td()`: no actor,
+//! no lock), while what must be serialised runs with the store held, ONE call per user call — adding a key
+//! (new leaf file + atomic meta.json rewrite, or a new shared-memory segment), flush, refresh.
 //! Another process `connect`s to a store that was `publish`ed on 127.0.0.1 and maps the same storage
 //! (zero-copy); its add_key goes to the owner's actor, so concurrent producers never lose a key. Every store
 //! has a random token (128 bits, `token()`): another process must show it (`connect(host, port, token)`, or the
