@@ -8,8 +8,9 @@
 //!  2. replay buffer: from_schema of 100k rows (obs [16] f32, action i64, reward f32, done bool), filled row
 //!     by row by 4 producer threads, each with its own handle (from_store) and all sharing one handle:
 //!     rows/s and store_stats() (row calls per merged pipeline), against raw hiredis with one round trip per
-//!     row (4 SETRANGE pipelined) from 4 threads with a connection each. Then a sample of 256 random rows
-//!     against the raw Lua gather.
+//!     row (4 SETRANGE pipelined) from 4 threads with a connection each, and against the server's ceiling: our
+//!     commands per row (MULTI, a SETRANGE per leaf, EXEC) pipelined 64 rows deep from 4 connections (issue
+//!     38). Then a sample of 256 random rows against the raw Lua gather.
 //! Prints one JSON object (µs per call, medians of alternating samples); asserts nothing.
 #include <hiredis/hiredis.h>
 
@@ -439,6 +440,46 @@ Json bench_replay(int port) {
         .num("raw_verified", verify(rawbuf) ? 1 : 0, 0)
         .num("own_handles_vs_raw", own_rows_per_s / raw_rows_per_s, 2)
         .num("shared_handle_vs_raw", shared_rows_per_s / raw_rows_per_s, 2);
+    rawbuf.clear_redis();
+  }
+  // (d) the server's ceiling (issue 38): 4 threads, a connection each, our commands per row (MULTI, one
+  // SETRANGE per leaf, EXEC) pipelined kDepth rows deep before the replies are read
+  {
+    constexpr int64_t kDepth = 64;
+    TensorDictStore rawbuf = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port));
+    const std::string id = rawbuf.td_id();
+    std::vector<at::Tensor> cols;
+    for (const auto& l : leaves) cols.push_back(values.get(l).contiguous());
+    std::vector<std::unique_ptr<Raw>> conns;
+    for (int k = 0; k < kProducers; ++k) conns.push_back(std::make_unique<Raw>(port));
+    std::vector<std::string> keys;
+    for (const auto& l : leaves) keys.push_back(data_key(id, l));
+    const size_t replies_per_row = leaves.size() + 2;  // +OK, +QUEUED per leaf, the EXEC array
+    double s = run_threads(kProducers, [&](int k) {
+      Raw& raw = *conns[k];
+      int64_t pending = 0;
+      auto drain = [&] {
+        for (size_t n = 0; n < static_cast<size_t>(pending) * replies_per_row; ++n) freeReplyObject(raw.reply());
+        pending = 0;
+      };
+      for (int64_t r = k; r < kReplayRows; r += kProducers) {
+        raw.append(tx_cmd(true).argv, tx_cmd(true).lens);
+        for (size_t l = 0; l < leaves.size(); ++l) {
+          const std::string off = std::to_string(r * row_bytes[l]);  // hiredis copies the command when appended
+          const char* p = static_cast<const char*>(cols[l].data_ptr()) + r * row_bytes[l];
+          raw.append({"SETRANGE", keys[l].c_str(), off.c_str(), p},
+                     {8, keys[l].size(), off.size(), static_cast<size_t>(row_bytes[l])});
+        }
+        raw.append(tx_cmd(false).argv, tx_cmd(false).lens);
+        if (++pending == kDepth) drain();
+      }
+      drain();
+    });
+    const double ceiling = kReplayRows / s;
+    j.num("raw_pipelined_tx_rows_per_s", ceiling, 0)
+        .num("raw_pipelined_verified", verify(rawbuf) ? 1 : 0, 0)
+        .num("own_handles_vs_ceiling", own_rows_per_s / ceiling, 2)
+        .num("shared_handle_vs_ceiling", shared_rows_per_s / ceiling, 2);
     rawbuf.clear_redis();
   }
   // sample 256 random rows from the filled buffer vs the raw Lua gather
