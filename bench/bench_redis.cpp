@@ -413,50 +413,58 @@ Json bench_replay(int port) {
         .num("shared_handle_largest_batch", static_cast<double>(st.largest), 0)
         .num("shared_handle_verified", verify(buf) ? 1 : 0, 0);
   }
+  // (c) and (d): a fresh store, one raw connection per producer, each leaf's column and data key
+  struct RawFill {
+    TensorDictStore buf;
+    std::vector<at::Tensor> cols;
+    std::vector<std::unique_ptr<Raw>> conns;
+    std::vector<std::string> keys;
+    std::vector<int64_t> row_bytes;
+    //! one SETRANGE per leaf of row r on producer k's connection (hiredis copies a command when appended)
+    void append_row(int k, int64_t r) {
+      for (size_t l = 0; l < keys.size(); ++l) {
+        const std::string off = std::to_string(r * row_bytes[l]);
+        const char* p = static_cast<const char*>(cols[l].data_ptr()) + r * row_bytes[l];
+        conns[k]->append({"SETRANGE", keys[l].c_str(), off.c_str(), p},
+                         {8, keys[l].size(), off.size(), static_cast<size_t>(row_bytes[l])});
+      }
+    }
+  };
+  auto raw_fill = [&] {
+    auto f = std::make_unique<RawFill>(RawFill{TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port)),
+                                               {}, {}, {}, row_bytes});
+    for (const auto& l : leaves) {
+      f->cols.push_back(values.get(l).contiguous());
+      f->keys.push_back(data_key(f->buf.td_id(), l));
+    }
+    for (int k = 0; k < kProducers; ++k) f->conns.push_back(std::make_unique<Raw>(port));
+    return f;
+  };
   // (c) raw: 4 threads, a connection each, one round trip (4 SETRANGE pipelined) per row
   {
-    TensorDictStore rawbuf = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port));
-    const std::string id = rawbuf.td_id();
-    std::vector<at::Tensor> cols;
-    for (const auto& l : leaves) cols.push_back(values.get(l).contiguous());
-    std::vector<std::unique_ptr<Raw>> conns;
-    for (int k = 0; k < kProducers; ++k) conns.push_back(std::make_unique<Raw>(port));
-    std::vector<std::string> keys;
-    for (const auto& l : leaves) keys.push_back(data_key(id, l));
+    auto fill = raw_fill();
     double s = run_threads(kProducers, [&](int k) {
-      Raw& raw = *conns[k];
+      Raw& raw = *fill->conns[k];
       for (int64_t r = k; r < kReplayRows; r += kProducers) {
-        for (size_t l = 0; l < leaves.size(); ++l) {
-          const std::string off = std::to_string(r * row_bytes[l]);
-          const char* p = static_cast<const char*>(cols[l].data_ptr()) + r * row_bytes[l];
-          raw.append({"SETRANGE", keys[l].c_str(), off.c_str(), p},
-                     {8, keys[l].size(), off.size(), static_cast<size_t>(row_bytes[l])});
-        }
+        fill->append_row(k, r);
         for (size_t l = 0; l < leaves.size(); ++l) freeReplyObject(raw.reply());
       }
     });
     raw_rows_per_s = kReplayRows / s;
     j.num("raw_round_trip_per_row_rows_per_s", raw_rows_per_s, 0)
-        .num("raw_verified", verify(rawbuf) ? 1 : 0, 0)
+        .num("raw_verified", verify(fill->buf) ? 1 : 0, 0)
         .num("own_handles_vs_raw", own_rows_per_s / raw_rows_per_s, 2)
         .num("shared_handle_vs_raw", shared_rows_per_s / raw_rows_per_s, 2);
-    rawbuf.clear_redis();
+    fill->buf.clear_redis();
   }
   // (d) the server's ceiling (issue 38): 4 threads, a connection each, our commands per row (MULTI, one
   // SETRANGE per leaf, EXEC) pipelined kDepth rows deep before the replies are read
   {
     constexpr int64_t kDepth = 64;
-    TensorDictStore rawbuf = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port));
-    const std::string id = rawbuf.td_id();
-    std::vector<at::Tensor> cols;
-    for (const auto& l : leaves) cols.push_back(values.get(l).contiguous());
-    std::vector<std::unique_ptr<Raw>> conns;
-    for (int k = 0; k < kProducers; ++k) conns.push_back(std::make_unique<Raw>(port));
-    std::vector<std::string> keys;
-    for (const auto& l : leaves) keys.push_back(data_key(id, l));
+    auto fill = raw_fill();
     const size_t replies_per_row = leaves.size() + 2;  // +OK, +QUEUED per leaf, the EXEC array
     double s = run_threads(kProducers, [&](int k) {
-      Raw& raw = *conns[k];
+      Raw& raw = *fill->conns[k];
       int64_t pending = 0;
       auto drain = [&] {
         for (size_t n = 0; n < static_cast<size_t>(pending) * replies_per_row; ++n) freeReplyObject(raw.reply());
@@ -464,12 +472,7 @@ Json bench_replay(int port) {
       };
       for (int64_t r = k; r < kReplayRows; r += kProducers) {
         raw.append(tx_cmd(true).argv, tx_cmd(true).lens);
-        for (size_t l = 0; l < leaves.size(); ++l) {
-          const std::string off = std::to_string(r * row_bytes[l]);  // hiredis copies the command when appended
-          const char* p = static_cast<const char*>(cols[l].data_ptr()) + r * row_bytes[l];
-          raw.append({"SETRANGE", keys[l].c_str(), off.c_str(), p},
-                     {8, keys[l].size(), off.size(), static_cast<size_t>(row_bytes[l])});
-        }
+        fill->append_row(k, r);
         raw.append(tx_cmd(false).argv, tx_cmd(false).lens);
         if (++pending == kDepth) drain();
       }
@@ -477,10 +480,10 @@ Json bench_replay(int port) {
     });
     const double ceiling = kReplayRows / s;
     j.num("raw_pipelined_tx_rows_per_s", ceiling, 0)
-        .num("raw_pipelined_verified", verify(rawbuf) ? 1 : 0, 0)
+        .num("raw_pipelined_verified", verify(fill->buf) ? 1 : 0, 0)
         .num("own_handles_vs_ceiling", own_rows_per_s / ceiling, 2)
         .num("shared_handle_vs_ceiling", shared_rows_per_s / ceiling, 2);
-    rawbuf.clear_redis();
+    fill->buf.clear_redis();
   }
   // sample 256 random rows from the filled buffer vs the raw Lua gather
   {

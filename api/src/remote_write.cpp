@@ -172,10 +172,12 @@ void RemoteNode::set_at(TensorDict& self, const NestedKey& key, const at::Tensor
 
 void RemoteNode::put(const std::string& key, const Entry& value_in) {
   const LeafPath cp = child_path(key);
-  if (dense_ && dense_level().node()->read(key)) {  // an existing key: written in place (upstream's inplace)
-    TensorDict lv = dense_level();
-    lv.set_(NestedKey(key), value_in);
-    return;
+  if (dense_) {
+    TensorDict lv = dense_level();  // one snapshot for the check and the write
+    if (lv.node()->read(key)) {     // an existing key: written in place (upstream's inplace)
+      lv.set_(NestedKey(key), value_in);
+      return;
+    }
   }
   Entry value = value_in;
   if (value.is_dict()) value = Entry(TensorDict(value.dict(), batch_size, device));
