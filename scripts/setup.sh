@@ -10,6 +10,7 @@ PKGS=(
   clang libclang-rt-14-dev
   libasan8 libubsan1 libtsan2
   python3-h5py hdf5-tools
+  libgloo-dev python3-torch iproute2
 )
 missing=()
 for p in "${PKGS[@]}"; do

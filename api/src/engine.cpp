@@ -46,6 +46,7 @@ Engine::Engine(const Config& config, DefaultTag) : rt_(actors::Runtime::start(co
 
 Engine::~Engine() {
   if (registered_ && get_map_backend() == std::static_pointer_cast<MapBackend>(rt_)) set_map_backend(nullptr);
+  groups_.reset();  // the process groups it made leave (distributed_group.cpp)
   rt_.reset();
 }
 

@@ -36,6 +36,13 @@ struct TensorDictImpl : Node {
   //! tensorclass records: the non-tensor fields stored in the class's meta.json, and its pickle, verbatim
   std::optional<JsonValue> class_fields;
   std::optional<JsonValue::Bytes> class_pickle;
+  //! consolidate(): the one uint8 storage every leaf of the tree is a view into, and this level's metadata
+  //! record (upstream's _consolidated); null when not consolidated. unlock() drops it, as upstream
+  struct Consolidated {
+    at::Tensor storage;
+    JsonValue metadata;
+  };
+  std::shared_ptr<const Consolidated> consolidated;
 
   TensorDictImpl* dense_node() override { return this; }
   std::string type_name() const override { return "TensorDict"; }

@@ -648,6 +648,7 @@ void TensorDictImpl::unlock() {
   locked = false;
   is_memmap = false;
   is_shared = false;
+  consolidated.reset();
 }
 
 static void unlock_node(const std::shared_ptr<Node>& node) {

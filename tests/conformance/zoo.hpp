@@ -74,6 +74,8 @@ inline std::vector<Member> members() {
                    return td;
                  },
                  true});
+  // consolidate(): every leaf a view into one storage (locked, as memmap and shared members)
+  out.push_back({"consolidated_td", [=] { return zoo::plain(bs, 39).consolidate(); }, true});
   out.push_back({"store_td",
                  [=] {
                    TensorDict buf = zoo::plain(bs, 35).memmap(fresh_dir("store"));

@@ -15,6 +15,10 @@ namespace tensordict {
 namespace actors {
 class Runtime;
 }
+namespace dist {
+class Group;
+struct GroupOptions;
+}
 
 class Engine {
  public:
@@ -44,6 +48,10 @@ class Engine {
   //! stops the default engine now (the next use starts a new one)
   static void shutdown_default();
 
+  //! joins a process group (tensordict/distributed.hpp) whose life this engine bounds: the group is shut down
+  //! when the engine stops (its handles then fail with DistributedError)
+  std::shared_ptr<dist::Group> process_group(const dist::GroupOptions& options) const;
+
   //! internal: the actors-layer runtime (api/ and actors/ code only)
   const std::shared_ptr<actors::Runtime>& runtime() const { return rt_; }
 
@@ -52,6 +60,8 @@ class Engine {
   Engine(const Config& config, DefaultTag);
   std::shared_ptr<actors::Runtime> rt_;
   bool registered_ = false;
+  struct Groups;
+  mutable std::shared_ptr<Groups> groups_;
 };
 
 //! Call first thing in main() of any program that maps with worker processes (MapOptions().worker_processes),

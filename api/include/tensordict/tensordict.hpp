@@ -7,6 +7,7 @@
 #include "tensordict/options.hpp"
 #include "tensordict/tensor_dict.hpp"
 #include "tensordict/config.hpp"
+#include "tensordict/distributed.hpp"
 #include "tensordict/engine.hpp"
 #include "tensordict/lazy_stack.hpp"
 #include "tensordict/loader.hpp"

@@ -21,7 +21,8 @@ namespace tensordict {
   X(Runtime, RuntimeError)             /* everything else upstream raises RuntimeError for */    \
   X(NotImplemented, NotImplementedError) /* an operation this backend does not support */ \
   X(Assertion, AssertionError)         /* upstream's assert (e.g. an invalid view shape) */      \
-  X(Attribute, AttributeError)         /* upstream's AttributeError (a nested key through a tensor on get) */
+  X(Attribute, AttributeError)         /* upstream's AttributeError (a nested key through a tensor on get) */ \
+  X(Distributed, DistributedError)     /* a process group failed: a peer died, timed out or sent another shape */
 
 enum class ErrorCode : int {
 #define TENSORDICT_ERROR_ENUM(code, Name) code,

@@ -1,5 +1,7 @@
 #pragma once
 //! Builder-style option objects (libtorch's TORCH_ARG idiom): `KeysOptions().include_nested(true)`.
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -103,6 +105,50 @@ struct FromDictOptions {
   TD_ARG(std::optional<std::vector<int64_t>>, batch_size) = std::nullopt;
   TD_ARG(std::optional<int64_t>, batch_dims) = std::nullopt;
   TD_ARG(bool, auto_batch_size) = false;
+};
+
+namespace dist {
+class Group;
+//! the reduction of reduce / all_reduce (c10d's ReduceOp; gloo has no average)
+enum class ReduceOp : int { Sum, Product, Min, Max, BAnd, BOr, BXor };
+}  // namespace dist
+
+//! send / recv / isend / irecv / init_remote / broadcast / reduce / all_reduce (tensordict/distributed.hpp):
+//! upstream's keyword arguments. The peer (dst / src) is a rank of `group`.
+struct DistOptions {
+  //! the process group; null: the default group (dist::init_process_group)
+  TD_ARG(std::shared_ptr<dist::Group>, group) = nullptr;
+  //! the tag of the first leaf; each next leaf takes the next one (upstream's init_tag)
+  TD_ARG(int64_t, init_tag) = 0;
+  //! tags from upstream's pseudo-random chain (int_generator) instead of init_tag, init_tag + 1, ...
+  TD_ARG(bool, pseudo_rand) = false;
+  //! send / recv the consolidated storage in one message (the receiver is consolidated with the same layout,
+  //! e.g. by from_remote_init)
+  TD_ARG(bool, consolidated) = false;
+  //! reduce / all_reduce: return at once with the pending operations (upstream's async_op)
+  TD_ARG(bool, async_op) = false;
+  //! init_remote / from_remote_init over broadcast instead of point to point (upstream's use_broadcast)
+  TD_ARG(bool, use_broadcast) = false;
+  //! recv: receive every leaf into a buffer of its own first and write the TensorDict only when all arrived,
+  //! so that a failed receive leaves it as it was. false: straight into the leaves (upstream; faster)
+  TD_ARG(bool, staged) = true;
+  //! send / recv / isend / irecv / reduce / all_reduce between our ranks: the structure (keys, dtypes, shapes)
+  //! is compared before any data moves (tensordict/distributed.hpp). false: upstream's protocol exactly, what a
+  //! Python rank speaks (a larger leaf than the receiver's then aborts the receiving process in gloo)
+  TD_ARG(bool, checked) = true;
+  //! init_remote / broadcast: the metadata as a pickle of plain data (what a Python rank's recv_object_list
+  //! reads) instead of JSON (what our ranks read; from_remote_init reads both)
+  TD_ARG(bool, pickle_metadata) = false;
+};
+
+//! consolidate (upstream's consolidate): every leaf a view into one uint8 storage
+struct ConsolidateOptions {
+  //! the storage is this file: [leaf bytes][metadata JSON][its length, int64] (upstream's filename)
+  TD_ARG(std::string, filename) = "";
+  //! the storage in shared memory (upstream's share_memory)
+  TD_ARG(bool, share_memory) = false;
+  //! threads that copy the leaves (0 or 1: the calling thread); the bytes are the same
+  TD_ARG(int, num_threads) = 0;
 };
 
 }  // namespace tensordict

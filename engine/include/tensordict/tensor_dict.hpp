@@ -21,6 +21,9 @@
 #include "tensordict/non_tensor.hpp"
 #include "tensordict/options.hpp"
 
+namespace tensordict::dist {
+class Pending;
+}
 namespace torch {
 namespace nn {
 class Module;
@@ -401,6 +404,51 @@ class TensorDict {
   //! objects, their requires_grad and grads); `inplace` copies into their storage instead. Returns the previous
   //! values (handles on the storage they had) when return_swap, else an undefined TensorDict
   TensorDict to_module(torch::nn::Module& module, const ToModuleOptions& options = {}) const;
+
+  // ---------------------------------------------------------------- consolidate (upstream's consolidate)
+  //! a locked copy whose leaves are views into one uint8 storage, laid out as upstream lays it out (leaves in
+  //! insertion order, depth first, each padded with zeros to 8 bytes), with upstream's metadata record; a
+  //! consolidated TensorDict returns itself. Non-tensor leaves live in the metadata only.
+  TensorDict consolidate(const ConsolidateOptions& options = {}) const;
+  //! true on a result of consolidate (unlock_ drops the consolidation, as upstream)
+  bool is_consolidated() const;
+  //! the storage of a consolidated TensorDict (1-D uint8); undefined otherwise
+  at::Tensor consolidated_storage() const;
+  //! the metadata record of a consolidated TensorDict (upstream's _consolidated["metadata"]); null otherwise
+  JsonValue consolidated_metadata() const;
+  //! rebuilds a consolidated TensorDict from a storage and its metadata record (upstream's
+  //! _rebuild_tensordict_files_consolidated): the leaves are views into `storage`. FormatError when the
+  //! record does not describe the storage
+  static TensorDict from_consolidated(const at::Tensor& storage, const JsonValue& metadata);
+  //! reads a file written by consolidate(filename) (ours or Python's): its leaves map the file
+  static TensorDict from_consolidated(const std::string& filename);
+
+  // ---------------------------------------------------------------- distributed (tensordict/distributed.hpp)
+  // upstream's send / recv / isend / irecv / init_remote / broadcast / reduce / all_reduce over a c10d process
+  // group, leaf by leaf in upstream's order and tags, so that a Python rank can take part. Defined in api/
+  // (link tensordict::tensordict). Failures of the group (a peer that died or did not answer within the
+  // group's timeout) are DistributedErrors.
+  //! sends every tensor leaf to rank `dst` (sorted keys, depth first; non-tensor leaves are not sent)
+  void send(int dst, const DistOptions& options = {}) const;
+  //! receives every tensor leaf from rank `src` into this TensorDict's leaves (same structure as the sender's);
+  //! returns the last tag used (upstream), nullopt for a consolidated receive
+  std::optional<int64_t> recv(int src, const DistOptions& options = {});
+  //! send without waiting: the pending sends (wait_all / wait_any) and the last tag
+  dist::Pending isend(int dst, const DistOptions& options = {}) const;
+  //! recv without waiting: the leaves are written as the receives complete
+  dist::Pending irecv(int src, const DistOptions& options = {});
+  //! sends the structure (metadata) and then the data to `dst`, which builds the TensorDict from it with
+  //! from_remote_init (upstream's init_remote)
+  void init_remote(int dst, const DistOptions& options = {}) const;
+  static TensorDict from_remote_init(int src, const DistOptions& options = {});
+  //! upstream's broadcast: rank `src` sends its (consolidated) TensorDict, every rank returns it
+  TensorDict broadcast(int src, const DistOptions& options = {}) const;
+  //! upstream's reduce into rank `dst`'s leaves (sorted keys); pending when options.async_op
+  dist::Pending reduce(int dst, dist::ReduceOp op = dist::ReduceOp::Sum, const DistOptions& options = {});
+  //! upstream's all_reduce of every leaf (insertion order); pending when options.async_op
+  dist::Pending all_reduce(dist::ReduceOp op = dist::ReduceOp::Sum, const DistOptions& options = {});
+  //! upstream's all_gather: every rank's TensorDict, by rank
+  std::vector<TensorDict> all_gather(const DistOptions& options = {}) const;
 
   static TensorDict from_schema(const Schema& schema, const BatchSize& batch_size,
                                 const std::string& storage = "", const MemmapOptions& options = {});

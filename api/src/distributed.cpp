@@ -1,0 +1,623 @@
+// TensorDict's send / recv / isend / irecv / init_remote / from_remote_init / broadcast / reduce / all_reduce /
+// all_gather on a c10d process group (tensordict/distributed.hpp), in upstream's order and tags:
+//  - point to point and reduce: tensor leaves in sorted key order, depth first (a lazy stack member by member),
+//    leaf i with tag init_tag + i, or upstream's pseudo-random chain; non-tensor leaves are not sent;
+//  - all_reduce: leaves in insertion order;
+//  - init_remote / broadcast / all_gather: the consolidated metadata as one object (an int64 length, then its
+//    bytes, as torch's send_object_list frames it), then the consolidated storage (tag 0).
+// Between our ranks, a checked transfer (DistOptions::checked) first compares the structure (kStructureTag).
+#include <algorithm>
+#include <cstring>
+
+#include "distributed_internal.hpp"
+#include "pickle_plain.hpp"
+#include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/node.hpp"
+
+namespace tensordict {
+
+namespace {
+
+using dist::Group;
+using dist::guarded;
+using dist::Pending;
+using dist::PendingOp;
+
+//! the tag of the structure messages of a checked transfer (never one of upstream's leaf tags in practice)
+constexpr int kStructureTag = 0x7ffffff0;
+//! bounds what a peer may announce (a structure text, a metadata object)
+constexpr int64_t kMaxObjectBytes = int64_t{1} << 30;
+
+//! one tensor leaf to move: where it lives (its level and key) and its value
+struct Leaf {
+  TensorDict owner;
+  std::string key;
+  std::string path;  //!< dotted, for messages
+  at::Tensor value;
+  bool direct = false;  //!< value is the leaf's own contiguous storage (a receive may land in it)
+};
+
+void collect(const TensorDict& td, const std::string& prefix, bool sorted, std::vector<Leaf>& out) {
+  const auto& node = td.node();
+  if (StackMembers sm = node->stack_members()) {
+    for (size_t i = 0; i < sm.members->size(); ++i)
+      collect((*sm.members)[i], prefix + std::to_string(i) + ".", sorted, out);
+    return;
+  }
+  std::vector<std::string> keys = node->keys();
+  if (sorted) std::sort(keys.begin(), keys.end());
+  const bool views = node->caps().zero_copy_views;
+  for (const std::string& key : keys) {
+    std::optional<Entry> e = node->read(key);
+    if (!e) continue;
+    if (e->is_tensor()) {
+      const at::Tensor& t = e->tensor();
+      out.push_back({td, key, prefix + key, t, views && t.is_contiguous() && t.device().is_cpu()});
+    } else if (e->is_tensordict()) {
+      collect(e->tensordict(), prefix + key + ".", sorted, out);
+    }
+    // non-tensor leaves: not sent (upstream)
+  }
+}
+
+std::vector<Leaf> leaves_of(const TensorDict& td, bool sorted) {
+  if (!td.defined()) throw RuntimeError("undefined TensorDict");
+  std::vector<Leaf> out;
+  collect(td, "", sorted, out);
+  return out;
+}
+
+//! a contiguous CPU tensor with the leaf's bytes (the leaf itself when it is one)
+at::Tensor sendable(const at::Tensor& t) {
+  at::Tensor v = t.device().is_cpu() ? t : t.cpu();
+  return v.is_contiguous() ? v : v.contiguous();
+}
+
+//! the next tag of upstream's chain
+int64_t next_tag(int64_t tag, bool pseudo_rand) { return pseudo_rand ? dist::int_generator(tag + 1) : tag + 1; }
+
+int tag_int(int64_t tag) {
+  if (tag < 0 || tag > 0x7fffffef) throw ValueError("tag " + std::to_string(tag) + " is out of range");
+  return static_cast<int>(tag);
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+//! the structure of a transfer: a line per leaf, "path\tdtype\tshape", in send order
+std::string signature(const std::vector<Leaf>& leaves) {
+  std::string s;
+  for (const Leaf& l : leaves)
+    s += l.path + "\t" + backends::dtype_to_string(l.value.scalar_type()) + "\t" + shape_str(l.value.sizes()) + "\n";
+  return s;
+}
+
+std::vector<std::array<std::string, 3>> parse_signature(const std::string& s) {
+  std::vector<std::array<std::string, 3>> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t nl = s.find('\n', pos);
+    if (nl == std::string::npos) nl = s.size();
+    std::string line = s.substr(pos, nl - pos);
+    size_t t1 = line.find('\t'), t2 = line.find('\t', t1 == std::string::npos ? 0 : t1 + 1);
+    if (t1 == std::string::npos || t2 == std::string::npos) break;
+    out.push_back({line.substr(0, t1), line.substr(t1 + 1, t2 - t1 - 1), line.substr(t2 + 1)});
+    pos = nl + 1;
+  }
+  return out;
+}
+
+at::Tensor bytes_tensor(const std::string& s) {
+  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
+  if (!s.empty()) std::memcpy(t.data_ptr<uint8_t>(), s.data(), s.size());
+  return t;
+}
+
+std::string tensor_bytes(const at::Tensor& t) {
+  return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), static_cast<size_t>(t.numel()));
+}
+
+std::string rank_str(int r) { return "rank " + std::to_string(r); }
+
+// ---------------------------------------------------------------- point-to-point primitives
+
+void send_now(c10d::ProcessGroupGloo& pg, at::Tensor t, int dst, int tag, const std::string& what) {
+  std::vector<at::Tensor> v{std::move(t)};
+  guarded(what, [&] { pg.send(v, dst, tag)->wait(); });
+}
+
+void recv_now(c10d::ProcessGroupGloo& pg, at::Tensor t, int src, int tag, const std::string& what) {
+  std::vector<at::Tensor> v{std::move(t)};
+  guarded(what, [&] { pg.recv(v, src, tag)->wait(); });
+}
+
+//! an object as torch's send_object_list frames it: its length (int64 [1]), then its bytes (uint8)
+void send_object(c10d::ProcessGroupGloo& pg, const std::string& bytes, int dst, int tag, const std::string& what) {
+  at::Tensor len = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  send_now(pg, len, dst, tag, what);
+  send_now(pg, bytes_tensor(bytes), dst, tag, what);
+}
+
+std::string recv_object(c10d::ProcessGroupGloo& pg, int src, int tag, const std::string& what) {
+  at::Tensor len = at::zeros({1}, at::kLong);
+  recv_now(pg, len, src, tag, what);
+  const int64_t n = len.item<int64_t>();
+  if (n < 0 || n > kMaxObjectBytes)
+    throw DistributedError(what + ": " + rank_str(src) + " announced an object of " + std::to_string(n) + " bytes");
+  at::Tensor body = at::empty({n}, at::kByte);
+  recv_now(pg, body, src, tag, what);
+  return tensor_bytes(body);
+}
+
+//! the sender's side of a checked transfer: sends its structure, gets the receiver's answer
+void offer_structure(c10d::ProcessGroupGloo& pg, const std::string& sig, int dst, const std::string& what) {
+  send_object(pg, sig, dst, kStructureTag, what + " (its structure)");
+  std::string answer = recv_object(pg, dst, kStructureTag, what + " (the receiver's answer)");
+  if (!answer.empty()) throw DistributedError(what + ": " + rank_str(dst) + " refused the transfer: " + answer);
+}
+
+//! the receiver's side: compares the sender's structure with its own; a mismatch is answered and thrown as a
+//! typed error naming the first key that differs
+void accept_structure(c10d::ProcessGroupGloo& pg, const std::string& mine, int src, const std::string& what,
+                      std::chrono::milliseconds timeout) {
+  std::string theirs;
+  try {
+    theirs = recv_object(pg, src, kStructureTag, what + " (the sender's structure)");
+  } catch (const DistributedError& e) {
+    throw DistributedError(e.message() + " [a checked receive waits for the sender's structure for " +
+                           std::to_string(timeout.count()) + " ms; a Python rank or a DistOptions().checked(false) "
+                           "sender sends none: receive with checked(false)]");
+  }
+  if (theirs == mine) {
+    send_object(pg, "", src, kStructureTag, what + " (the answer)");
+    return;
+  }
+  auto a = parse_signature(theirs), b = parse_signature(mine);
+  std::string msg;
+  ErrorCode code = ErrorCode::Key;
+  for (size_t i = 0; i < std::max(a.size(), b.size()) && msg.empty(); ++i) {
+    if (i >= a.size()) {
+      msg = "the key '" + b[i][0] + "' is not sent by " + rank_str(src);
+    } else if (i >= b.size() || a[i][0] != b[i][0]) {
+      msg = "the key '" + a[i][0] + "' sent by " + rank_str(src) + " is not a tensor leaf here" +
+            (i < b.size() ? " (next here: '" + b[i][0] + "')" : "");
+    } else if (a[i][1] != b[i][1]) {
+      code = ErrorCode::Type;
+      msg = "the key '" + a[i][0] + "' is " + a[i][1] + " on " + rank_str(src) + " and " + b[i][1] + " here";
+    } else if (a[i][2] != b[i][2]) {
+      code = ErrorCode::Value;
+      msg = "the key '" + a[i][0] + "' has shape " + a[i][2] + " on " + rank_str(src) + " and " + b[i][2] + " here";
+    }
+  }
+  if (msg.empty()) msg = "the structures differ";
+  send_object(pg, msg, src, kStructureTag, what + " (the answer)");
+  msg = what + ": " + msg + "; nothing was received";
+  if (code == ErrorCode::Type) throw TypeError(msg);
+  if (code == ErrorCode::Value) throw ValueError(msg);
+  throw KeyError(msg);
+}
+
+//! writes received values into their leaves (after every receive succeeded)
+void write_back(const Leaf& l, const at::Tensor& received) {
+  if (l.direct) {
+    if (received.data_ptr() != l.value.data_ptr()) l.value.copy_(received);
+  } else {
+    TensorDict owner = l.owner;
+    owner.set_(l.key, received);
+  }
+}
+
+//! the structure of a consolidated record: every leaf's path, dtype, shape and bytes, and the total
+void record_signature(const JsonValue& rec, const std::string& prefix, std::string& out) {
+  if (!rec.is_object()) return;
+  if (const JsonValue* leaves = rec.find("leaves"); leaves && leaves->is_object())
+    for (const auto& [k, v] : leaves->as_object()) out += prefix + k + "\t" + v.dump() + "\n";
+  for (const auto& [k, v] : rec.as_object()) {
+    if (k == "cls" || k == "non_tensors" || k == "leaves" || k == "cls_metadata" || k.rfind('_', 0) == 0) continue;
+    record_signature(v, prefix + k + ".", out);
+  }
+}
+
+std::string consolidated_signature(const TensorDict& td) {
+  std::string s = "bytes\t" + std::to_string(td.consolidated_storage().numel()) + "\n";
+  record_signature(td.consolidated_metadata(), "", s);
+  return s;
+}
+
+//! the metadata record to send: consolidated metadata with upstream's extra keys, as JSON or a plain pickle
+std::string metadata_bytes(const TensorDict& td_c, const DistOptions& o) {
+  JsonValue meta = td_c.consolidated_metadata();
+  meta.as_object().emplace_back("_total_bytes", static_cast<long long>(td_c.consolidated_storage().numel()));
+  meta.as_object().emplace_back("_storage_device", "cpu");
+  return o.pickle_metadata() ? pickle::dump_plain(meta) : meta.dump();
+}
+
+//! parses a received metadata record (our JSON, or a Python rank's pickle of plain data); pops the extra keys
+JsonValue parse_metadata(const std::string& bytes, int64_t& total, const std::string& what) {
+  JsonValue meta;
+  try {
+    meta = !bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80 ? pickle::load_plain(bytes) : JsonValue::parse(bytes);
+  } catch (const Error& e) {
+    throw FormatError(what + ": the metadata is neither JSON nor a pickle of plain data (" + e.message() + ")");
+  }
+  if (!meta.is_object()) throw FormatError(what + ": the metadata is not a dict");
+  total = -1;
+  auto& obj = meta.as_object();
+  for (auto it = obj.begin(); it != obj.end();) {
+    if (it->first == "_total_bytes" && it->second.is_int()) total = it->second.as_int();
+    if (it->first == "_total_bytes" || it->first == "_storage_device" || it->first == "_tensorclass_type" ||
+        it->first == "_max_bytes")
+      it = obj.erase(it);
+    else
+      ++it;
+  }
+  if (total < 0 || total > (int64_t{1} << 44)) throw FormatError(what + ": the metadata has no valid _total_bytes");
+  return meta;
+}
+
+//! a hash of the structure every collective rank must share (FNV-1a of its signature)
+int64_t structure_hash(const std::string& sig) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : sig) h = (h ^ c) * 1099511628211ULL;
+  return static_cast<int64_t>(h >> 1);
+}
+
+//! checked collectives: every rank's structure must be rank 0's (a small all_gather of hashes)
+void check_collective(c10d::ProcessGroupGloo& pg, const Group& g, const std::string& sig, const std::string& what) {
+  std::vector<at::Tensor> mine{at::full({1}, structure_hash(sig), at::kLong)};
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int r = 0; r < g.size(); ++r) all[0].push_back(at::zeros({1}, at::kLong));
+  guarded(what + " (structure check)", [&] { pg.allgather(all, mine)->wait(); });
+  for (int r = 1; r < g.size(); ++r) {
+    if (all[0][r].item<int64_t>() != all[0][0].item<int64_t>())
+      throw ValueError(what + ": the TensorDict of " + rank_str(r) + " has another structure (keys, dtypes or shapes) "
+                       "than rank 0's; nothing was reduced");
+  }
+}
+
+//! what gloo reduces for a leaf: the leaf itself (its dtypes), or a float32 / int32 copy of a bfloat16 / int16
+//! leaf, or the real view of a complex leaf (Sum only); TypeError naming the key otherwise. `back` writes the
+//! result into the leaf once reduced (nullptr when the reduction happened in the leaf itself)
+struct Reducible {
+  at::Tensor t;
+  std::function<void()> back;
+};
+
+Reducible reducible(const Leaf& l, dist::ReduceOp op, bool writes, const std::string& what) {
+  const at::ScalarType dt = l.value.scalar_type();
+  at::Tensor base = l.direct ? l.value : sendable(l.value).clone();
+  auto back_of = [&](const at::Tensor& t) -> std::function<void()> {
+    if (!writes) return nullptr;
+    if (l.direct && t.data_ptr() == l.value.data_ptr()) return nullptr;
+    return [l, t] { write_back(l, t.scalar_type() == l.value.scalar_type() ? t : t.to(l.value.scalar_type())); };
+  };
+  switch (dt) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kChar: case at::kByte: case at::kInt:
+    case at::kLong: case at::kBool:
+      return {base, back_of(base)};
+    case at::kBFloat16: {
+      at::Tensor t = base.to(at::kFloat);
+      return {t, back_of(t)};
+    }
+    case at::kShort: {
+      at::Tensor t = base.to(at::kInt);
+      return {t, back_of(t)};
+    }
+    case at::kComplexFloat: case at::kComplexDouble:
+      if (op != dist::ReduceOp::Sum)
+        throw TypeError(what + ": the leaf '" + l.path + "' is complex, which only Sum reduces");
+      return {at::view_as_real(base), back_of(base)};
+    default:
+      throw TypeError(what + ": the leaf '" + l.path + "' is " + backends::dtype_to_string(dt) + ", which gloo cannot reduce");
+  }
+}
+
+Pending make_pending(std::vector<PendingOp> ops, std::optional<int64_t> tag, std::shared_ptr<Group> g) {
+  auto st = std::make_unique<Pending::State>();
+  st->ops = std::move(ops);
+  st->tag = tag;
+  st->group = std::move(g);
+  return Pending(std::move(st));
+}
+
+std::string peer_what(const char* op, const char* dir, int peer) {
+  return std::string(op) + " " + dir + " " + rank_str(peer);
+}
+
+void check_peer(const Group& g, int peer, const char* op) {
+  if (peer < 0 || peer >= g.size())
+    throw ValueError(std::string(op) + ": rank " + std::to_string(peer) + " is not in the group (size " +
+                     std::to_string(g.size()) + ")");
+  if (peer == g.rank()) throw ValueError(std::string(op) + ": rank " + std::to_string(peer) + " is this rank");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ send / recv
+
+void TensorDict::send(int dst, const DistOptions& o) const {
+  auto g = dist::group_of(o);
+  check_peer(*g, dst, "send");
+  auto& pg = g->impl().get("send");
+  const std::string what = peer_what("send", "to", dst);
+  if (o.consolidated()) {
+    TensorDict td_c = is_consolidated() ? *this : consolidate();
+    if (o.checked()) offer_structure(pg, consolidated_signature(td_c), dst, what);
+    send_now(pg, td_c.consolidated_storage(), dst, 0, what + " (the consolidated storage)");
+    return;
+  }
+  std::vector<Leaf> leaves = leaves_of(*this, true);
+  if (o.checked()) offer_structure(pg, signature(leaves), dst, what);
+  // every leaf posted at once (gloo matches them by tag), then waited for: the order of tags is upstream's
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<std::vector<at::Tensor>> bufs;
+  bufs.reserve(leaves.size());
+  int64_t tag = o.init_tag() - 1;
+  guarded(what, [&] {
+    for (const Leaf& l : leaves) {
+      tag = next_tag(tag, o.pseudo_rand());
+      bufs.push_back({sendable(l.value)});
+      works.push_back(pg.send(bufs.back(), dst, tag_int(tag)));
+    }
+  });
+  for (size_t i = 0; i < works.size(); ++i)
+    guarded(what + ": the leaf '" + leaves[i].path + "'", [&] { works[i]->wait(); });
+}
+
+std::optional<int64_t> TensorDict::recv(int src, const DistOptions& o) {
+  auto g = dist::group_of(o);
+  check_peer(*g, src, "recv");
+  auto& pg = g->impl().get("recv");
+  const std::string what = peer_what("recv", "from", src);
+  if (o.consolidated()) {
+    if (!is_consolidated())
+      throw ValueError("recv(consolidated): this TensorDict is not consolidated (make it with consolidate() or "
+                       "from_remote_init, with the sender's structure)");
+    if (o.checked()) accept_structure(pg, consolidated_signature(*this), src, what, g->timeout());
+    at::Tensor storage = consolidated_storage();
+    if (o.staged()) {
+      at::Tensor buf = at::empty_like(storage);
+      recv_now(pg, buf, src, 0, what + " (the consolidated storage)");
+      std::memcpy(storage.data_ptr(), buf.data_ptr(), static_cast<size_t>(storage.numel()));
+    } else {
+      recv_now(pg, storage, src, 0, what + " (the consolidated storage)");
+    }
+    return std::nullopt;
+  }
+  std::vector<Leaf> leaves = leaves_of(*this, true);
+  if (o.checked()) accept_structure(pg, signature(leaves), src, what, g->timeout());
+  std::vector<std::vector<at::Tensor>> bufs;
+  bufs.reserve(leaves.size());
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  int64_t tag = o.init_tag() - 1;
+  guarded(what, [&] {
+    for (const Leaf& l : leaves) {
+      tag = next_tag(tag, o.pseudo_rand());
+      at::Tensor into = !o.staged() && l.direct ? l.value : at::empty(l.value.sizes(), l.value.options().device(at::kCPU));
+      bufs.push_back({into});
+      works.push_back(pg.recv(bufs.back(), src, tag_int(tag)));
+    }
+  });
+  std::exception_ptr first;
+  for (size_t i = 0; i < works.size(); ++i) {
+    try {
+      guarded(what + ": the leaf '" + leaves[i].path + "'", [&] { works[i]->wait(); });
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);  // staged: nothing was written
+  for (size_t i = 0; i < leaves.size(); ++i) write_back(leaves[i], bufs[i][0]);
+  return tag;
+}
+
+Pending TensorDict::isend(int dst, const DistOptions& o) const {
+  auto g = dist::group_of(o);
+  check_peer(*g, dst, "isend");
+  auto& pg = g->impl().get("isend");
+  const std::string what = peer_what("isend", "to", dst);
+  std::vector<Leaf> leaves = leaves_of(*this, true);
+  if (o.checked()) offer_structure(pg, signature(leaves), dst, what);
+  std::vector<PendingOp> ops;
+  int64_t tag = o.init_tag() - 1;
+  guarded(what, [&] {
+    for (const Leaf& l : leaves) {
+      tag = next_tag(tag, o.pseudo_rand());
+      PendingOp op;
+      op.keep = {sendable(l.value)};
+      op.what = what + ": the leaf '" + l.path + "' (tag " + std::to_string(tag) + ")";
+      op.work = pg.send(op.keep, dst, tag_int(tag));
+      ops.push_back(std::move(op));
+    }
+  });
+  return make_pending(std::move(ops), tag, g);
+}
+
+Pending TensorDict::irecv(int src, const DistOptions& o) {
+  auto g = dist::group_of(o);
+  check_peer(*g, src, "irecv");
+  auto& pg = g->impl().get("irecv");
+  const std::string what = peer_what("irecv", "from", src);
+  std::vector<Leaf> leaves = leaves_of(*this, true);
+  if (o.checked()) accept_structure(pg, signature(leaves), src, what, g->timeout());
+  std::vector<PendingOp> ops;
+  int64_t tag = o.init_tag() - 1;
+  guarded(what, [&] {
+    for (const Leaf& l : leaves) {
+      tag = next_tag(tag, o.pseudo_rand());
+      PendingOp op;
+      at::Tensor into = l.direct ? l.value : at::empty(l.value.sizes(), l.value.options().device(at::kCPU));
+      op.keep = {into};
+      op.what = what + ": the leaf '" + l.path + "' (tag " + std::to_string(tag) + ")";
+      if (!l.direct) op.on_done = [l, into] { write_back(l, into); };
+      op.work = pg.recv(op.keep, src, tag_int(tag));
+      ops.push_back(std::move(op));
+    }
+  });
+  return make_pending(std::move(ops), tag, g);
+}
+
+// ------------------------------------------------------------------ init_remote / broadcast / all_gather
+
+void TensorDict::init_remote(int dst, const DistOptions& o) const {
+  if (o.use_broadcast()) {
+    auto g = dist::group_of(o);
+    (void)broadcast(g->rank(), o);
+    return;
+  }
+  auto g = dist::group_of(o);
+  check_peer(*g, dst, "init_remote");
+  auto& pg = g->impl().get("init_remote");
+  const std::string what = peer_what("init_remote", "to", dst);
+  TensorDict td_c = consolidate();
+  send_object(pg, metadata_bytes(td_c, o), dst, 0, what + " (the metadata)");
+  send_now(pg, td_c.consolidated_storage(), dst, 0, what + " (the storage)");
+}
+
+TensorDict TensorDict::from_remote_init(int src, const DistOptions& o) {
+  if (o.use_broadcast()) return TensorDict(BatchSize{}).broadcast(src, o);
+  auto g = dist::group_of(o);
+  check_peer(*g, src, "from_remote_init");
+  auto& pg = g->impl().get("from_remote_init");
+  const std::string what = peer_what("from_remote_init", "from", src);
+  int64_t total = 0;
+  JsonValue meta = parse_metadata(recv_object(pg, src, 0, what + " (the metadata)"), total, what);
+  at::Tensor storage = at::empty({total}, at::kByte);
+  recv_now(pg, storage, src, 0, what + " (the storage)");
+  return from_consolidated(storage, meta);
+}
+
+TensorDict TensorDict::broadcast(int src, const DistOptions& o) const {
+  auto g = dist::group_of(o);
+  if (src < 0 || src >= g->size()) throw ValueError("broadcast: rank " + std::to_string(src) + " is not in the group");
+  auto& pg = g->impl().get("broadcast");
+  const std::string what = "broadcast from " + rank_str(src);
+  auto bcast = [&](at::Tensor t, const std::string& part) {
+    std::vector<at::Tensor> v{std::move(t)};
+    c10d::BroadcastOptions bo;
+    bo.rootRank = src;
+    guarded(what + " (" + part + ")", [&] { pg.broadcast(v, bo)->wait(); });
+  };
+  if (g->rank() == src) {
+    TensorDict td_c = consolidate();
+    const std::string meta = metadata_bytes(td_c, o);
+    bcast(at::full({1}, static_cast<int64_t>(meta.size()), at::kLong), "the metadata length");
+    bcast(bytes_tensor(meta), "the metadata");
+    bcast(td_c.consolidated_storage(), "the storage");
+    return td_c;
+  }
+  at::Tensor len = at::zeros({1}, at::kLong);
+  bcast(len, "the metadata length");
+  const int64_t n = len.item<int64_t>();
+  if (n < 0 || n > kMaxObjectBytes) throw DistributedError(what + ": an object of " + std::to_string(n) + " bytes");
+  at::Tensor body = at::empty({n}, at::kByte);
+  bcast(body, "the metadata");
+  int64_t total = 0;
+  JsonValue meta = parse_metadata(tensor_bytes(body), total, what);
+  at::Tensor storage = at::empty({total}, at::kByte);
+  bcast(storage, "the storage");
+  return from_consolidated(storage, meta);
+}
+
+std::vector<TensorDict> TensorDict::all_gather(const DistOptions& o) const {
+  auto g = dist::group_of(o);
+  auto& pg = g->impl().get("all_gather");
+  const std::string what = "all_gather";
+  const int n = g->size();
+  auto gather = [&](const at::Tensor& mine, int64_t each, const std::string& part) {
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < n; ++r) out[0].push_back(at::zeros({each}, mine.options()));
+    std::vector<at::Tensor> in{mine};
+    guarded(what + " (" + part + ")", [&] { pg.allgather(out, in)->wait(); });
+    return out[0];
+  };
+  TensorDict td_c = consolidate();
+  const std::string meta = metadata_bytes(td_c, o);
+  // all_gather_object's framing: the lengths, then the objects padded to the longest; then the storages padded
+  auto lens = gather(at::full({1}, static_cast<int64_t>(meta.size()), at::kLong), 1, "the metadata lengths");
+  int64_t max_len = 0;
+  for (auto& t : lens) max_len = std::max(max_len, t.item<int64_t>());
+  if (max_len > kMaxObjectBytes) throw DistributedError(what + ": a metadata object of " + std::to_string(max_len) + " bytes");
+  at::Tensor padded = at::zeros({max_len}, at::kByte);
+  std::memcpy(padded.data_ptr(), meta.data(), meta.size());
+  auto metas = gather(padded, max_len, "the metadata");
+  std::vector<JsonValue> records;
+  std::vector<int64_t> totals;
+  int64_t max_total = 0;
+  for (int r = 0; r < n; ++r) {
+    const int64_t len = lens[r].item<int64_t>();
+    if (len < 0 || len > max_len) throw DistributedError(what + ": " + rank_str(r) + " announced " + std::to_string(len) + " bytes");
+    int64_t total = 0;
+    records.push_back(parse_metadata(tensor_bytes(metas[r].narrow(0, 0, len)), total, what + " of " + rank_str(r)));
+    totals.push_back(total);
+    max_total = std::max(max_total, total);
+  }
+  at::Tensor mine = at::zeros({max_total}, at::kByte);
+  at::Tensor own = td_c.consolidated_storage();
+  if (own.numel()) std::memcpy(mine.data_ptr(), own.data_ptr(), static_cast<size_t>(own.numel()));
+  auto storages = gather(mine, max_total, "the storages");
+  std::vector<TensorDict> out;
+  for (int r = 0; r < n; ++r) out.push_back(from_consolidated(storages[r].narrow(0, 0, totals[r]).clone(), records[r]));
+  return out;
+}
+
+// ------------------------------------------------------------------ reduce / all_reduce
+
+Pending TensorDict::reduce(int dst, dist::ReduceOp op, const DistOptions& o) {
+  auto g = dist::group_of(o);
+  if (dst < 0 || dst >= g->size()) throw ValueError("reduce: rank " + std::to_string(dst) + " is not in the group");
+  auto& pg = g->impl().get("reduce");
+  std::vector<Leaf> leaves = leaves_of(*this, true);
+  const std::string what = "reduce to " + rank_str(dst);
+  std::vector<Reducible> rs;
+  for (const Leaf& l : leaves) rs.push_back(reducible(l, op, g->rank() == dst, what));
+  if (o.checked()) check_collective(pg, *g, signature(leaves), what);
+  std::vector<PendingOp> ops;
+  guarded(what, [&] {
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      PendingOp p;
+      p.keep = {rs[i].t};
+      p.what = what + ": the leaf '" + leaves[i].path + "'";
+      p.on_done = rs[i].back;
+      c10d::ReduceOptions ro;
+      ro.rootRank = dst;
+      ro.reduceOp = dist::to_c10d(op);
+      p.work = pg.reduce(p.keep, ro);
+      ops.push_back(std::move(p));
+    }
+  });
+  Pending pending = make_pending(std::move(ops), std::nullopt, g);
+  if (!o.async_op()) pending.wait_all();
+  return pending;
+}
+
+Pending TensorDict::all_reduce(dist::ReduceOp op, const DistOptions& o) {
+  auto g = dist::group_of(o);
+  auto& pg = g->impl().get("all_reduce");
+  std::vector<Leaf> leaves = leaves_of(*this, false);
+  const std::string what = "all_reduce";
+  std::vector<Reducible> rs;
+  for (const Leaf& l : leaves) rs.push_back(reducible(l, op, true, what));
+  if (o.checked()) check_collective(pg, *g, signature(leaves), what);
+  std::vector<PendingOp> ops;
+  guarded(what, [&] {
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      PendingOp p;
+      p.keep = {rs[i].t};
+      p.what = what + ": the leaf '" + leaves[i].path + "'";
+      p.on_done = rs[i].back;
+      c10d::AllreduceOptions ao;
+      ao.reduceOp = dist::to_c10d(op);
+      p.work = pg.allreduce(p.keep, ao);
+      ops.push_back(std::move(p));
+    }
+  });
+  Pending pending = make_pending(std::move(ops), std::nullopt, g);
+  if (!o.async_op()) pending.wait_all();
+  return pending;
+}
+
+}  // namespace tensordict
