@@ -9,10 +9,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/strides.h>
+
 #include "distributed_internal.hpp"
 #include "pickle_plain.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/node.hpp"
+#include "tensordict/storage_spec.hpp"
 
 namespace tensordict {
 
@@ -210,6 +214,58 @@ void write_back(const Leaf& l, const at::Tensor& received) {
   }
 }
 
+// ---------------------------------------------------------------- staged receives without a copy
+// A staged receive lands in buffers of its own. A leaf that is the sole owner of a plain CPU storage (not a view
+// of another tensor, not a memmap or shared-memory mapping) then takes the buffer's storage over (set_: every
+// handle on the leaf sees the new values, as with a copy) and its old storage becomes a buffer of the group's
+// pool for the next receive of that size. Other leaves are copied into.
+
+bool swappable(const Leaf& l) {
+  if (!l.direct) return false;
+  const at::Tensor& t = l.value;
+  const c10::Storage& st = t.storage();
+  return t.storage_offset() == 0 && t.is_contiguous() && st.use_count() == 1 && st.allocator() == c10::GetCPUAllocator() &&
+         st.nbytes() == static_cast<size_t>(t.numel()) * t.element_size();
+}
+
+at::Tensor staging_buffer(Group::Impl& g, const at::Tensor& like) {
+  const size_t n = static_cast<size_t>(like.numel()) * like.element_size();
+  c10::Storage st;
+  {
+    std::lock_guard<std::mutex> lock(g.staging_mu);
+    auto it = g.staging.find(n);
+    if (it != g.staging.end()) {
+      st = std::move(it->second);
+      g.staging.erase(it);
+      g.staging_bytes -= n;
+    }
+  }
+  at::TensorOptions opts = like.options().device(at::kCPU);
+  if (!st) return at::empty(like.sizes(), opts);
+  return at::empty({0}, opts).set_(st, 0, like.sizes(), c10::contiguous_strides(like.sizes()));
+}
+
+//! the received buffer into its leaf: the leaf takes the buffer's storage over (its old one goes to the pool), or
+//! the bytes are copied
+void land(Group::Impl& g, const Leaf& l, const at::Tensor& buf) {
+  if (!swappable(l) || buf.storage().use_count() != 1) {
+    write_back(l, buf);
+    return;
+  }
+  c10::Storage old = l.value.storage();
+  {
+    at::NoGradGuard no_grad;
+    at::Tensor leaf = l.value;
+    leaf.set_(buf);
+  }
+  const size_t n = old.nbytes();
+  std::lock_guard<std::mutex> lock(g.staging_mu);
+  if (g.staging_bytes + n <= Group::Impl::kMaxStagingBytes) {
+    g.staging.emplace(n, std::move(old));
+    g.staging_bytes += n;
+  }
+}
+
 //! the structure of a consolidated record: every leaf's path, dtype, shape and bytes, and the total
 void record_signature(const JsonValue& rec, const std::string& prefix, std::string& out) {
   if (!rec.is_object()) return;
@@ -225,6 +281,22 @@ std::string consolidated_signature(const TensorDict& td) {
   std::string s = "bytes\t" + std::to_string(td.consolidated_storage().numel()) + "\n";
   record_signature(td.consolidated_metadata(), "", s);
   return s;
+}
+
+//! the storage spec of td when it is to travel by spec (our ranks, a storage other processes can open)
+std::optional<StorageSpec> spec_to_send(const TensorDict& td, const DistOptions& o) {
+  if (!o.by_spec() || o.pickle_metadata()) return std::nullopt;
+  if (td.node()->storage_spec().empty() && !td.node()->stack_members()) return std::nullopt;
+  try {
+    return StorageSpec::of(td);
+  } catch (const ValueError&) {
+    return std::nullopt;  // in-memory members of a stack: by value
+  }
+}
+
+//! the metadata object of a TensorDict sent by spec: the spec, and no storage bytes
+std::string spec_metadata(const StorageSpec& spec) {
+  return JsonValue(JsonValue::Object{{"_storage_spec", spec.json()}, {"_total_bytes", 0}}).dump();
 }
 
 //! the metadata record to send: consolidated metadata with upstream's extra keys, as JSON or a plain pickle
@@ -256,6 +328,12 @@ JsonValue parse_metadata(const std::string& bytes, int64_t& total, const std::st
   }
   if (total < 0 || total > (int64_t{1} << 44)) throw FormatError(what + ": the metadata has no valid _total_bytes");
   return meta;
+}
+
+//! the TensorDict a received record describes: the storage its spec names, or the consolidated storage
+TensorDict rebuilt(const JsonValue& meta, const at::Tensor& storage) {
+  if (const JsonValue* spec = meta.find("_storage_spec")) return open_storage(StorageSpec::parse(spec->dump()));
+  return TensorDict::from_consolidated(storage, meta);
 }
 
 //! a hash of the structure every collective rank must share (FNV-1a of its signature)
@@ -396,7 +474,7 @@ std::optional<int64_t> TensorDict::recv(int src, const DistOptions& o) {
   guarded(what, [&] {
     for (const Leaf& l : leaves) {
       tag = next_tag(tag, o.pseudo_rand());
-      at::Tensor into = !o.staged() && l.direct ? l.value : at::empty(l.value.sizes(), l.value.options().device(at::kCPU));
+      at::Tensor into = !o.staged() && l.direct ? l.value : staging_buffer(g->impl(), l.value);
       bufs.push_back({into});
       works.push_back(pg.recv(bufs.back(), src, tag_int(tag)));
     }
@@ -410,7 +488,12 @@ std::optional<int64_t> TensorDict::recv(int src, const DistOptions& o) {
     }
   }
   if (first) std::rethrow_exception(first);  // staged: nothing was written
-  for (size_t i = 0; i < leaves.size(); ++i) write_back(leaves[i], bufs[i][0]);
+  works.clear();  // a finished Work still holds its tensor
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    at::Tensor buf = std::move(bufs[i][0]);
+    bufs[i].clear();
+    land(g->impl(), leaves[i], buf);
+  }
   return tag;
 }
 
@@ -472,6 +555,11 @@ void TensorDict::init_remote(int dst, const DistOptions& o) const {
   check_peer(*g, dst, "init_remote");
   auto& pg = g->impl().get("init_remote");
   const std::string what = peer_what("init_remote", "to", dst);
+  if (auto spec = spec_to_send(*this, o)) {
+    send_object(pg, spec_metadata(*spec), dst, 0, what + " (the storage spec)");
+    send_now(pg, at::empty({0}, at::kByte), dst, 0, what + " (no storage bytes)");
+    return;
+  }
   TensorDict td_c = consolidate();
   send_object(pg, metadata_bytes(td_c, o), dst, 0, what + " (the metadata)");
   send_now(pg, td_c.consolidated_storage(), dst, 0, what + " (the storage)");
@@ -487,7 +575,7 @@ TensorDict TensorDict::from_remote_init(int src, const DistOptions& o) {
   JsonValue meta = parse_metadata(recv_object(pg, src, 0, what + " (the metadata)"), total, what);
   at::Tensor storage = at::empty({total}, at::kByte);
   recv_now(pg, storage, src, 0, what + " (the storage)");
-  return from_consolidated(storage, meta);
+  return rebuilt(meta, storage);
 }
 
 TensorDict TensorDict::broadcast(int src, const DistOptions& o) const {
@@ -502,11 +590,12 @@ TensorDict TensorDict::broadcast(int src, const DistOptions& o) const {
     guarded(what + " (" + part + ")", [&] { pg.broadcast(v, bo)->wait(); });
   };
   if (g->rank() == src) {
-    TensorDict td_c = consolidate();
-    const std::string meta = metadata_bytes(td_c, o);
+    auto spec = spec_to_send(*this, o);
+    TensorDict td_c = spec ? *this : consolidate();
+    const std::string meta = spec ? spec_metadata(*spec) : metadata_bytes(td_c, o);
     bcast(at::full({1}, static_cast<int64_t>(meta.size()), at::kLong), "the metadata length");
     bcast(bytes_tensor(meta), "the metadata");
-    bcast(td_c.consolidated_storage(), "the storage");
+    bcast(spec ? at::empty({0}, at::kByte) : td_c.consolidated_storage(), "the storage");
     return td_c;
   }
   at::Tensor len = at::zeros({1}, at::kLong);
@@ -519,7 +608,7 @@ TensorDict TensorDict::broadcast(int src, const DistOptions& o) const {
   JsonValue meta = parse_metadata(tensor_bytes(body), total, what);
   at::Tensor storage = at::empty({total}, at::kByte);
   bcast(storage, "the storage");
-  return from_consolidated(storage, meta);
+  return rebuilt(meta, storage);
 }
 
 std::vector<TensorDict> TensorDict::all_gather(const DistOptions& o) const {

@@ -177,6 +177,11 @@ void Group::shutdown() {
     impl_->shut = true;
     pg = std::move(impl_->pg);
   }
+  {
+    std::lock_guard<std::mutex> lock(impl_->staging_mu);
+    impl_->staging.clear();
+    impl_->staging_bytes = 0;
+  }
   pg.reset();  // joins gloo's threads; operations still in flight end with an error
 }
 

@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -23,6 +24,13 @@ struct Group::Impl {
   bool shut = false;
   //! the process group, or DistributedError when the group was shut down
   c10d::ProcessGroupGloo& get(const char* what) const;
+
+  //! staged receives (distributed.cpp): a leaf received into a staging storage takes it over, and its previous
+  //! storage waits here, by byte size, for the next receive of that size (a steady stream allocates nothing)
+  std::mutex staging_mu;
+  std::multimap<size_t, c10::Storage> staging;
+  size_t staging_bytes = 0;
+  static constexpr size_t kMaxStagingBytes = size_t{1} << 30;
 };
 
 //! the Work of one operation with what it keeps alive (its tensors) and what to do once it succeeded

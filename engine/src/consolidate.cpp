@@ -12,6 +12,9 @@
 
 #include <cstring>
 #include <thread>
+#include <unordered_set>
+
+#include <c10/util/strides.h>
 
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/backends/memmap_format.hpp"
@@ -25,6 +28,23 @@ namespace tensordict {
 namespace {
 
 using Object = JsonValue::Object;
+
+//! the tensor of `dtype` and `sizes` whose bytes start `start` bytes into the 1-D uint8 `storage`: one TensorImpl
+//! on the same storage (narrow + view + view made three, through the dispatcher: most of a wide level's cost)
+at::Tensor view_bytes(const at::Tensor& storage, int64_t start, at::ScalarType dtype, at::IntArrayRef sizes) {
+  const auto item = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t at_byte = storage.storage_offset() + start;
+  if (at_byte % item != 0) {
+    int64_t numel = 1;
+    for (int64_t d : sizes) numel *= d;
+    return storage.narrow(0, start, numel * item).view(dtype).view(sizes);
+  }
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage.storage()), storage.key_set(),
+                                                          caffe2::TypeMeta::fromScalarType(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, c10::contiguous_strides(sizes));
+  t.unsafeGetTensorImpl()->set_storage_offset(at_byte / item);
+  return t;
+}
 using Array = JsonValue::Array;
 
 JsonValue int_list(const std::vector<int64_t>& v) {
@@ -215,7 +235,7 @@ at::Tensor leaf_view(const at::Tensor& storage, const JsonValue& spec, const std
                       ", bytes " + std::to_string(start) + ".." + std::to_string(stop) + ", pad " + std::to_string(pad) +
                       ") does not fit a storage of " + std::to_string(storage.numel()) + " bytes");
   }
-  return storage.narrow(0, start, numel * item).view(*dtype).view(shape);
+  return view_bytes(storage, start, *dtype, shape);
 }
 
 std::optional<at::Device> device_of(const JsonValue& v) {
@@ -229,6 +249,7 @@ std::optional<at::Device> device_of(const JsonValue& v) {
 }
 
 Entry rebuild(const at::Tensor& storage, const JsonValue& rec, const std::string& where, int depth);
+TensorDict level_of(BatchSize batch, std::optional<at::Device> device, std::vector<std::pair<std::string, Entry>> entries);
 
 //! a NonTensorStack record back into its shape and values (C order): a level holds its elements in
 //! "non_tensors" (the last dim) or one NonTensorStack record per index
@@ -297,23 +318,34 @@ Entry rebuild(const at::Tensor& storage, const JsonValue& rec, const std::string
   const JsonValue* bs = cm.find("batch_size");
   BatchSize batch = bs ? ints(*bs, "the batch size of " + where) : BatchSize{};
   const JsonValue* dev = cm.find("device");
-  TensorDict td(batch, dev ? device_of(*dev) : std::nullopt);
   const std::string prefix = where.empty() ? "" : where + ".";
+  std::vector<std::pair<std::string, Entry>> entries;
+  std::unordered_set<std::string> seen;
+  // every value must fit the level's batch size (a record is input: checked as TensorDict::set checks)
+  auto add = [&](const std::string& key, Entry value) {
+    if (key.empty() || !seen.insert(key).second)
+      throw FormatError("consolidated metadata: the key '" + prefix + key + "' is empty or appears twice");
+    const BatchSize shape = value.shape();
+    if (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin()))
+      throw FormatError("consolidated metadata: the value of '" + prefix + key + "' does not fit the batch size " +
+                        int_list(batch).dump());
+    entries.emplace_back(key, std::move(value));
+  };
   const JsonValue& nt = member(rec, "non_tensors", where);
   if (!nt.is_object()) throw FormatError("consolidated metadata: non_tensors of " + where + " is not a dict");
   for (const auto& [key, v] : nt.as_object()) {
     if (!v.is_array() || v.as_array().size() < 2)
       throw FormatError("consolidated metadata: the non-tensor " + prefix + key + " is not [data, batch_size, device]");
-    td.set(key, Entry(NonTensorData(v.as_array()[0], ints(v.as_array()[1], "the batch size of " + prefix + key))));
+    add(key, Entry(NonTensorData(v.as_array()[0], ints(v.as_array()[1], "the batch size of " + prefix + key))));
   }
   const JsonValue& leaves = member(rec, "leaves", where);
   if (!leaves.is_object()) throw FormatError("consolidated metadata: leaves of " + where + " is not a dict");
-  for (const auto& [key, spec] : leaves.as_object()) td.set(key, leaf_view(storage, spec, prefix + key));
+  for (const auto& [key, spec] : leaves.as_object()) add(key, Entry(leaf_view(storage, spec, prefix + key)));
   for (const auto& [key, sub] : rec.as_object()) {
     if (fixed_key(key)) continue;
-    td.set(key, rebuild(storage, sub, prefix + key, depth + 1));
+    add(key, rebuild(storage, sub, prefix + key, depth + 1));
   }
-  return Entry(td);
+  return Entry(level_of(std::move(batch), dev ? device_of(*dev) : std::nullopt, std::move(entries)));
 }
 
 //! marks every dense level of `td` consolidated over `storage`, with the level's own record
@@ -336,24 +368,34 @@ void mark(const TensorDict& td, const at::Tensor& storage, const JsonValue& rec)
   }
 }
 
+//! a dense level built from entries known to fit (views of the storage, values of a checked source): no per-key
+//! validation, no lookup (TensorDict::set looks each key up, quadratic in a level's width)
+TensorDict level_of(BatchSize batch, std::optional<at::Device> device, std::vector<std::pair<std::string, Entry>> entries) {
+  auto impl = std::make_shared<TensorDictImpl>();
+  impl->batch_size = std::move(batch);
+  impl->device = device;
+  impl->entries = std::move(entries);
+  return TensorDict(std::move(impl));
+}
+
 //! the source's structure with every tensor leaf replaced by its view into `storage` (insertion order kept)
 TensorDict views_like(const TensorDict& src, const at::Tensor& storage, const std::vector<Slot>& slots, size_t& next) {
   auto view_of = [&](const at::Tensor& t) {
     const Slot& s = slots[next++];
-    return storage.narrow(0, s.start, s.nbytes).view(t.scalar_type()).view(t.sizes());
+    return view_bytes(storage, s.start, t.scalar_type(), t.sizes());
   };
   if (StackMembers sm = src.node()->stack_members()) {
     std::vector<TensorDict> members;
     for (const TensorDict& m : *sm.members) members.push_back(views_like(m, storage, slots, next));
     return lazy_stack(members, sm.dim);
   }
-  TensorDict out(src.batch_size(), src.device());
-  for (const auto& [key, e] : src.node()->read_all()) {
-    if (e.is_tensor()) out.set(key, view_of(e.tensor()));
-    else if (e.is_tensordict()) out.set(key, views_like(e.tensordict(), storage, slots, next));
-    else out.set(key, e);
+  std::vector<std::pair<std::string, Entry>> entries;
+  for (auto& [key, e] : src.node()->read_all()) {
+    if (e.is_tensor()) entries.emplace_back(key, Entry(view_of(e.tensor())));
+    else if (e.is_tensordict()) entries.emplace_back(key, Entry(views_like(e.tensordict(), storage, slots, next)));
+    else entries.emplace_back(key, e);
   }
-  return out;
+  return level_of(src.batch_size(), src.device(), std::move(entries));
 }
 
 std::string file_error(const std::string& what, const std::string& path) {
@@ -390,6 +432,13 @@ TensorDict TensorDict::consolidate(const ConsolidateOptions& options) const {
       throw;
     }
     storage = backends::map_file(options.filename(), at::kByte, {total + len + 8}, /*writable=*/true).narrow(0, 0, total);
+  } else if (options.buffer().defined()) {
+    const at::Tensor& b = options.buffer();
+    if (b.scalar_type() != at::kByte || b.dim() != 1 || !b.is_contiguous() || !b.device().is_cpu() || b.numel() < total)
+      throw ValueError("consolidate: the buffer must be a contiguous 1-D uint8 CPU tensor of at least " +
+                       std::to_string(total) + " bytes");
+    storage = b.narrow(0, 0, total);
+    fill_storage(plan.slots, storage, options.num_threads());
   } else if (options.share_memory()) {
     backends::ShmAllocation alloc = backends::allocate({{{"storage"}, at::kByte, {total}}}, {}, shm_prefix());
     storage = alloc.tensors.at(0);

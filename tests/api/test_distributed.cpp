@@ -203,6 +203,35 @@ BOOST_AUTO_TEST_CASE(init_remote_then_consolidated_sends) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(storages_other_ranks_can_open_travel_by_spec) {
+  fixtures::TempDir dir("dist-spec");
+  const std::string prefix = dir / "td";
+  auto rs = run_ranks(2, [&](int rank, const GroupOptions& o) {
+    join(o);
+    if (rank == 0) {
+      TensorDict td = sample(3.0).memmap(prefix);
+      td.init_remote(1);                                         // the spec, not the data
+      td.init_remote(1, DistOptions().pickle_metadata(true));   // a Python rank's form: by value
+      dist::default_group()->barrier();                          // rank 1 wrote through its mapping
+      expect(at::equal(td.get("b"), at::full({3, 4}, 11.f)), "a write of the receiver reaches the sender's storage");
+      (void)td.broadcast(0);
+    } else {
+      TensorDict got = TensorDict::from_remote_init(0);
+      expect(got.is_memmap() && !got.is_consolidated(), "a memmap TensorDict arrives as the same memmap storage");
+      expect_all(got, 3.0, "by spec");
+      expect(got.get_entry("label").non_tensor_value() == JsonValue("hello"), "non-tensors by spec");
+      TensorDict copy = TensorDict::from_remote_init(0);
+      expect(copy.is_consolidated() && !copy.is_memmap(), "pickle_metadata sends the values");
+      expect_all(copy, 3.0, "by value");
+      got.get("b").fill_(11);
+      dist::default_group()->barrier();
+      TensorDict b = TensorDict(BatchSize{}).broadcast(0);
+      expect(b.is_memmap() && at::equal(b.get("b"), at::full({3, 4}, 11.f)), "broadcast by spec");
+    }
+  });
+  DIST_CHECK_ALL(rs);
+}
+
 BOOST_AUTO_TEST_CASE(broadcast_all_gather_reduce_all_reduce_three_ranks) {
   auto rs = run_ranks(3, [&](int rank, const GroupOptions& o) {
     join(o);

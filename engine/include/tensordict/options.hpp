@@ -1,6 +1,8 @@
 #pragma once
 //! Builder-style option objects (libtorch's TORCH_ARG idiom): `KeysOptions().include_nested(true)`.
 #include <cstdint>
+
+#include <ATen/core/Tensor.h>
 #include <memory>
 #include <optional>
 #include <string>
@@ -139,6 +141,10 @@ struct DistOptions {
   //! init_remote / broadcast: the metadata as a pickle of plain data (what a Python rank's recv_object_list
   //! reads) instead of JSON (what our ranks read; from_remote_init reads both)
   TD_ARG(bool, pickle_metadata) = false;
+  //! init_remote / broadcast of a TensorDict whose storage other ranks can open (a memmap directory on a shared
+  //! file system, shared memory, an HDF5 file, a Redis store: tensordict/storage_spec.hpp): send its storage
+  //! spec, not its data, and the receiver opens the same storage. Not with pickle_metadata (Python ranks)
+  TD_ARG(bool, by_spec) = true;
 };
 
 //! consolidate (upstream's consolidate): every leaf a view into one uint8 storage
@@ -149,6 +155,9 @@ struct ConsolidateOptions {
   TD_ARG(bool, share_memory) = false;
   //! threads that copy the leaves (0 or 1: the calling thread); the bytes are the same
   TD_ARG(int, num_threads) = 0;
+  //! a preallocated 1-D uint8 CPU tensor of at least the storage's bytes to hold the storage (no allocation; the
+  //! result's leaves view it); ValueError when it is too small or not such a tensor
+  TD_ARG(at::Tensor, buffer) = at::Tensor();
 };
 
 }  // namespace tensordict
