@@ -5,6 +5,10 @@ tensordict package. It speaks upstream tensordict v0.14.0's protocol by hand:
   - init_remote / from_remote_init: the consolidated metadata dict by send_object_list (a pickle), then the
     uint8 storage (tag 0), leaves in insertion order, each padded with zeros to 8 bytes.
 
+When the real tensordict package imports (by hand, with the peer: PYTHONPATH from shared/peer/setup_peer.sh), the
+leaf-by-leaf exchanges go through upstream's own TensorDict.recv / TensorDict.send instead (init_remote needs
+torch 2's send_object_list, so those steps stay by hand); the last line says which ran.
+
 usage: dist_python_rank.py PORT       (rank 1 of 2; the C++ rank 0 serves the TCPStore on 127.0.0.1:PORT)
 Exits 0 when every exchange matched; prints what differed otherwise.
 """
@@ -14,6 +18,15 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+
+try:
+    from tensordict import TensorDict
+    import tensordict as _td
+
+    UPSTREAM = str(getattr(_td, "__version__", None) or "(source tree)")
+except Exception:  # Debian's python3-torch alone (CI)
+    TensorDict = None
+    UPSTREAM = None
 
 
 def int_generator(seed):
@@ -96,6 +109,13 @@ def check(ok, what):
 
 
 def recv_td(src, v_expected, init_tag, pseudo_rand):
+    if UPSTREAM:
+        td = TensorDict(dict(sample(0), label="py"), batch_size=[3])
+        td.recv(src=src, init_tag=init_tag, pseudo_rand=pseudo_rand)
+        for key, want in sorted_leaves(sample(v_expected)):
+            got = td[tuple(key.split("."))]
+            check(torch.equal(got, want), f"upstream recv: leaf {key} is {got.flatten()[:4]} not {v_expected}")
+        return
     into = sample(0)
     leaves = list(sorted_leaves(into))
     for (key, t), tag in zip(leaves, tags(len(leaves), init_tag, pseudo_rand)):
@@ -107,6 +127,9 @@ def recv_td(src, v_expected, init_tag, pseudo_rand):
 
 
 def send_td(dst, v, init_tag, pseudo_rand):
+    if UPSTREAM:
+        TensorDict(dict(sample(v), label="py"), batch_size=[3]).send(dst=dst, init_tag=init_tag, pseudo_rand=pseudo_rand)
+        return
     leaves = list(sorted_leaves(sample(v)))
     for (key, t), tag in zip(leaves, tags(len(leaves), init_tag, pseudo_rand)):
         dist.send(t, dst=dst, tag=tag)
@@ -192,7 +215,8 @@ def main():
     if failures:
         print("\n".join(failures))
         sys.exit(1)
-    print("python rank: every exchange matched")
+    how = f"upstream tensordict {UPSTREAM}'s send / recv" if UPSTREAM else "torch.distributed by hand"
+    print(f"python rank ({how}): every exchange matched")
 
 
 if __name__ == "__main__":
