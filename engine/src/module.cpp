@@ -4,42 +4,75 @@
 #include <torch/nn/module.h>
 
 #include "tensordict/backends/shape_text.hpp"
+#include "tensor_dict_internal.hpp"
 
 namespace tensordict {
 
 namespace {
 
+//! a new handle on t's storage (same sizes, strides and offset) without autograd history: what detach() gives,
+//! without the dispatcher (a 100-layer swap did 600 of them: most of its time)
+at::Tensor alias_of(const at::Tensor& t) {
+  if (!t.defined() || t.is_sparse() || t.is_quantized() || t.is_nested() || !t.has_storage()) return t.detach();
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
+  out.unsafeGetTensorImpl()->set_storage_offset(t.storage_offset());
+  return out;
+}
+
 std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
 
 at::Tensor leaf_of(const at::Tensor& t, const FromModuleOptions& o) {
-  if (o.use_state_dict()) return o.copy() ? t.detach().clone() : t.detach();
-  at::Tensor out = o.copy() ? t.detach().clone() : t.detach();  // a new handle: a later swap leaves it alone
+  if (o.use_state_dict()) return o.copy() ? t.detach().clone() : alias_of(t);
+  at::Tensor out = o.copy() ? t.detach().clone() : alias_of(t);  // a new handle: a later swap leaves it alone
   if (t.requires_grad()) out.requires_grad_(true);
   return out;
 }
 
-//! the level of `m`; nullopt when it holds no tensor and filter_empty
+//! target.set_(value) under no-grad, without the dispatcher: the module's tensor object keeps its identity
+//! (requires_grad, grad, hooks) and takes value's storage, sizes, strides and offset; its version counter moves
+//! as an in-place op moves it. Dtype and device were checked equal (match)
+void swap_in(const at::Tensor& target, const at::Tensor& value) {
+  c10::TensorImpl* impl = target.unsafeGetTensorImpl();
+  if (!impl->allow_tensor_metadata_change() || !value.has_storage() || value.is_sparse() || value.is_quantized() ||
+      target.is_nested() || value.dtype() != target.dtype()) {
+    at::Tensor t = target;
+    t.set_(alias_of(value));
+    return;
+  }
+  impl->set_storage_keep_dtype(value.storage());
+  impl->set_sizes_and_strides(value.sizes(), value.strides());
+  impl->set_storage_offset(value.storage_offset());
+  impl->bump_version();
+}
+
+//! the level of `m`; nullopt when it holds no tensor and filter_empty. Built in place: the names are the
+//! module's (unique, registered), the values tensors of a level with batch size [] (TensorDict::set would check
+//! and look each key up)
 std::optional<TensorDict> from_level(const torch::nn::Module& m, const FromModuleOptions& o) {
-  TensorDict td{BatchSize{}};
-  bool any = false;
-  for (const auto& kv : m.named_parameters(/*recurse=*/false)) {
-    if (!kv.value().defined()) continue;
-    td.set(NestedKey(kv.key()), leaf_of(kv.value(), o));
-    any = true;
+  std::vector<std::pair<std::string, Entry>> entries;
+  auto add = [&](const std::string& key, Entry value) {
+    for (const auto& kv : entries)
+      if (kv.first == key) throw ValueError("from_module: '" + key + "' names two tensors of one module");
+    entries.emplace_back(key, std::move(value));
+  };
+  // the named forms copy an OrderedDict with its index: asked only where the plain (vector) form finds something
+  if (!m.parameters(/*recurse=*/false).empty())
+    for (const auto& kv : m.named_parameters(/*recurse=*/false))
+      if (kv.value().defined()) add(kv.key(), Entry(leaf_of(kv.value(), o)));
+  if (!m.buffers(/*recurse=*/false).empty())
+    for (const auto& kv : m.named_buffers(/*recurse=*/false))
+      if (kv.value().defined()) add(kv.key(), Entry(leaf_of(kv.value(), o)));
+  if (!m.children().empty()) {
+    for (const auto& kv : m.named_children()) {
+      std::optional<TensorDict> sub = from_level(*kv.value(), o);
+      if (sub) add(kv.key(), Entry(*sub));
+    }
   }
-  for (const auto& kv : m.named_buffers(/*recurse=*/false)) {
-    if (!kv.value().defined()) continue;
-    td.set(NestedKey(kv.key()), leaf_of(kv.value(), o));
-    any = true;
-  }
-  for (const auto& kv : m.named_children()) {
-    std::optional<TensorDict> sub = from_level(*kv.value(), o);
-    if (!sub) continue;
-    td.set(NestedKey(kv.key()), *sub);
-    any = true;
-  }
-  if (!any && o.filter_empty()) return std::nullopt;
-  return td;
+  if (entries.empty() && o.filter_empty()) return std::nullopt;
+  auto impl = std::make_shared<TensorDictImpl>();
+  impl->entries = std::move(entries);
+  return TensorDict(std::move(impl));
 }
 
 //! one module tensor and the value it takes
@@ -61,9 +94,12 @@ bool holds_tensors(const torch::nn::Module& m) {
 //! pairs the TensorDict's level with the module's, checking everything; nothing is changed here
 void match(const TensorDict& td, const torch::nn::Module& m, std::vector<std::string>& path, const std::string& prefix,
            const ToModuleOptions& o, std::vector<Slot>& out) {
-  const auto params = m.named_parameters(false);
-  const auto buffers = m.named_buffers(false);
-  const auto children = m.named_children();
+  // the named forms copy an OrderedDict with its index: asked only where the plain (vector) form finds something
+  using Params = torch::OrderedDict<std::string, at::Tensor>;
+  using Children = torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>;
+  const Params params = m.parameters(false).empty() ? Params() : m.named_parameters(false);
+  const Params buffers = m.buffers(false).empty() ? Params() : m.named_buffers(false);
+  const Children children = m.children().empty() ? Children() : m.named_children();
   auto tensor_of = [&](const std::string& k) -> const at::Tensor* {
     if (const at::Tensor* p = params.find(k); p && p->defined()) return p;
     if (const at::Tensor* b = buffers.find(k); b && b->defined()) return b;
@@ -154,15 +190,14 @@ void apply_slots(const std::vector<Slot>& slots, bool copy_in, std::vector<at::T
   at::NoGradGuard no_grad;
   if (previous) {
     previous->reserve(slots.size());
-    for (const auto& s : slots) previous->push_back(copy_in ? s.target.detach().clone() : s.target.detach());
+    for (const auto& s : slots) previous->push_back(copy_in ? s.target.detach().clone() : alias_of(s.target));
   }
   for (const auto& s : slots) {
-    at::Tensor target = s.target;
     if (copy_in) {
-      target.detach().copy_(s.value);
+      alias_of(s.target).copy_(s.value);
     } else {
       // the module keeps its tensor object (requires_grad, grad, hooks); its storage becomes the value's
-      target.set_(s.value.detach());
+      swap_in(s.target, s.value);
     }
   }
 }
@@ -217,11 +252,11 @@ void ModuleSwap::restore() {
   at::NoGradGuard no_grad;
   // the previous tensors back, last slot first (a tensor under two names ends as it was)
   for (size_t i = state_->slots.size(); i-- > 0;) {
-    at::Tensor target = state_->slots[i].target;
+    const at::Tensor& target = state_->slots[i].target;
     if (state_->copy_in) {
-      target.detach().copy_(state_->previous[i]);
+      alias_of(target).copy_(state_->previous[i]);
     } else {
-      target.set_(state_->previous[i]);
+      swap_in(target, state_->previous[i]);
     }
   }
 }
