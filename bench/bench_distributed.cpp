@@ -10,9 +10,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,17 +24,6 @@ using benchutil::Clock;
 
 namespace {
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return 29544;
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 TensorDict big_td(double v) {
   TensorDict td(BatchSize{10000});
@@ -59,23 +45,14 @@ std::vector<at::Tensor> leaves(const TensorDict& td) {
 
 struct Raw {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-  void send(const std::vector<at::Tensor>& ts, int dst) {
+  //! every tensor posted at once (tag = its position), then waited for
+  void p2p(const std::vector<at::Tensor>& ts, int peer, bool sending) {
     std::vector<c10::intrusive_ptr<c10d::Work>> ws;
     std::vector<std::vector<at::Tensor>> keep;
     keep.reserve(ts.size());
     for (size_t i = 0; i < ts.size(); ++i) {
       keep.push_back({ts[i]});
-      ws.push_back(pg->send(keep.back(), dst, static_cast<int>(i)));
-    }
-    for (auto& w : ws) w->wait();
-  }
-  void recv(const std::vector<at::Tensor>& ts, int src) {
-    std::vector<c10::intrusive_ptr<c10d::Work>> ws;
-    std::vector<std::vector<at::Tensor>> keep;
-    keep.reserve(ts.size());
-    for (size_t i = 0; i < ts.size(); ++i) {
-      keep.push_back({ts[i]});
-      ws.push_back(pg->recv(keep.back(), src, static_cast<int>(i)));
+      ws.push_back(sending ? pg->send(keep.back(), peer, static_cast<int>(i)) : pg->recv(keep.back(), peer, static_cast<int>(i)));
     }
     for (auto& w : ws) w->wait();
   }
@@ -128,7 +105,7 @@ int run(int rank, int port, int raw_port, int reps) {
   const DistOptions upstream_way = DistOptions().checked(false).staged(false);
   for (int r = 0; r < reps; ++r) {
     t_ours.push_back(round_us(*g, [&] { rank == 0 ? big.send(1) : (void)big.recv(0); }));
-    t_raw.push_back(round_us(*g, [&] { rank == 0 ? raw.send(big_leaves, 1) : raw.recv(big_leaves, 0); }));
+    t_raw.push_back(round_us(*g, [&] { raw.p2p(big_leaves, 1 - rank, rank == 0); }));
     t_upstream.push_back(round_us(*g, [&] { rank == 0 ? big.send(1, upstream_way) : (void)big.recv(0, upstream_way); }));
     const DistOptions cd = DistOptions().staged(false), us = DistOptions().checked(false);
     t_checked_direct.push_back(round_us(*g, [&] { rank == 0 ? big.send(1, cd) : (void)big.recv(0, cd); }));
@@ -210,7 +187,7 @@ int main(int argc, char** argv) {
   }
   int reps = 31;
   if (argc > 2 && std::string(argv[1]) == "--reps") reps = std::max(3, std::atoi(argv[2]));
-  const int port = free_port(), raw_port = free_port();
+  const int port = dist::free_port(), raw_port = dist::free_port();
   std::fflush(stdout);
   pid_t child = ::fork();
   if (child == 0) ::_exit(run(1, port, raw_port, reps));

@@ -3,9 +3,6 @@
 // thread of the test process runs c10d or gloo), each joins a group on loopback (a TCPStore on a free port, or
 // a FileStore) and runs the body; a rank reports a failure by throwing, and the parent asserts on the reports
 // (Boost.Test stays on the test's own thread; children never assert).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
@@ -26,21 +23,7 @@ namespace disttest {
 using tensordict::dist::GroupOptions;
 
 //! a TCP port on 127.0.0.1 that was free a moment ago
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return 0;
-  }
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+inline int free_port() { return tensordict::dist::free_port(); }
 
 //! a failed expectation inside a rank (its message reaches the parent's assertion)
 struct Failed : std::runtime_error {

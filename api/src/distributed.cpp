@@ -655,14 +655,17 @@ std::vector<TensorDict> TensorDict::all_gather(const DistOptions& o) const {
 
 // ------------------------------------------------------------------ reduce / all_reduce
 
-Pending TensorDict::reduce(int dst, dist::ReduceOp op, const DistOptions& o) {
+namespace {
+
+//! reduce into `dst` (sorted leaves, as upstream's reduce) or, without a dst, all_reduce (insertion order)
+Pending reduce_leaves(TensorDict& td, std::optional<int> dst, dist::ReduceOp op, const DistOptions& o) {
   auto g = dist::group_of(o);
-  if (dst < 0 || dst >= g->size()) throw ValueError("reduce: rank " + std::to_string(dst) + " is not in the group");
-  auto& pg = g->impl().get("reduce");
-  std::vector<Leaf> leaves = leaves_of(*this, true);
-  const std::string what = "reduce to " + rank_str(dst);
+  if (dst && (*dst < 0 || *dst >= g->size())) throw ValueError("reduce: rank " + std::to_string(*dst) + " is not in the group");
+  auto& pg = g->impl().get(dst ? "reduce" : "all_reduce");
+  std::vector<Leaf> leaves = leaves_of(td, /*sorted=*/dst.has_value());
+  const std::string what = dst ? "reduce to " + rank_str(*dst) : std::string("all_reduce");
   std::vector<Reducible> rs;
-  for (const Leaf& l : leaves) rs.push_back(reducible(l, op, g->rank() == dst, what));
+  for (const Leaf& l : leaves) rs.push_back(reducible(l, op, !dst || g->rank() == *dst, what));
   if (o.checked()) check_collective(pg, *g, signature(leaves), what);
   std::vector<PendingOp> ops;
   guarded(what, [&] {
@@ -671,10 +674,16 @@ Pending TensorDict::reduce(int dst, dist::ReduceOp op, const DistOptions& o) {
       p.keep = {rs[i].t};
       p.what = what + ": the leaf '" + leaves[i].path + "'";
       p.on_done = rs[i].back;
-      c10d::ReduceOptions ro;
-      ro.rootRank = dst;
-      ro.reduceOp = dist::to_c10d(op);
-      p.work = pg.reduce(p.keep, ro);
+      if (dst) {
+        c10d::ReduceOptions ro;
+        ro.rootRank = *dst;
+        ro.reduceOp = dist::to_c10d(op);
+        p.work = pg.reduce(p.keep, ro);
+      } else {
+        c10d::AllreduceOptions ao;
+        ao.reduceOp = dist::to_c10d(op);
+        p.work = pg.allreduce(p.keep, ao);
+      }
       ops.push_back(std::move(p));
     }
   });
@@ -683,30 +692,10 @@ Pending TensorDict::reduce(int dst, dist::ReduceOp op, const DistOptions& o) {
   return pending;
 }
 
-Pending TensorDict::all_reduce(dist::ReduceOp op, const DistOptions& o) {
-  auto g = dist::group_of(o);
-  auto& pg = g->impl().get("all_reduce");
-  std::vector<Leaf> leaves = leaves_of(*this, false);
-  const std::string what = "all_reduce";
-  std::vector<Reducible> rs;
-  for (const Leaf& l : leaves) rs.push_back(reducible(l, op, true, what));
-  if (o.checked()) check_collective(pg, *g, signature(leaves), what);
-  std::vector<PendingOp> ops;
-  guarded(what, [&] {
-    for (size_t i = 0; i < leaves.size(); ++i) {
-      PendingOp p;
-      p.keep = {rs[i].t};
-      p.what = what + ": the leaf '" + leaves[i].path + "'";
-      p.on_done = rs[i].back;
-      c10d::AllreduceOptions ao;
-      ao.reduceOp = dist::to_c10d(op);
-      p.work = pg.allreduce(p.keep, ao);
-      ops.push_back(std::move(p));
-    }
-  });
-  Pending pending = make_pending(std::move(ops), std::nullopt, g);
-  if (!o.async_op()) pending.wait_all();
-  return pending;
-}
+}  // namespace
+
+Pending TensorDict::reduce(int dst, dist::ReduceOp op, const DistOptions& o) { return reduce_leaves(*this, dst, op, o); }
+
+Pending TensorDict::all_reduce(dist::ReduceOp op, const DistOptions& o) { return reduce_leaves(*this, std::nullopt, op, o); }
 
 }  // namespace tensordict

@@ -6,9 +6,6 @@
 // prints a progress line.
 //
 //   distributed_rollout [--producers 2] [--rollouts 20] [--steps 64] [--capacity 4096] [--batch 256]
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,17 +31,6 @@ struct Args {
   int64_t batch = 256;
 };
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return 29533;
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 //! rollout r of producer p: every value tells where it comes from (the learner checks them)
 TensorDict rollout(int p, int r, int steps) {
@@ -97,7 +83,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "need --producers >= 1, --rollouts >= 1, --steps >= 1, --capacity >= --steps, --batch >= 1\n");
     return 2;
   }
-  const int port = free_port();
+  const int port = dist::free_port();
   // the producers are forked before this process starts any thread
   std::vector<pid_t> pids;
   for (int p = 1; p <= a.producers; ++p) {

@@ -108,6 +108,10 @@ class Pending {
   std::unique_ptr<State> state_;
 };
 
+//! a TCP port on `host` that was free a moment ago (bind to port 0, read it, close): for a TCPStore that rank 0
+//! serves when the ranks are started together (tests, examples); 0 when no port could be bound
+int free_port(const std::string& host = "127.0.0.1");
+
 //! upstream's int_generator (tensordict.utils), the chain of pseudo_rand tags: the first 8 bytes of numpy's
 //! default_rng(seed) as a big-endian integer, mod 10000 (bit for bit; seed >= 0, ValueError otherwise)
 int64_t int_generator(int64_t seed);
