@@ -497,51 +497,48 @@ std::optional<int64_t> TensorDict::recv(int src, const DistOptions& o) {
   return tag;
 }
 
-Pending TensorDict::isend(int dst, const DistOptions& o) const {
+namespace {
+
+//! isend / irecv: every leaf posted (irecv: into the leaf itself where it is contiguous, else into a buffer
+//! written back when its receive completes), returned pending
+Pending post_leaves(const TensorDict& td, int peer, bool sending, const DistOptions& o) {
+  const char* op_name = sending ? "isend" : "irecv";
   auto g = dist::group_of(o);
-  check_peer(*g, dst, "isend");
-  auto& pg = g->impl().get("isend");
-  const std::string what = peer_what("isend", "to", dst);
-  std::vector<Leaf> leaves = leaves_of(*this, true);
-  if (o.checked()) offer_structure(pg, signature(leaves), dst, what);
+  check_peer(*g, peer, op_name);
+  auto& pg = g->impl().get(op_name);
+  const std::string what = peer_what(op_name, sending ? "to" : "from", peer);
+  std::vector<Leaf> leaves = leaves_of(td, true);
+  if (o.checked()) {
+    if (sending) offer_structure(pg, signature(leaves), peer, what);
+    else accept_structure(pg, signature(leaves), peer, what, g->timeout());
+  }
   std::vector<PendingOp> ops;
   int64_t tag = o.init_tag() - 1;
   guarded(what, [&] {
     for (const Leaf& l : leaves) {
       tag = next_tag(tag, o.pseudo_rand());
       PendingOp op;
-      op.keep = {sendable(l.value)};
       op.what = what + ": the leaf '" + l.path + "' (tag " + std::to_string(tag) + ")";
-      op.work = pg.send(op.keep, dst, tag_int(tag));
+      if (sending) {
+        op.keep = {sendable(l.value)};
+        op.work = pg.send(op.keep, peer, tag_int(tag));
+      } else {
+        at::Tensor into = l.direct ? l.value : at::empty(l.value.sizes(), l.value.options().device(at::kCPU));
+        op.keep = {into};
+        if (!l.direct) op.on_done = [l, into] { write_back(l, into); };
+        op.work = pg.recv(op.keep, peer, tag_int(tag));
+      }
       ops.push_back(std::move(op));
     }
   });
   return make_pending(std::move(ops), tag, g);
 }
 
-Pending TensorDict::irecv(int src, const DistOptions& o) {
-  auto g = dist::group_of(o);
-  check_peer(*g, src, "irecv");
-  auto& pg = g->impl().get("irecv");
-  const std::string what = peer_what("irecv", "from", src);
-  std::vector<Leaf> leaves = leaves_of(*this, true);
-  if (o.checked()) accept_structure(pg, signature(leaves), src, what, g->timeout());
-  std::vector<PendingOp> ops;
-  int64_t tag = o.init_tag() - 1;
-  guarded(what, [&] {
-    for (const Leaf& l : leaves) {
-      tag = next_tag(tag, o.pseudo_rand());
-      PendingOp op;
-      at::Tensor into = l.direct ? l.value : at::empty(l.value.sizes(), l.value.options().device(at::kCPU));
-      op.keep = {into};
-      op.what = what + ": the leaf '" + l.path + "' (tag " + std::to_string(tag) + ")";
-      if (!l.direct) op.on_done = [l, into] { write_back(l, into); };
-      op.work = pg.recv(op.keep, src, tag_int(tag));
-      ops.push_back(std::move(op));
-    }
-  });
-  return make_pending(std::move(ops), tag, g);
-}
+}  // namespace
+
+Pending TensorDict::isend(int dst, const DistOptions& o) const { return post_leaves(*this, dst, true, o); }
+
+Pending TensorDict::irecv(int src, const DistOptions& o) { return post_leaves(*this, src, false, o); }
 
 // ------------------------------------------------------------------ init_remote / broadcast / all_gather
 
