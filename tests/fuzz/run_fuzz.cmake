@@ -92,11 +92,31 @@ elseif(FUZZ_TARGET STREQUAL "fuzz_config")
   set(seeds ${SOURCE_DIR}/config/default_config.json)
   set(ext json)
   file(WRITE ${corpus}/partial.json "{\"workers\": 3, \"redis\": {\"port\": 6380}}")
+elseif(FUZZ_TARGET STREQUAL "fuzz_pickle_plain")
+  # metadata records as torch.distributed pickles them (Debian's python3, protocols 2 to 5), and a class reference
+  if(NOT EXISTS /usr/bin/python3)
+    message(FATAL_ERROR "fuzz_pickle_plain seeds need /usr/bin/python3")
+  endif()
+  execute_process(COMMAND /usr/bin/python3 -c "
+import pickle, sys, collections
+rec = {'cls': 'TensorDict', 'non_tensors': {'label': ('hello', [3], None)},
+       'leaves': {'a': ('torch.float32', [3], 0, 16, 4), 'c': ('torch.float32', [3, 2], 16, 40, 0)},
+       'cls_metadata': {'device': None, 'names': [None], 'batch_size': [3], 'is_locked': False},
+       'nested': {'cls': 'TensorDict', 'non_tensors': {}, 'leaves': {'x': ('torch.int64', [3], 40, 64, 0)},
+                  'cls_metadata': {'device': 'cpu', 'names': [None], 'batch_size': [3], 'is_locked': True}},
+       '_total_bytes': 64, 'big': 2**40, 'neg': -7, 'f': 1.5, 'b': b'raw'}
+for p in range(2, 6):
+    open(sys.argv[1] + '/seed%d.pkl' % p, 'wb').write(pickle.dumps(rec, protocol=p))
+open(sys.argv[1] + '/class.pkl', 'wb').write(pickle.dumps(collections.OrderedDict(a=1)))
+" ${corpus} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "writing the pickle seeds failed:\n${out}")
+  endif()
 else()
   message(FATAL_ERROR "unknown fuzz target ${FUZZ_TARGET}")
 endif()
 list(LENGTH seeds nseeds)
-if(nseeds EQUAL 0 AND NOT FUZZ_TARGET MATCHES "fuzz_redis_meta|fuzz_shm_handle")  # those seeds are written above
+if(nseeds EQUAL 0 AND NOT FUZZ_TARGET MATCHES "fuzz_redis_meta|fuzz_shm_handle|fuzz_pickle_plain")  # those seeds are written above
   message(FATAL_ERROR "no ${ext} seeds under ${SHARED_DIR}/fixtures")
 endif()
 set(i 0)
