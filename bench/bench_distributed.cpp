@@ -94,6 +94,10 @@ int run(int rank, int port, int raw_port, int reps) {
   }
   // rank 1 receives (and times the point-to-point rounds); rank 0 sends
   TensorDict big = big_td(rank == 0 ? 1.0 : 0.0);
+  // the rounds that receive straight into the leaves get TensorDicts of their own: gloo holds a reference to the
+  // last storage it received into until its next operation, and a staged receive then copies into such a leaf
+  // instead of handing it the received storage
+  TensorDict big_direct = big_td(rank == 0 ? 1.0 : 0.0);
   // the raw reference's own tensors of the same shapes (an alias of a leaf would make our staged receive copy
   // into the leaf instead of handing it the received storage)
   std::vector<at::Tensor> big_leaves;
@@ -106,15 +110,17 @@ int run(int rank, int port, int raw_port, int reps) {
   for (int r = 0; r < reps; ++r) {
     t_ours.push_back(round_us(*g, [&] { rank == 0 ? big.send(1) : (void)big.recv(0); }));
     t_raw.push_back(round_us(*g, [&] { raw.p2p(big_leaves, 1 - rank, rank == 0); }));
-    t_upstream.push_back(round_us(*g, [&] { rank == 0 ? big.send(1, upstream_way) : (void)big.recv(0, upstream_way); }));
+    t_upstream.push_back(round_us(*g, [&] {
+      rank == 0 ? big_direct.send(1, upstream_way) : (void)big_direct.recv(0, upstream_way);
+    }));
     const DistOptions cd = DistOptions().staged(false), us = DistOptions().checked(false);
-    t_checked_direct.push_back(round_us(*g, [&] { rank == 0 ? big.send(1, cd) : (void)big.recv(0, cd); }));
+    t_checked_direct.push_back(round_us(*g, [&] { rank == 0 ? big_direct.send(1, cd) : (void)big_direct.recv(0, cd); }));
     t_unchecked_staged.push_back(round_us(*g, [&] { rank == 0 ? big.send(1, us) : (void)big.recv(0, us); }));
     t_small_leaf.push_back(round_us(*g, [&] { rank == 0 ? small.send(1) : (void)small.recv(0); }));
     t_small_cons.push_back(round_us(*g, [&] {
       rank == 0 ? small_c.send(1, DistOptions().consolidated(true)) : (void)small_c.recv(0, DistOptions().consolidated(true));
     }));
-    t_ar_ours.push_back(round_us(*g, [&] { big.all_reduce(); }));
+    t_ar_ours.push_back(round_us(*g, [&] { big_direct.all_reduce(); }));
     t_ar_raw.push_back(round_us(*g, [&] { raw.all_reduce(big_leaves); }));
   }
   // rank 1's point-to-point times to rank 0

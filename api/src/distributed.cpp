@@ -156,29 +156,46 @@ std::string recv_object(c10d::ProcessGroupGloo& pg, int src, int tag, const std:
   return tensor_bytes(body);
 }
 
-//! the sender's side of a checked transfer: sends its structure, gets the receiver's answer
+//! a hash of the structure every collective rank must share (FNV-1a of its signature)
+int64_t structure_hash(const std::string& sig) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : sig) h = (h ^ c) * 1099511628211ULL;
+  return static_cast<int64_t>(h >> 1);
+}
+
+// A checked transfer costs one round trip when the structures agree: the sender sends a digest of its structure
+// (int64 [hash, length]), the receiver answers int64 [0] (same: the leaves follow) or [1] (another: the sender then
+// sends the whole structure, the receiver answers with the reason, and both throw).
+
+//! the sender's side of a checked transfer
 void offer_structure(c10d::ProcessGroupGloo& pg, const std::string& sig, int dst, const std::string& what) {
-  send_object(pg, sig, dst, kStructureTag, what + " (its structure)");
-  std::string answer = recv_object(pg, dst, kStructureTag, what + " (the receiver's answer)");
-  if (!answer.empty()) throw DistributedError(what + ": " + rank_str(dst) + " refused the transfer: " + answer);
+  at::Tensor digest = at::tensor({structure_hash(sig), static_cast<int64_t>(sig.size())}, at::kLong);
+  send_now(pg, digest, dst, kStructureTag, what + " (its structure)");
+  at::Tensor answer = at::zeros({1}, at::kLong);
+  recv_now(pg, answer, dst, kStructureTag, what + " (the receiver's answer)");
+  if (answer.item<int64_t>() == 0) return;
+  send_object(pg, sig, dst, kStructureTag, what + " (its whole structure)");
+  const std::string reason = recv_object(pg, dst, kStructureTag, what + " (the receiver's reason)");
+  throw DistributedError(what + ": " + rank_str(dst) + " refused the transfer: " + reason);
 }
 
 //! the receiver's side: compares the sender's structure with its own; a mismatch is answered and thrown as a
 //! typed error naming the first key that differs
 void accept_structure(c10d::ProcessGroupGloo& pg, const std::string& mine, int src, const std::string& what,
                       std::chrono::milliseconds timeout) {
-  std::string theirs;
+  at::Tensor digest = at::zeros({2}, at::kLong);
   try {
-    theirs = recv_object(pg, src, kStructureTag, what + " (the sender's structure)");
+    recv_now(pg, digest, src, kStructureTag, what + " (the sender's structure)");
   } catch (const DistributedError& e) {
     throw DistributedError(e.message() + " [a checked receive waits for the sender's structure for " +
                            std::to_string(timeout.count()) + " ms; a Python rank or a DistOptions().checked(false) "
                            "sender sends none: receive with checked(false)]");
   }
-  if (theirs == mine) {
-    send_object(pg, "", src, kStructureTag, what + " (the answer)");
-    return;
-  }
+  const bool same = digest[0].item<int64_t>() == structure_hash(mine) &&
+                    digest[1].item<int64_t>() == static_cast<int64_t>(mine.size());
+  send_now(pg, at::full({1}, same ? int64_t{0} : int64_t{1}, at::kLong), src, kStructureTag, what + " (the answer)");
+  if (same) return;
+  const std::string theirs = recv_object(pg, src, kStructureTag, what + " (the sender's whole structure)");
   auto a = parse_signature(theirs), b = parse_signature(mine);
   std::string msg;
   ErrorCode code = ErrorCode::Key;
@@ -197,7 +214,7 @@ void accept_structure(c10d::ProcessGroupGloo& pg, const std::string& mine, int s
     }
   }
   if (msg.empty()) msg = "the structures differ";
-  send_object(pg, msg, src, kStructureTag, what + " (the answer)");
+  send_object(pg, msg, src, kStructureTag, what + " (the reason)");
   msg = what + ": " + msg + "; nothing was received";
   if (code == ErrorCode::Type) throw TypeError(msg);
   if (code == ErrorCode::Value) throw ValueError(msg);
@@ -336,12 +353,6 @@ TensorDict rebuilt(const JsonValue& meta, const at::Tensor& storage) {
   return TensorDict::from_consolidated(storage, meta);
 }
 
-//! a hash of the structure every collective rank must share (FNV-1a of its signature)
-int64_t structure_hash(const std::string& sig) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : sig) h = (h ^ c) * 1099511628211ULL;
-  return static_cast<int64_t>(h >> 1);
-}
 
 //! checked collectives: every rank's structure must be rank 0's (a small all_gather of hashes)
 void check_collective(c10d::ProcessGroupGloo& pg, const Group& g, const std::string& sig, const std::string& what) {
