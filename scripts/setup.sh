@@ -10,6 +10,8 @@ PKGS=(
   clang libclang-rt-14-dev
   libasan8 libubsan1 libtsan2
   python3-h5py hdf5-tools
+  # distributed tensordicts (api/README.md): gloo's headers for c10d's ProcessGroupGloo, the Python rank of the
+  # interop test (torch.distributed), and iproute2 for the tests' network namespaces
   libgloo-dev python3-torch iproute2
 )
 missing=()
