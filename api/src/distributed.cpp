@@ -48,19 +48,18 @@ void collect(const TensorDict& td, const std::string& prefix, bool sorted, std::
       collect((*sm.members)[i], prefix + std::to_string(i) + ".", sorted, out);
     return;
   }
-  std::vector<std::string> keys = node->keys();
-  if (sorted) std::sort(keys.begin(), keys.end());
+  // every entry of the level (Node::read_all: the tensor leaves in one batched read, a store node's in one request);
+  // non-tensor leaves are not sent (upstream)
+  auto entries = node->read_all();
+  if (sorted) std::sort(entries.begin(), entries.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   const bool views = node->caps().zero_copy_views;
-  for (const std::string& key : keys) {
-    std::optional<Entry> e = node->read(key);
-    if (!e) continue;
-    if (e->is_tensor()) {
-      const at::Tensor& t = e->tensor();
+  for (const auto& [key, e] : entries) {
+    if (e.is_tensor()) {
+      const at::Tensor& t = e.tensor();
       out.push_back({td, key, prefix + key, t, views && t.is_contiguous() && t.device().is_cpu()});
-    } else if (e->is_tensordict()) {
-      collect(e->tensordict(), prefix + key + ".", sorted, out);
+    } else if (e.is_tensordict()) {
+      collect(e.tensordict(), prefix + key + ".", sorted, out);
     }
-    // non-tensor leaves: not sent (upstream)
   }
 }
 

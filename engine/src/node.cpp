@@ -178,9 +178,25 @@ EntryMeta Node::as_entry_meta() const {
 }
 
 // ============================================================================ key access
+// the structure from metas() (no data read), the tensor leaves in one batched read (a store node: one request),
+// the rest (sub-TensorDict handles, non-tensors) one by one
 std::vector<std::pair<std::string, Entry>> Node::read_all() const {
+  const auto ms = metas();
+  std::vector<std::string> tensor_keys;
+  for (const auto& [k, m] : ms)
+    if (m.kind == EntryMeta::Kind::Tensor) tensor_keys.push_back(k);
+  std::vector<Entry> tensors;
+  if (!tensor_keys.empty()) tensors = read(tensor_keys, Index{});
   std::vector<std::pair<std::string, Entry>> out;
-  for (const auto& k : keys()) out.emplace_back(k, *read(k));
+  out.reserve(ms.size());
+  size_t next = 0;
+  for (const auto& [k, m] : ms) {
+    if (m.kind == EntryMeta::Kind::Tensor) {
+      out.emplace_back(k, std::move(tensors.at(next++)));
+    } else if (std::optional<Entry> e = read(k)) {
+      out.emplace_back(k, std::move(*e));
+    }
+  }
   return out;
 }
 

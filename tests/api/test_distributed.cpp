@@ -232,6 +232,33 @@ BOOST_AUTO_TEST_CASE(storages_other_ranks_can_open_travel_by_spec) {
   DIST_CHECK_ALL(rs);
 }
 
+// a receiver whose TensorDict lives in a store (an HDF5 file): its leaves are read in one batched request and the
+// received values written back into the file
+BOOST_AUTO_TEST_CASE(a_store_backed_tensordict_sends_and_receives) {
+  fixtures::TempDir dir("dist-h5");
+  auto plain = [](double v) {
+    TensorDict td(BatchSize{3});
+    td.set("a", at::full({3, 4}, v, at::kFloat));
+    TensorDict inner(BatchSize{3});
+    inner.set("z", at::full({3, 2}, v, at::kLong));
+    td.set("inner", inner);
+    return td;
+  };
+  auto rs = run_ranks(2, [&](int rank, const GroupOptions& o) {
+    join(o);
+    TensorDict h5(PersistentTensorDict::from_dict(plain(rank == 0 ? 6.0 : 0.0), dir / ("r" + std::to_string(rank) + ".h5")));
+    if (rank == 0) {
+      h5.send(1);
+    } else {
+      h5.recv(0);
+      TensorDict back(PersistentTensorDict::from_h5(dir / "r1.h5"));
+      expect(at::equal(back.get("a"), at::full({3, 4}, 6.f)), "the received values are in the file");
+      expect(at::equal(back.get({"inner", "z"}), at::full({3, 2}, int64_t{6}, at::kLong)), "nested level in the file");
+    }
+  });
+  DIST_CHECK_ALL(rs);
+}
+
 BOOST_AUTO_TEST_CASE(broadcast_all_gather_reduce_all_reduce_three_ranks) {
   auto rs = run_ranks(3, [&](int rank, const GroupOptions& o) {
     join(o);

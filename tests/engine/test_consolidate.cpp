@@ -134,6 +134,16 @@ BOOST_AUTO_TEST_CASE(nested_stacks_non_tensor_stacks_and_threads) {
   BOOST_CHECK(at::equal(sh.consolidated_storage(), c1.consolidated_storage()));
 }
 
+BOOST_AUTO_TEST_CASE(a_leaf_without_strided_bytes_is_refused) {
+  // upstream refuses non-jagged nested tensors the same way; the source is left as it was
+  TensorDict td(BatchSize{3});
+  td.set("dense", at::ones({3, 2}));
+  td.set("sparse", at::eye(3).to_sparse());
+  BOOST_CHECK_THROW(td.consolidate(), NotImplementedError);
+  BOOST_CHECK(!td.is_consolidated());
+  BOOST_CHECK(at::equal(td.get("dense"), at::ones({3, 2})));
+}
+
 BOOST_AUTO_TEST_CASE(malformed_records_and_files_are_format_errors) {
   TensorDict c = python_sample().consolidate();
   at::Tensor s = c.consolidated_storage();
