@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include "bench_common.hpp"
 #include "tensordict/tensordict.hpp"
@@ -56,6 +57,17 @@ struct Raw {
     }
     for (auto& w : ws) w->wait();
   }
+  //! one round trip of a 16-byte message (what a checked transfer's handshake costs): rank 0 asks, rank 1 answers
+  void ping(int rank) {
+    std::vector<at::Tensor> v{at::zeros({2}, at::kLong)};
+    if (rank == 0) {
+      pg->send(v, 1, 77)->wait();
+      pg->recv(v, 1, 78)->wait();
+    } else {
+      pg->recv(v, 0, 77)->wait();
+      pg->send(v, 0, 78)->wait();
+    }
+  }
   void all_reduce(const std::vector<at::Tensor>& ts) {
     std::vector<c10::intrusive_ptr<c10d::Work>> ws;
     std::vector<std::vector<at::Tensor>> keep;
@@ -94,9 +106,8 @@ int run(int rank, int port, int raw_port, int reps) {
   }
   // rank 1 receives (and times the point-to-point rounds); rank 0 sends
   TensorDict big = big_td(rank == 0 ? 1.0 : 0.0);
-  // the rounds that receive straight into the leaves get TensorDicts of their own: gloo holds a reference to the
-  // last storage it received into until its next operation, and a staged receive then copies into such a leaf
-  // instead of handing it the received storage
+  // the rounds that receive straight into the leaves get TensorDicts of their own, so that the staged rounds
+  // measure their own path (a leaf that received straight into itself is not handed a received storage)
   TensorDict big_direct = big_td(rank == 0 ? 1.0 : 0.0);
   // the raw reference's own tensors of the same shapes (an alias of a leaf would make our staged receive copy
   // into the leaf instead of handing it the received storage)
@@ -105,28 +116,34 @@ int run(int rank, int port, int raw_port, int reps) {
   TensorDict small = small_td(rank == 0 ? 1.0 : 0.0);
   TensorDict small_c = small.consolidate();
   std::vector<double> t_ours, t_upstream, t_raw, t_small_leaf, t_small_cons, t_ar_ours, t_ar_raw, t_checked_direct,
-      t_unchecked_staged;
+      t_unchecked_staged, t_ping;
   const DistOptions upstream_way = DistOptions().checked(false).staged(false);
-  for (int r = 0; r < reps; ++r) {
-    t_ours.push_back(round_us(*g, [&] { rank == 0 ? big.send(1) : (void)big.recv(0); }));
-    t_raw.push_back(round_us(*g, [&] { raw.p2p(big_leaves, 1 - rank, rank == 0); }));
-    t_upstream.push_back(round_us(*g, [&] {
-      rank == 0 ? big_direct.send(1, upstream_way) : (void)big_direct.recv(0, upstream_way);
-    }));
-    const DistOptions cd = DistOptions().staged(false), us = DistOptions().checked(false);
-    t_checked_direct.push_back(round_us(*g, [&] { rank == 0 ? big_direct.send(1, cd) : (void)big_direct.recv(0, cd); }));
-    t_unchecked_staged.push_back(round_us(*g, [&] { rank == 0 ? big.send(1, us) : (void)big.recv(0, us); }));
-    t_small_leaf.push_back(round_us(*g, [&] { rank == 0 ? small.send(1) : (void)small.recv(0); }));
-    t_small_cons.push_back(round_us(*g, [&] {
-      rank == 0 ? small_c.send(1, DistOptions().consolidated(true)) : (void)small_c.recv(0, DistOptions().consolidated(true));
-    }));
-    t_ar_ours.push_back(round_us(*g, [&] { big_direct.all_reduce(); }));
-    t_ar_raw.push_back(round_us(*g, [&] { raw.all_reduce(big_leaves); }));
-  }
+  const DistOptions cd = DistOptions().staged(false), us = DistOptions().checked(false);
+  const DistOptions whole = DistOptions().consolidated(true);
+  // every contender's round, in an order that rotates with each rep: a round pays for what the one before it left
+  // behind (e.g. the first after an all_reduce runs ~20% slower), and no contender should always follow the same one
+  std::vector<std::pair<std::vector<double>*, std::function<void()>>> rounds = {
+      {&t_ours, [&] { rank == 0 ? big.send(1) : (void)big.recv(0); }},
+      {&t_raw, [&] { raw.p2p(big_leaves, 1 - rank, rank == 0); }},
+      {&t_upstream, [&] { rank == 0 ? big_direct.send(1, upstream_way) : (void)big_direct.recv(0, upstream_way); }},
+      {&t_checked_direct, [&] { rank == 0 ? big_direct.send(1, cd) : (void)big_direct.recv(0, cd); }},
+      {&t_unchecked_staged, [&] { rank == 0 ? big.send(1, us) : (void)big.recv(0, us); }},
+      {&t_small_leaf, [&] { rank == 0 ? small.send(1) : (void)small.recv(0); }},
+      {&t_small_cons, [&] { rank == 0 ? small_c.send(1, whole) : (void)small_c.recv(0, whole); }},
+      {&t_ar_ours, [&] { big_direct.all_reduce(); }},
+      {&t_ar_raw, [&] { raw.all_reduce(big_leaves); }},
+      {&t_ping, [&] { raw.ping(rank); }},
+  };
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      auto& [times, fn] = rounds[(i + static_cast<size_t>(r)) % rounds.size()];
+      times->push_back(round_us(*g, fn));
+    }
   // rank 1's point-to-point times to rank 0
   std::vector<double> mine = {benchutil::median(t_ours), benchutil::median(t_raw), benchutil::median(t_upstream),
                               benchutil::median(t_small_leaf), benchutil::median(t_small_cons),
-                              benchutil::median(t_checked_direct), benchutil::median(t_unchecked_staged)};
+                              benchutil::median(t_checked_direct), benchutil::median(t_unchecked_staged),
+                              benchutil::median(t_ping)};
   at::Tensor m = at::tensor(mine, at::kDouble);
   std::vector<at::Tensor> mv{m};
   if (rank == 1) {
@@ -161,6 +178,7 @@ int run(int rank, int port, int raw_port, int reps) {
                                      .num("upstream_way_us", p[2])
                                      .num("checked_direct_us", p[5])
                                      .num("unchecked_staged_us", p[6])
+                                     .num("raw_round_trip_us", p[7])
                                      .num("ours_vs_raw", p[0] / p[1], 2)
                                      .num("upstream_way_vs_raw", p[2] / p[1], 2))
       .obj("small_512_leaves", benchutil::Json()

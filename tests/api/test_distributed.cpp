@@ -110,6 +110,35 @@ BOOST_AUTO_TEST_CASE(send_recv_every_dtype_nested_both_stores) {
   }
 }
 
+// A receive straight into the leaves (staged(false)) must not hand the leaves' storage to the group's pool of
+// staging buffers: a later staged receive into another TensorDict would land in it (and both would then share it).
+BOOST_AUTO_TEST_CASE(a_direct_receive_does_not_lend_its_leaves_to_a_later_staged_one) {
+  auto rs = run_ranks(2, [&](int rank, const GroupOptions& o) {
+    join(o);
+    auto big = [](double v) {
+      TensorDict td(BatchSize{1000});
+      td.set("x", at::full({1000, 16}, v, at::kFloat));
+      td.set("y", at::full({1000}, v, at::kLong));
+      return td;
+    };
+    if (rank == 0) {
+      big(1.0).send(1, DistOptions().staged(false));
+      for (double v : {2.0, 3.0}) big(v).send(1);
+    } else {
+      TensorDict direct = big(0.0), staged = big(0.0);
+      direct.recv(0, DistOptions().staged(false));
+      expect_all(direct, 1.0, "the direct receive");
+      for (double v : {2.0, 3.0}) {
+        staged.recv(0);
+        expect_all(staged, v, "the staged receive");
+        expect_all(direct, 1.0, "the directly received TensorDict after a staged receive into another one");
+      }
+      expect(!staged.get("x").is_alias_of(direct.get("x")), "two TensorDicts share a storage after their receives");
+    }
+  });
+  DIST_CHECK_ALL(rs);
+}
+
 BOOST_AUTO_TEST_CASE(lazy_stacks_empty_tensordicts_and_views) {
   auto rs = run_ranks(2, [&](int rank, const GroupOptions& o) {
     join(o);
@@ -302,6 +331,12 @@ BOOST_AUTO_TEST_CASE(a_receiver_with_another_structure_is_refused_and_left_as_it
     if (rank == 0) {
       for (int i = 0; i < 3; ++i)
         expect_throw<DistributedError>([&] { sample(1.0).send(1); }, "refused", "send to a refusing receiver");
+      // the leaves are posted before the answer: a refusing receiver drains them (pseudo-random tags, and one
+      // consolidated message), and the pair still works afterwards
+      const DistOptions pseudo = DistOptions().pseudo_rand(true).init_tag(9), whole = DistOptions().consolidated(true);
+      expect_throw<DistributedError>([&] { sample(1.0).send(1, pseudo); }, "refused", "a pseudo_rand send");
+      expect_throw<DistributedError>([&] { sample(1.0).send(1, whole); }, "refused", "a consolidated send");
+      sample(5.0).send(1, whole);
       sample(4.0).send(1);  // the pair still works after the refusals
     } else {
       TensorDict missing = sample(0.0);
@@ -315,6 +350,16 @@ BOOST_AUTO_TEST_CASE(a_receiver_with_another_structure_is_refused_and_left_as_it
       shape.set({"inner", "i32"}, at::zeros({3, 6}, at::kInt));
       expect_throw<ValueError>([&] { shape.recv(0); }, "inner.i32", "another shape");
       expect_all(shape.exclude({NestedKey({"inner", "i32"})}), 0.0, "nothing written on refusal");
+      expect_throw<KeyError>([&] { missing.recv(0, DistOptions().pseudo_rand(true).init_tag(9)); }, "i16",
+                             "a key the receiver lacks (pseudo_rand tags)");
+      TensorDict small = sample(0.0);
+      small.del("b");
+      TensorDict small_c = small.consolidate(), whole_c = sample(0.0).consolidate();
+      expect_throw<KeyError>([&] { small_c.recv(0, DistOptions().consolidated(true)); }, "'b'",
+                             "a consolidated receiver without the key");
+      expect_all(small_c, 0.0, "the refused consolidated TensorDict is as it was");
+      whole_c.recv(0, DistOptions().consolidated(true));
+      expect_all(whole_c, 5.0, "a consolidated recv after the refusals");
       TensorDict ok = sample(0.0);
       ok.recv(0);
       expect_all(ok, 4.0, "a matching recv after the refusals");
