@@ -22,6 +22,15 @@ at::Tensor alias_of(const at::Tensor& t) {
 
 std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
 
+using Params = torch::OrderedDict<std::string, at::Tensor>;
+
+//! a module's registered parameters, by reference: named_parameters(false) copies the OrderedDict with its hash
+//! index on every call (most of a 100-layer swap's time). `parameters_` is protected in torch::nn::Module: a member
+//! pointer formed in a derived class reads it from any Module
+struct ParamsOf : torch::nn::Module {
+  static const Params& get(const torch::nn::Module& m) { return m.*(&ParamsOf::parameters_); }
+};
+
 at::Tensor leaf_of(const at::Tensor& t, const FromModuleOptions& o) {
   if (o.use_state_dict()) return o.copy() ? t.detach().clone() : alias_of(t);
   at::Tensor out = o.copy() ? t.detach().clone() : alias_of(t);  // a new handle: a later swap leaves it alone
@@ -29,19 +38,28 @@ at::Tensor leaf_of(const at::Tensor& t, const FromModuleOptions& o) {
   return out;
 }
 
+//! a strided tensor with a storage whose metadata may change (what swap_in changes directly)
+bool plain_strided(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->allow_tensor_metadata_change() && t.has_storage() && !t.is_sparse() &&
+         !t.is_quantized() && !t.is_nested();
+}
+
 //! target.set_(value) under no-grad, without the dispatcher: the module's tensor object keeps its identity
 //! (requires_grad, grad, hooks) and takes value's storage, sizes, strides and offset; its version counter moves
 //! as an in-place op moves it. Dtype and device were checked equal (match)
 void swap_in(const at::Tensor& target, const at::Tensor& value) {
   c10::TensorImpl* impl = target.unsafeGetTensorImpl();
-  if (!impl->allow_tensor_metadata_change() || !value.has_storage() || value.is_sparse() || value.is_quantized() ||
-      target.is_nested() || value.dtype() != target.dtype()) {
+  if (!plain_strided(target) || !value.has_storage() || value.is_sparse() || value.is_quantized() ||
+      value.dtype() != target.dtype()) {
     at::Tensor t = target;
     t.set_(alias_of(value));
     return;
   }
   impl->set_storage_keep_dtype(value.storage());
-  impl->set_sizes_and_strides(value.sizes(), value.strides());
+  // a swap between tensors of one layout (the common case: the shapes were checked equal) keeps the sizes and
+  // strides, whose setter recomputes the contiguity flags
+  if (target.sizes() != value.sizes() || target.strides() != value.strides())
+    impl->set_sizes_and_strides(value.sizes(), value.strides());
   impl->set_storage_offset(value.storage_offset());
   impl->bump_version();
 }
@@ -51,22 +69,29 @@ void swap_in(const at::Tensor& target, const at::Tensor& value) {
 //! and look each key up)
 std::optional<TensorDict> from_level(const torch::nn::Module& m, const FromModuleOptions& o) {
   std::vector<std::pair<std::string, Entry>> entries;
-  auto add = [&](const std::string& key, Entry value) {
-    for (const auto& kv : entries)
-      if (kv.first == key) throw ValueError("from_module: '" + key + "' names two tensors of one module");
-    entries.emplace_back(key, std::move(value));
-  };
+  // names are unique within each of the module's dicts: only a name in two of them can repeat
+  const Params& params = ParamsOf::get(m);
   // the named forms copy an OrderedDict with its index: asked only where the plain (vector) form finds something
-  if (!m.parameters(/*recurse=*/false).empty())
-    for (const auto& kv : m.named_parameters(/*recurse=*/false))
-      if (kv.value().defined()) add(kv.key(), Entry(leaf_of(kv.value(), o)));
-  if (!m.buffers(/*recurse=*/false).empty())
-    for (const auto& kv : m.named_buffers(/*recurse=*/false))
-      if (kv.value().defined()) add(kv.key(), Entry(leaf_of(kv.value(), o)));
+  const Params buffers = m.buffers(/*recurse=*/false).empty() ? Params() : m.named_buffers(/*recurse=*/false);
+  auto twice = [](const std::string& key) {
+    return ValueError("from_module: '" + key + "' names two tensors of one module");
+  };
+  entries.reserve(params.size() + buffers.size());
+  for (const auto& kv : params)
+    if (kv.value().defined()) entries.emplace_back(kv.key(), Entry(leaf_of(kv.value(), o)));
+  for (const auto& kv : buffers) {
+    if (!kv.value().defined()) continue;
+    if (const at::Tensor* p = params.find(kv.key()); p && p->defined()) throw twice(kv.key());
+    entries.emplace_back(kv.key(), Entry(leaf_of(kv.value(), o)));
+  }
   if (!m.children().empty()) {
     for (const auto& kv : m.named_children()) {
       std::optional<TensorDict> sub = from_level(*kv.value(), o);
-      if (sub) add(kv.key(), Entry(*sub));
+      if (!sub) continue;
+      const at::Tensor* p = params.find(kv.key());
+      const at::Tensor* b = buffers.find(kv.key());
+      if ((p && p->defined()) || (b && b->defined())) throw twice(kv.key());
+      entries.emplace_back(kv.key(), Entry(*sub));
     }
   }
   if (entries.empty() && o.filter_empty()) return std::nullopt;
@@ -77,9 +102,28 @@ std::optional<TensorDict> from_level(const torch::nn::Module& m, const FromModul
 
 //! one module tensor and the value it takes
 struct Slot {
-  std::vector<std::string> path;
   at::Tensor target;  //!< the module's own tensor (its registered parameter or buffer)
   at::Tensor value;
+  int32_t level;    //!< where it is: Plan::levels[level], then key
+  std::string key;
+};
+
+//! every slot of a TensorDict in a module, checked; levels[i] = (parent level, key), levels[0] the root
+struct Plan {
+  std::vector<Slot> slots;
+  std::vector<std::pair<int32_t, std::string>> levels{{-1, ""}};
+
+  std::vector<std::string> path_of(int32_t level, const std::string& key) const {
+    std::vector<std::string> path{key};
+    for (int32_t l = level; l > 0; l = levels[static_cast<size_t>(l)].first) path.push_back(levels[static_cast<size_t>(l)].second);
+    return {path.rbegin(), path.rend()};
+  }
+  //! "a.b.key", for messages
+  std::string where(int32_t level, const std::string& key) const {
+    std::string out;
+    for (const auto& part : path_of(level, key)) out = join(out, part);
+    return out;
+  }
 };
 
 //! whether the module holds any defined parameter or buffer (recursively)
@@ -91,77 +135,91 @@ bool holds_tensors(const torch::nn::Module& m) {
   return false;
 }
 
+//! fn(key, entry) for every entry of td's level: a dense level's own entries (no copy), items() otherwise
+template <class F>
+void for_each_entry(const TensorDict& td, F&& fn) {
+  if (TensorDictImpl* d = td.node()->dense_node()) {
+    for (const auto& kv : d->entries) fn(kv.first, kv.second);
+    return;
+  }
+  for (const auto& kv : td.items()) fn(kv.first.parts()[0], kv.second);
+}
+
 //! pairs the TensorDict's level with the module's, checking everything; nothing is changed here
-void match(const TensorDict& td, const torch::nn::Module& m, std::vector<std::string>& path, const std::string& prefix,
-           const ToModuleOptions& o, std::vector<Slot>& out) {
-  // the named forms copy an OrderedDict with its index: asked only where the plain (vector) form finds something
-  using Params = torch::OrderedDict<std::string, at::Tensor>;
+void match(const TensorDict& td, const torch::nn::Module& m, int32_t level, const ToModuleOptions& o, Plan& plan) {
   using Children = torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>;
-  const Params params = m.parameters(false).empty() ? Params() : m.named_parameters(false);
+  const Params& params = ParamsOf::get(m);
+  // the named forms copy an OrderedDict with its index: asked only where the plain (vector) form finds something
   const Params buffers = m.buffers(false).empty() ? Params() : m.named_buffers(false);
   const Children children = m.children().empty() ? Children() : m.named_children();
-  auto tensor_of = [&](const std::string& k) -> const at::Tensor* {
-    if (const at::Tensor* p = params.find(k); p && p->defined()) return p;
-    if (const at::Tensor* b = buffers.find(k); b && b->defined()) return b;
-    return nullptr;
-  };
-  std::vector<std::string> seen;
-  for (const auto& kv : td.items()) {
-    const std::string& k = kv.first.parts()[0];
-    auto where_fn = [&] { return join(prefix, k); };  // built for messages only
-    seen.push_back(k);
-    const at::Tensor* target = tensor_of(k);
+  size_t matched_params = 0, matched_buffers = 0, matched_children = 0;
+  for_each_entry(td, [&](const std::string& k, const Entry& e) {
+    const at::Tensor* target = nullptr;
+    if (const at::Tensor* p = params.find(k); p && p->defined()) {
+      target = p;
+      ++matched_params;
+    } else if (const at::Tensor* b = buffers.find(k); b && b->defined()) {
+      target = b;
+      ++matched_buffers;
+    }
     const auto* child = children.find(k);
-    if (kv.second.is_tensor()) {
+    if (e.is_tensor()) {
       if (!target) {
-        const std::string where = where_fn();
-        if (child) throw TypeError("to_module: '" + where + "' is a submodule of the module, but the value is a tensor");
-        throw KeyError("to_module: the module has no parameter or buffer '" + where + "'");
+        if (child) throw TypeError("to_module: '" + plan.where(level, k) + "' is a submodule of the module, but the value is a tensor");
+        throw KeyError("to_module: the module has no parameter or buffer '" + plan.where(level, k) + "'");
       }
-      const at::Tensor& v = kv.second.tensor();
-      if (v.scalar_type() != target->scalar_type() || v.sizes() != target->sizes() || v.device() != target->device()) {
-        const std::string where = where_fn();
+      const at::Tensor& v = e.tensor();
       if (v.scalar_type() != target->scalar_type()) {
-        throw TypeError("to_module: '" + where + "' is " + std::string(c10::toString(target->scalar_type())) +
+        throw TypeError("to_module: '" + plan.where(level, k) + "' is " + std::string(c10::toString(target->scalar_type())) +
                         " in the module, but the value is " + c10::toString(v.scalar_type()));
       }
       if (v.sizes() != target->sizes()) {
-        throw ValueError("to_module: '" + where + "' has shape " + shape_text(target->sizes()) +
+        throw ValueError("to_module: '" + plan.where(level, k) + "' has shape " + shape_text(target->sizes()) +
                          " in the module, but the value has shape " + shape_text(v.sizes()));
       }
       if (v.device() != target->device()) {
-        throw ValueError("to_module: '" + where + "' is on " + target->device().str() + " in the module, but the value is on " +
-                         v.device().str());
+        throw ValueError("to_module: '" + plan.where(level, k) + "' is on " + target->device().str() +
+                         " in the module, but the value is on " + v.device().str());
       }
-      }
-      path.push_back(k);
-      out.push_back(Slot{path, *target, v});
-      path.pop_back();
-    } else if (kv.second.is_tensordict()) {
+      plan.slots.push_back(Slot{*target, v, level, k});
+    } else if (e.is_tensordict()) {
       if (!child) {
-        const std::string where = where_fn();
-        if (target) throw TypeError("to_module: '" + where + "' is a tensor of the module, but the value is a TensorDict");
-        throw KeyError("to_module: the module has no submodule '" + where + "'");
+        if (target) throw TypeError("to_module: '" + plan.where(level, k) + "' is a tensor of the module, but the value is a TensorDict");
+        throw KeyError("to_module: the module has no submodule '" + plan.where(level, k) + "'");
       }
-      path.push_back(k);
-      match(kv.second.tensordict(), **child, path, where_fn(), o, out);
-      path.pop_back();
+      ++matched_children;
+      plan.levels.emplace_back(level, k);
+      match(e.tensordict(), **child, static_cast<int32_t>(plan.levels.size() - 1), o, plan);
     } else {
-      throw TypeError("to_module: '" + where_fn() + "' holds a " + std::string(Entry::kind_name(kv.second.kind())) +
+      throw TypeError("to_module: '" + plan.where(level, k) + "' holds a " + std::string(Entry::kind_name(e.kind())) +
                       ", which a module cannot hold");
     }
-  }
+  });
   if (!o.strict()) return;
-  auto has = [&](const std::string& k) { return std::find(seen.begin(), seen.end(), k) != seen.end(); };
-  for (const auto& kv : params)
-    if (kv.value().defined() && !has(kv.key()))
-      throw KeyError("to_module: the module's parameter '" + join(prefix, kv.key()) + "' has no value in the TensorDict");
-  for (const auto& kv : buffers)
-    if (kv.value().defined() && !has(kv.key()))
-      throw KeyError("to_module: the module's buffer '" + join(prefix, kv.key()) + "' has no value in the TensorDict");
-  for (const auto& kv : children)
-    if (!has(kv.key()) && holds_tensors(*kv.value()))
-      throw KeyError("to_module: the module's submodule '" + join(prefix, kv.key()) + "' has no value in the TensorDict");
+  // every defined tensor and every submodule holding one must have had a value: counted, and looked for only
+  // when the count says one is missing
+  auto defined = [](const Params& d) {
+    size_t n = 0;
+    for (const auto& kv : d) n += kv.value().defined() ? 1 : 0;
+    return n;
+  };
+  auto missing = [&](const std::string& k) {
+    bool found = false;
+    for_each_entry(td, [&](const std::string& key, const Entry&) { found = found || key == k; });
+    return !found;
+  };
+  if (matched_params < defined(params))
+    for (const auto& kv : params)
+      if (kv.value().defined() && missing(kv.key()))
+        throw KeyError("to_module: the module's parameter '" + plan.where(level, kv.key()) + "' has no value in the TensorDict");
+  if (matched_buffers < defined(buffers))
+    for (const auto& kv : buffers)
+      if (kv.value().defined() && missing(kv.key()))
+        throw KeyError("to_module: the module's buffer '" + plan.where(level, kv.key()) + "' has no value in the TensorDict");
+  if (matched_children < children.size())
+    for (const auto& kv : children)
+      if (holds_tensors(*kv.value()) && missing(kv.key()))
+        throw KeyError("to_module: the module's submodule '" + plan.where(level, kv.key()) + "' has no value in the TensorDict");
 }
 
 }  // namespace
@@ -176,21 +234,70 @@ TensorDict TensorDict::from_module(const torch::nn::Module& module, const FromMo
 namespace {
 
 //! every slot of td in module, checked (nothing changed yet)
-std::vector<Slot> plan_slots(const TensorDict& td, const torch::nn::Module& module, const ToModuleOptions& options) {
+Plan plan_slots(const TensorDict& td, const torch::nn::Module& module, const ToModuleOptions& options) {
   if (!td.defined()) throw ValueError("to_module: the TensorDict is undefined");
-  std::vector<Slot> slots;
-  std::vector<std::string> path;
-  match(td, module, path, "", options, slots);
-  return slots;
+  Plan plan;
+  match(td, module, 0, options, plan);
+  return plan;
+}
+
+//! what a module tensor held before a swap: its storage, offset and strides (no new tensor: a swap of 200
+//! leaves made 200 of them); a tensor where that cannot be restored alone (a copy-in's clone, a tensor whose
+//! metadata cannot change)
+struct Held {
+  at::Tensor tensor;
+  c10::Storage storage;
+  int64_t offset = 0;
+  c10::SmallVector<int64_t, 5> strides;
+};
+
+Held hold(const at::Tensor& target, bool copy_in) {
+  Held h;
+  if (copy_in) {
+    h.tensor = target.detach().clone();
+  } else if (plain_strided(target)) {
+    h.storage = target.storage();
+    h.offset = target.storage_offset();
+    h.strides.assign(target.strides().begin(), target.strides().end());
+  } else {
+    h.tensor = alias_of(target);
+  }
+  return h;
+}
+
+//! puts back what `target` held (its sizes never changed: a swap checks them equal)
+void give_back(const at::Tensor& target, const Held& h, bool copy_in) {
+  if (h.tensor.defined()) {
+    if (copy_in) {
+      alias_of(target).copy_(h.tensor);
+    } else {
+      swap_in(target, h.tensor);
+    }
+    return;
+  }
+  c10::TensorImpl* impl = target.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(h.storage);
+  if (target.strides() != c10::IntArrayRef(h.strides)) impl->set_sizes_and_strides(target.sizes(), h.strides);
+  impl->set_storage_offset(h.offset);
+  impl->bump_version();
+}
+
+//! a handle on what `target` held (for previous())
+at::Tensor held_tensor(const at::Tensor& target, const Held& h) {
+  if (h.tensor.defined()) return h.tensor;
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(h.storage), target.key_set(), target.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(target.sizes(), h.strides);
+  out.unsafeGetTensorImpl()->set_storage_offset(h.offset);
+  return out;
 }
 
 //! writes the slots' values into the module; `previous` (when given) gets what each slot held before, recorded
 //! before any slot changes (a tensor registered under two names, shared parameters, is recorded as it was)
-void apply_slots(const std::vector<Slot>& slots, bool copy_in, std::vector<at::Tensor>* previous) {
+void apply_slots(const std::vector<Slot>& slots, bool copy_in, std::vector<Held>* previous) {
   at::NoGradGuard no_grad;
   if (previous) {
     previous->reserve(slots.size());
-    for (const auto& s : slots) previous->push_back(copy_in ? s.target.detach().clone() : alias_of(s.target));
+    for (const auto& s : slots) previous->push_back(hold(s.target, copy_in));
   }
   for (const auto& s : slots) {
     if (copy_in) {
@@ -202,38 +309,39 @@ void apply_slots(const std::vector<Slot>& slots, bool copy_in, std::vector<at::T
   }
 }
 
-TensorDict previous_td(const std::vector<Slot>& slots, const std::vector<at::Tensor>& previous) {
+TensorDict previous_td(const Plan& plan, const std::vector<Held>& previous) {
   TensorDict out{BatchSize{}};
-  for (size_t i = 0; i < slots.size(); ++i) out.set(NestedKey(slots[i].path), previous[i]);
+  for (size_t i = 0; i < plan.slots.size(); ++i)
+    out.set(NestedKey(plan.path_of(plan.slots[i].level, plan.slots[i].key)), held_tensor(plan.slots[i].target, previous[i]));
   return out;
 }
 
 }  // namespace
 
 TensorDict TensorDict::to_module(torch::nn::Module& module, const ToModuleOptions& options) const {
-  const std::vector<Slot> slots = plan_slots(*this, module, options);
+  const Plan plan = plan_slots(*this, module, options);
   const bool copy_in = options.inplace() || options.use_state_dict();
   if (!options.return_swap()) {
-    apply_slots(slots, copy_in, nullptr);
+    apply_slots(plan.slots, copy_in, nullptr);
     return TensorDict::undefined();
   }
-  std::vector<at::Tensor> previous;
-  apply_slots(slots, copy_in, &previous);
-  return previous_td(slots, previous);
+  std::vector<Held> previous;
+  apply_slots(plan.slots, copy_in, &previous);
+  return previous_td(plan, previous);
 }
 
 struct ModuleSwap::State {
-  std::vector<Slot> slots;
-  std::vector<at::Tensor> previous;
+  Plan plan;
+  std::vector<Held> previous;
   bool copy_in = false;
   bool restored = false;
 };
 
 ModuleSwap::ModuleSwap(const TensorDict& params, torch::nn::Module& module, const ToModuleOptions& options)
     : state_(std::make_unique<State>()) {
-  state_->slots = plan_slots(params, module, options);
+  state_->plan = plan_slots(params, module, options);
   state_->copy_in = options.inplace() || options.use_state_dict();
-  apply_slots(state_->slots, state_->copy_in, &state_->previous);
+  apply_slots(state_->plan.slots, state_->copy_in, &state_->previous);
 }
 
 ModuleSwap::ModuleSwap(ModuleSwap&& other) noexcept = default;
@@ -251,18 +359,12 @@ void ModuleSwap::restore() {
   state_->restored = true;
   at::NoGradGuard no_grad;
   // the previous tensors back, last slot first (a tensor under two names ends as it was)
-  for (size_t i = state_->slots.size(); i-- > 0;) {
-    const at::Tensor& target = state_->slots[i].target;
-    if (state_->copy_in) {
-      alias_of(target).copy_(state_->previous[i]);
-    } else {
-      swap_in(target, state_->previous[i]);
-    }
-  }
+  for (size_t i = state_->plan.slots.size(); i-- > 0;)
+    give_back(state_->plan.slots[i].target, state_->previous[i], state_->copy_in);
 }
 
 const TensorDict& ModuleSwap::previous() const {
-  if (!previous_.defined() && state_) previous_ = previous_td(state_->slots, state_->previous);
+  if (!previous_.defined() && state_) previous_ = previous_td(state_->plan, state_->previous);
   return previous_;
 }
 

@@ -148,6 +148,33 @@ BOOST_AUTO_TEST_CASE(module_swap_restores_on_scope_exit_and_on_exceptions) {
   }
 }
 
+// a value with other strides (a transposed view) swaps in as it is, and the restore gives the module back its own
+// storage, offset and strides; previous() is built from what was recorded
+BOOST_AUTO_TEST_CASE(a_swap_of_a_strided_view_restores_strides_and_offset) {
+  auto seq = mlp(5);
+  auto* lin = seq->ptr(0)->as<torch::nn::Linear>();
+  const at::Tensor w_before = lin->weight.detach().clone();
+  const auto strides_before = lin->weight.strides().vec();
+  const void* data_before = lin->weight.data_ptr();
+  TensorDict other = TensorDict::from_module(*seq, FromModuleOptions().copy(true));
+  const at::Tensor base = at::randn({5, 4, 8});
+  const at::Tensor view = base[2].t();  // [8, 4], strides [1, 8], offset 64
+  other.set({"0", "weight"}, view);
+  {
+    ModuleSwap swap(other, *seq);
+    BOOST_TEST(lin->weight.equal(view));
+    BOOST_TEST(lin->weight.strides().vec() == view.strides().vec());
+    BOOST_TEST(lin->weight.storage_offset() == view.storage_offset());
+    BOOST_TEST(swap.previous().get({"0", "weight"}).equal(w_before));
+    BOOST_TEST(swap.previous().get({"0", "weight"}).strides().vec() == strides_before);
+  }
+  BOOST_TEST(lin->weight.equal(w_before));
+  BOOST_TEST(lin->weight.strides().vec() == strides_before);
+  BOOST_TEST(lin->weight.storage_offset() == 0);
+  BOOST_TEST(lin->weight.data_ptr() == data_before);
+  BOOST_TEST(lin->weight.is_contiguous());
+}
+
 BOOST_AUTO_TEST_CASE(nested_modules_with_buffers_round_trip) {
   Net net;
   net->block->ptr(1)->as<torch::nn::BatchNorm1d>()->running_mean.fill_(0.5);
