@@ -522,6 +522,49 @@ at::Tensor map_leaf_at(int dfd, const std::string& rel_dir, const std::string& d
 }
 }  // namespace
 
+void read_leaf_into(const DirNode& node, const LeafMeta& leaf, const at::Tensor& dst, bool check_only,
+                    const ReadOptions& options) {
+  if (leaf.is_nested) throw TypeError("read_leaf_into: the leaf '" + leaf.key + "' is nested");
+  const int64_t nbytes = leaf.nbytes();
+  if (nbytes == 0) return;
+  const std::string name = leaf.file.empty() ? encode_key(leaf.key) + ".memmap" : leaf.file;
+  const std::string file = join(node.path, name);
+  const int dfd = node.root ? node.root->fd() : AT_FDCWD;
+  const std::string rel = !node.root ? file : node.rel == "." ? name : join(node.rel, name);
+  switch (entry_kind_at(dfd, rel, options.follow_symlinks)) {
+    case FileKind::Missing: throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is missing");
+    case FileKind::Symlink: refuse_symlink(file);
+    case FileKind::Regular: break;
+    default: throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is not a regular file");
+  }
+  // O_NONBLOCK: a file swapped for a fifo after the check still cannot block the open
+  const int fd = ::openat(dfd, rel.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (options.follow_symlinks ? 0 : O_NOFOLLOW));
+  if (fd < 0) throw BackendError("cannot open '" + file + "' for reading: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) throw BackendError("cannot stat '" + file + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is not a regular file");
+  if (static_cast<int64_t>(st.st_size) < nbytes)
+    throw FormatError("file '" + file + "' is too short: expected at least " + std::to_string(nbytes) + " bytes (" +
+                      c10::toString(leaf.dtype) + c10::str(leaf.shape) + "), found " +
+                      std::to_string(static_cast<int64_t>(st.st_size)));
+  if (check_only) return;
+  const bool direct = dst.is_contiguous() && dst.device().is_cpu();
+  at::Tensor into = direct ? dst : at::empty(leaf.shape, at::TensorOptions().dtype(leaf.dtype));
+  char* p = static_cast<char*>(into.data_ptr());
+  for (int64_t done = 0; done < nbytes;) {
+    const ssize_t n = ::pread(fd, p + done, static_cast<size_t>(nbytes - done), static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw BackendError("cannot read '" + file + "': " + std::strerror(errno));
+    if (n == 0) throw FormatError("file '" + file + "' ended after " + std::to_string(done) + " of " + std::to_string(nbytes) + " bytes");
+    done += n;
+  }
+  if (!direct) dst.copy_(into);
+}
+
 at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable, const ReadOptions& options) {
   return map_leaf_at(AT_FDCWD, dir, dir, leaf, writable, options);
 }

@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <iostream>
+#include <mutex>
+#include <thread>
 
 #include "lazy_stack_node.hpp"
 #include "memmap_internal.hpp"
@@ -212,6 +215,92 @@ TensorDict load_tree(const std::string& prefix, const LoadOptions& o) {
   return load_one_save(prefix, o, [&](const DirNode& root) { return build_tree(prefix, root, o); });
 }
 
+// ------------------------------------------------------------------------------------------ load_memmap_ inplace
+// The saved bytes read into a TensorDict's own leaves (LoadOptions::inplace): every key, dtype and shape is paired
+// and every file opened and checked first; only then are bytes read, leaf by leaf (threads take whole leaves).
+
+struct InplaceLeaf {
+  const DirNode* node;
+  const backends::LeafMeta* leaf;
+  at::Tensor dst;
+};
+
+std::string dotted(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
+
+void pair_level(const TensorDict& td, const DirNode& node, const std::string& where, std::vector<InplaceLeaf>& out) {
+  if (node.kind != NodeKind::TensorDict)
+    throw TypeError("load_memmap_(inplace): '" + (where.empty() ? node.path : where) + "' is saved as a " +
+                    std::string(backends::node_kind_name(node.kind)) + "; inplace reads plain TensorDict levels");
+  for (const DirEntry& de : node.entries) {
+    const std::string key = dotted(where, de.key);
+    std::optional<Entry> mine = td.node()->read(de.key);
+    if (!mine) throw KeyError("load_memmap_(inplace): the saved key '" + key + "' is not in this TensorDict");
+    if (de.is_leaf) {
+      if (!mine->is_tensor()) throw TypeError("load_memmap_(inplace): '" + key + "' is saved as a tensor, but holds a " +
+                                              std::string(Entry::kind_name(mine->kind())) + " here");
+      const at::Tensor& t = mine->tensor();
+      if (de.leaf.is_nested || t.is_nested()) throw TypeError("load_memmap_(inplace): '" + key + "' is a nested tensor");
+      if (t.scalar_type() != de.leaf.dtype)
+        throw TypeError("load_memmap_(inplace): '" + key + "' is saved as " + std::string(c10::toString(de.leaf.dtype)) +
+                        ", but is " + c10::toString(t.scalar_type()) + " here");
+      if (t.sizes() != at::IntArrayRef(de.leaf.shape))
+        throw ValueError("load_memmap_(inplace): '" + key + "' is saved with shape " + c10::str(de.leaf.shape) +
+                         ", but has shape " + c10::str(t.sizes()) + " here");
+      if (!t.device().is_cpu()) throw ValueError("load_memmap_(inplace): '" + key + "' is on " + t.device().str());
+      out.push_back(InplaceLeaf{&node, &de.leaf, t});
+    } else {
+      if (!mine->is_tensordict())
+        throw TypeError("load_memmap_(inplace): '" + key + "' is saved as a " +
+                        std::string(de.child ? backends::node_kind_name(de.child->kind) : "level") + ", but holds a " +
+                        std::string(Entry::kind_name(mine->kind())) + " here");
+      if (!de.child) throw FormatError("load_memmap_(inplace): '" + key + "' has no saved directory");
+      pair_level(mine->tensordict(), *de.child, key, out);
+    }
+  }
+  // both ways: a tensor here that the save lacks is an error too (it would keep its old value silently)
+  for (const auto& [key, meta] : td.node()->metas()) {
+    if (node.find(key)) continue;
+    if (meta.kind == EntryMeta::Kind::Tensor || meta.kind == EntryMeta::Kind::TensorDict)
+      throw KeyError("load_memmap_(inplace): '" + dotted(where, key) + "' is not in the saved TensorDict");
+  }
+}
+
+void read_inplace(TensorDict& td, const std::string& prefix, const LoadOptions& o) {
+  load_one_save(prefix, o, [&](const DirNode& root) {
+    std::vector<InplaceLeaf> leaves;
+    pair_level(td, root, "", leaves);
+    const backends::ReadOptions ro = read_options(o);
+    for (const auto& l : leaves) backends::read_leaf_into(*l.node, *l.leaf, l.dst, /*check_only=*/true, ro);
+    report_warnings(root, o);
+    at::NoGradGuard no_grad;  // leaves that require grad (a module's parameters) are written in place
+    auto read_one = [&](const InplaceLeaf& l) { backends::read_leaf_into(*l.node, *l.leaf, l.dst, false, ro); };
+    if (o.num_threads() <= 1 || leaves.size() < 2) {
+      for (const auto& l : leaves) read_one(l);
+      return 0;
+    }
+    std::atomic<size_t> next{0};
+    std::mutex err_mu;
+    std::exception_ptr first_error;
+    auto work = [&] {
+      for (size_t i = next++; i < leaves.size(); i = next++) {
+        try {
+          read_one(leaves[i]);
+        } catch (...) {
+          std::lock_guard<std::mutex> g(err_mu);
+          if (!first_error) first_error = std::current_exception();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    const size_t n = std::min<size_t>(static_cast<size_t>(o.num_threads()), leaves.size());
+    for (size_t i = 1; i < n; ++i) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+    if (first_error) std::rethrow_exception(first_error);
+    return 0;
+  });
+}
+
 }  // namespace
 
 TensorDict TensorDict::load_memmap(const std::string& prefix, const LoadOptions& options) {
@@ -223,6 +312,10 @@ TensorDict TensorDict::load(const std::string& prefix, const LoadOptions& option
 }
 
 TensorDict& TensorDict::load_memmap_(const std::string& prefix, const LoadOptions& options) {
+  if (options.inplace()) {
+    read_inplace(*this, prefix, options);
+    return *this;
+  }
   TensorDict loaded = load_tree(prefix, options);
   if (d()->locked) {
     throw LockedError("Cannot modify locked TensorDict: load_memmap_ replaces the entries; unlock it first");

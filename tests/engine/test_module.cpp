@@ -277,6 +277,63 @@ BOOST_AUTO_TEST_CASE(weights_saved_with_memmap_load_whole_or_by_slice) {
   BOOST_TEST(!third->ptr(2)->as<torch::nn::Linear>()->weight.equal(seq->ptr(2)->as<torch::nn::Linear>()->weight));
 }
 
+// LoadOptions::inplace: the saved bytes read into the module's own storage (from_module's aliases), whole, by slice
+// and with threads; a mismatch of any kind, or a truncated file, is an error naming it and changes nothing
+BOOST_AUTO_TEST_CASE(weights_read_in_place_into_the_modules_storage) {
+  TempDir dir("module_inplace");
+  auto seq = mlp(7);
+  TensorDict::from_module(*seq).memmap(dir.path + "/w");
+  const at::Tensor x = at::randn({3, 4});
+  for (int threads : {0, 2}) {
+    auto other = mlp(8);
+    auto* w0 = other->ptr(0)->as<torch::nn::Linear>();
+    const void* data_before = w0->weight.data_ptr();
+    TensorDict::from_module(*other).load_memmap_(dir.path + "/w", LoadOptions().inplace(true).num_threads(threads));
+    BOOST_TEST(other->forward(x).equal(seq->forward(x)));
+    BOOST_TEST(w0->weight.data_ptr() == data_before);  // the module's own storage, written in place
+    BOOST_TEST(w0->weight.requires_grad());
+  }
+  // a slice into one layer
+  auto third = mlp(9);
+  TensorDict::from_module(*third->ptr(0)).load_memmap_(dir.path + "/w/0", LoadOptions().inplace(true));
+  BOOST_TEST(third->ptr(0)->as<torch::nn::Linear>()->weight.equal(seq->ptr(0)->as<torch::nn::Linear>()->weight));
+  BOOST_TEST(!third->ptr(2)->as<torch::nn::Linear>()->weight.equal(seq->ptr(2)->as<torch::nn::Linear>()->weight));
+  // a non-contiguous leaf is read through a buffer
+  TensorDict td(BatchSize{});
+  td.set("a", at::zeros({4, 3}).t());
+  TensorDict src(BatchSize{});
+  src.set("a", at::arange(12, at::kFloat).view({3, 4}));
+  src.memmap(dir.path + "/t");
+  td.load_memmap_(dir.path + "/t", LoadOptions().inplace(true));
+  BOOST_TEST(td.get("a").equal(src.get("a")));
+  // mismatches: nothing is written
+  auto target = mlp(10);
+  const auto before = state_of(*target);
+  auto wide = torch::nn::Sequential(torch::nn::Linear(4, 9), torch::nn::ReLU(), torch::nn::Linear(9, 2));
+  TensorDict::from_module(*wide).memmap(dir.path + "/wide");
+  BOOST_TEST(throws_with<ValueError>([&] { TensorDict::from_module(*target).load_memmap_(dir.path + "/wide", LoadOptions().inplace(true)); },
+                                     {"0.weight"}));
+  auto dbl = mlp(11);
+  dbl->to(at::kDouble);
+  TensorDict::from_module(*dbl).memmap(dir.path + "/double");
+  BOOST_TEST(throws_with<TypeError>([&] { TensorDict::from_module(*target).load_memmap_(dir.path + "/double", LoadOptions().inplace(true)); },
+                                    {"Double"}));
+  TensorDict fewer = TensorDict::from_module(*seq).exclude({NestedKey({"2", "bias"})});
+  fewer.memmap(dir.path + "/fewer");
+  BOOST_TEST(throws_with<KeyError>([&] { TensorDict::from_module(*target).load_memmap_(dir.path + "/fewer", LoadOptions().inplace(true)); },
+                                   {"2.bias"}));
+  TensorDict more = TensorDict::from_module(*seq).clone();
+  more.set({"2", "extra"}, at::zeros({1}));
+  more.memmap(dir.path + "/more");
+  BOOST_TEST(throws_with<KeyError>([&] { TensorDict::from_module(*target).load_memmap_(dir.path + "/more", LoadOptions().inplace(true)); },
+                                   {"2.extra"}));
+  // a truncated last leaf (in save order): found before any leaf is read
+  std::filesystem::resize_file(dir.path + "/w/2/bias.memmap", 4);
+  BOOST_TEST(throws_with<FormatError>([&] { TensorDict::from_module(*target).load_memmap_(dir.path + "/w", LoadOptions().inplace(true)); },
+                                      {"truncated"}));
+  BOOST_TEST(same_state(state_of(*target), before));
+}
+
 BOOST_AUTO_TEST_CASE(an_ensemble_runs_member_by_member_on_stacked_params) {
   std::vector<torch::nn::Sequential> members = {mlp(10), mlp(11), mlp(12)};
   std::vector<TensorDict> params;

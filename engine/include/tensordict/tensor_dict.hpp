@@ -77,6 +77,13 @@ struct LoadOptions {
   //! receives each warning of the reader (a skipped leaf, an entry without dtype/shape, a v0.3 child);
   //! unset: written to stderr as "tensordict: warning: <text>"
   TD_ARG(std::function<void(const std::string&)>, on_warning) = nullptr;
+  //! load_memmap_ only: read the saved bytes into this TensorDict's own leaves (pread, no mapping) instead of
+  //! replacing its entries. Every key, dtype and shape must match both ways, and every file is checked, before
+  //! a byte is written (KeyError / TypeError / ValueError / FormatError naming the key or file). Its use: weights
+  //! into a module, `TensorDict::from_module(model).load_memmap_(dir, LoadOptions().inplace(true))`
+  TD_ARG(bool, inplace) = false;
+  //! inplace: threads that read leaves side by side (0 or 1: the calling thread)
+  TD_ARG(int, num_threads) = 0;
 };
 
 //! from_schema: key -> (element shape, dtype)
@@ -370,7 +377,8 @@ class TensorDict {
   //! Symlinks below the prefix and missing leaf files are FormatErrors unless options allow them.
   static TensorDict load_memmap(const std::string& prefix, const LoadOptions& options = {});
   static TensorDict load(const std::string& prefix, const LoadOptions& options = {});
-  //! loads `prefix` into this TensorDict (its entries are replaced by the loaded ones)
+  //! loads `prefix` into this TensorDict (its entries are replaced by the loaded ones; with
+  //! LoadOptions::inplace, the saved bytes are read into its own leaves)
   TensorDict& load_memmap_(const std::string& prefix, const LoadOptions& options = {});
   //! re-reads meta.json of this memmap TensorDict (keys added by other processes appear), with the default
   //! LoadOptions (symlinks and missing leaf files refused)

@@ -185,6 +185,13 @@ DirNode read_dir(const std::shared_ptr<const DirHandle>& dir, const std::string&
 at::Tensor map_leaf(const std::string& dir, const LeafMeta& leaf, bool writable, const ReadOptions& options = {});
 //! map_leaf of a leaf of `node`, through the directory the node was read from (DirNode::root) when it has one.
 at::Tensor map_leaf(const DirNode& node, const LeafMeta& leaf, bool writable, const ReadOptions& options = {});
+//! Reads a (non-nested) leaf of `node` into `dst` with pread(2), without mapping it: `dst` is a CPU tensor of the
+//! leaf's dtype and shape (checked by the caller), contiguous or not (then through a buffer). The file is opened
+//! as map_leaf opens it (through DirNode::root, the same checks and errors); check_only: opened and checked (type,
+//! size), nothing read. Reading into memory that is already there (a module's weights) moves the bytes once, where
+//! a fresh mapping pays a page fault per 4 KiB first touched.
+void read_leaf_into(const DirNode& node, const LeafMeta& leaf, const at::Tensor& dst, bool check_only,
+                    const ReadOptions& options = {});
 //! A nested leaf's components: views of one mapping, shaped by leaf.nested_sizes.
 std::vector<at::Tensor> map_nested_leaf(const std::string& dir, const LeafMeta& leaf, bool writable,
                                         const ReadOptions& options = {});
