@@ -523,7 +523,94 @@ void LazyStackNode::index_put_(TensorDict&, const Index& index, const at::Scalar
   });
 }
 
+namespace {
+// ----------------------------------------------------------------------------------- one row, fast
+// td[i] = row (a replay buffer being filled or refilled): one integer index into dense levels whose leaves are
+// plain contiguous CPU tensors, a dense row value of the same keys in the same order, dtypes and row shapes. Every
+// leaf is checked first (nothing written unless all pass: anything else takes the general path, which then writes
+// it all), then each is one memcpy of its row and a version bump, as the general path's memcpy_rows does, without
+// preparing the index, copying handles or looking keys up. 5 leaves of 64 float32: ~3,300 instructions a row
+// through the general path, what callgrind counted before this path.
+
+struct RowCopy {
+  char* dst;
+  const char* src;
+  size_t bytes;
+  const at::Tensor* dst_tensor;  //!< the leaf (in the destination's entries, alive for the call)
+  bool mapped;
+};
+
+//! a plain strided CPU tensor without autograd, conj or neg bits, of one contiguous layout
+bool plain_contiguous(const c10::TensorImpl* t) {
+  // the storage through the inline getter (has_storage() is a call into c10): a strided CPU tensor has one
+  return t->layout() == at::kStrided && t->device_type() == at::kCPU && t->is_contiguous() &&
+         t->storage().unsafeGetStorageImpl() != nullptr && t->storage().data() != nullptr &&
+         (t->autograd_meta() == nullptr || !t->requires_grad()) && !t->is_conj() && !t->is_neg() &&
+         !c10::isQIntType(at::typeMetaToScalarType(t->dtype()));
+}
+
+bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val, std::vector<RowCopy>& out) {
+  if (dst.entries.size() != val.entries.size()) return false;
+  if (dst.device != val.device && val.device) return false;
+  for (size_t j = 0; j < dst.entries.size(); ++j) {
+    const auto& [dk, de] = dst.entries[j];
+    const auto& [vk, ve] = val.entries[j];
+    if (dk.size() != vk.size() || dk != vk) return false;
+    if (de.is_tensor() && ve.is_tensor()) {
+      c10::TensorImpl* d = de.tensor().unsafeGetTensorImpl();
+      const c10::TensorImpl* v = ve.tensor().unsafeGetTensorImpl();
+      if (d->dtype() != v->dtype() || !plain_contiguous(d) || !plain_contiguous(v)) return false;
+      const auto ds = d->sizes();
+      const auto vs = v->sizes();
+      if (ds.size() != vs.size() + 1 || !ds.slice(1).equals(vs)) return false;
+      if (d->storage().is_alias_of(v->storage())) return false;
+      const size_t bytes = static_cast<size_t>(v->numel()) * d->dtype().itemsize();
+      char* base = static_cast<char*>(d->storage().data()) + d->storage_offset() * d->dtype().itemsize();
+      out.push_back(RowCopy{base + static_cast<size_t>(row) * bytes,
+                            static_cast<const char*>(v->storage().data()) + v->storage_offset() * v->dtype().itemsize(),
+                            bytes, &de.tensor(),
+                            d->storage().data_ptr().get_deleter() == &backends::detail::unmap_context});
+    } else if (de.is_tensordict() && ve.is_tensordict()) {
+      const TensorDictImpl* dsub = de.tensordict().node()->dense_node();
+      const TensorDictImpl* vsub = ve.tensordict().node()->dense_node();
+      if (!dsub || !vsub) return false;
+      const BatchSize& db = dsub->batch_size;
+      if (db.empty() || vsub->batch_size.size() + 1 != db.size() ||
+          !std::equal(vsub->batch_size.begin(), vsub->batch_size.end(), db.begin() + 1))
+        return false;
+      if (!plan_row(*dsub, row, *vsub, out)) return false;
+    } else {
+      return false;  // non-tensors, lazy stacks, other nodes: the general path
+    }
+  }
+  return true;
+}
+
+//! td[i] = row written by plan_row's copies; false (nothing written) when the general path must do it
+bool put_row_fast(const TensorDictImpl& dst, const Index& index, const TensorDict& value) {
+  if (index.size() != 1 || !index[0].is_integer() || dst.batch_size.empty()) return false;
+  const TensorDictImpl* val = value.node()->dense_node();
+  if (!val || val->typed_parts().second) return false;
+  const BatchSize& db = dst.batch_size;
+  const BatchSize& vb = val->batch_size;
+  if (vb.size() + 1 != db.size() || !std::equal(vb.begin(), vb.end(), db.begin() + 1)) return false;
+  int64_t row = index[0].integer();
+  if (row < 0) row += db[0];
+  if (row < 0 || row >= db[0]) return false;  // the general path raises upstream's IndexError
+  thread_local std::vector<RowCopy> copies;
+  copies.clear();
+  if (!plan_row(dst, row, *val, copies)) return false;
+  for (const RowCopy& c : copies) {
+    if (c.mapped) backends::reserve_for_store(*c.dst_tensor, c.dst, static_cast<int64_t>(c.bytes));
+    std::memcpy(c.dst, c.src, c.bytes);
+    c.dst_tensor->unsafeGetTensorImpl()->bump_version();
+  }
+  return true;
+}
+}  // namespace
+
 void TensorDictImpl::index_put_(TensorDict&, const Index& index, const TensorDict& value) {
+  if (put_row_fast(*this, index, value)) return;
   Prepared p = prepare_write(batch_size, index);
   TensorDict v = value;
   if (device && v.device() != device) v = v.to(*device);

@@ -602,4 +602,50 @@ BOOST_AUTO_TEST_CASE(fast_row_writes_match_torch) {
   BOOST_TEST(td.get("f")._version() > version);
 }
 
+// td[i] = row through the one-row path (put_row_fast) and each case it hands to the general path: the same results
+BOOST_AUTO_TEST_CASE(one_row_writes_fast_and_their_fallbacks) {
+  auto make = [] {
+    TensorDict sub(Dict{{"z", at::zeros({5, 3, 2})}}, {5, 3});
+    TensorDict td(Dict{{"a", at::zeros({5, 4})}, {"b", at::zeros({5}, at::kLong)}}, {5});
+    td.set("sub", sub);
+    return td;
+  };
+  auto row = [](float v) {
+    TensorDict r(Dict{{"a", at::full({4}, v)}, {"b", at::scalar_tensor(static_cast<int64_t>(v), at::kLong)}}, {});
+    r.set("sub", TensorDict(Dict{{"z", at::full({3, 2}, v)}}, {3}));
+    return r;
+  };
+  TensorDict td = make();
+  td.index_put_({1}, row(1));
+  td.index_put_({-1}, row(4));  // negative: the last row
+  BOOST_TEST(at::equal(td.get("a")[1], at::full({4}, 1.f)));
+  BOOST_TEST(at::equal(td.get({"sub", "z"})[1], at::full({3, 2}, 1.f)));
+  BOOST_TEST(td.get("b")[4].item<int64_t>() == 4);
+  BOOST_TEST(at::equal(td.get({"sub", "z"})[4], at::full({3, 2}, 4.f)));
+  BOOST_TEST(td.get("a").sum().item<float>() == 4.f + 16.f);
+  // out of range: upstream's IndexError, nothing written
+  BOOST_CHECK_THROW(td.index_put_({5}, row(9)), IndexError);
+  BOOST_TEST(td.get("a").sum().item<float>() == 20.f);
+  // keys in another order and a key the destination lacks: the general path (by key; the new key preallocated)
+  TensorDict swapped(Dict{{"b", at::scalar_tensor(int64_t{7}, at::kLong)}, {"a", at::full({4}, 7.f)}}, {});
+  td.index_put_({2}, swapped);
+  BOOST_TEST(at::equal(td.get("a")[2], at::full({4}, 7.f)));
+  BOOST_TEST(td.get("b")[2].item<int64_t>() == 7);
+  TensorDict extra = row(3);
+  extra.set("c", at::full({2}, 3.f));
+  td.index_put_({3}, extra);
+  BOOST_TEST(at::equal(td.get("c"), at::cat({at::zeros({3, 2}), at::full({1, 2}, 3.f), at::zeros({1, 2})})));
+  // a destination leaf that requires grad: torch's copy_ (autograd records the write), as the general path does
+  TensorDict g(Dict{{"w", at::zeros({3, 2}).requires_grad_(true).clone()}}, {3});
+  at::Tensor src = at::ones({2}).requires_grad_(true);
+  g.index_put_({0}, TensorDict(Dict{{"w", src}}, {}));
+  g.get("w").sum().backward();
+  BOOST_TEST(src.grad().defined());
+  BOOST_TEST(at::equal(src.grad(), at::ones({2})));
+  // a row of another dtype: converted by the general path
+  TensorDict d(Dict{{"x", at::zeros({2, 2}, at::kDouble)}}, {2});
+  d.index_put_({1}, TensorDict(Dict{{"x", at::ones({2}, at::kFloat)}}, {}));
+  BOOST_TEST(at::equal(d.get("x")[1], at::ones({2}, at::kDouble)));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

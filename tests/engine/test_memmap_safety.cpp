@@ -290,7 +290,8 @@ pid_t spawn_on_small_fs(const std::string& dir, int kib, const std::function<int
 }
 
 //! rows of a from_schema memmap buffer of batch [128, 2] (a 2 MiB sparse file, 16 KiB per row) written on a
-//! 1 MiB tmpfs until it is full, by a 2-D mask ("mask") or two index tensors ("multi"): both are general indices.
+//! 1 MiB tmpfs until it is full, by a 2-D mask ("mask") or two index tensors ("multi"), both general indices, or
+//! one integer ("int", the fast row path).
 //! Each reserves the rows it writes first, so the full disk is a BackendError, never a SIGBUS, and every row
 //! written before reads back.
 void masked_full_disk(const std::string& how) {
@@ -309,7 +310,9 @@ void masked_full_disk(const std::string& how) {
                                                MemmapOptions().prefix(prefix));
       for (int64_t r = 0; r < rows; ++r) {
         TensorDict v({{"obs", at::full({2, 2048}, static_cast<float>(r + 1))}}, {2});
-        if (how == "mask") {
+        if (how == "int") {
+          buf.index_put_({r}, v);  // one row: the fast row path (indexing_write.cpp, put_row_fast)
+        } else if (how == "mask") {
           at::Tensor mask = at::zeros({rows, 2}, at::kBool);
           mask[r] = true;
           buf.index_put_({mask}, v);
@@ -354,6 +357,8 @@ void masked_full_disk(const std::string& how) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(masked_writes_on_a_full_disk_fail_typed_and_keep_every_row) { masked_full_disk("mask"); }
+
+BOOST_AUTO_TEST_CASE(row_writes_on_a_full_disk_fail_typed_and_keep_every_row) { masked_full_disk("int"); }
 
 BOOST_AUTO_TEST_CASE(multi_index_writes_on_a_full_disk_fail_typed_and_keep_every_row) { masked_full_disk("multi"); }
 
