@@ -48,27 +48,46 @@ FileKind entry_kind_at(int dfd, const std::string& rel, bool follow, int64_t* si
   throw FormatError("'" + p + "' is not a regular file");
 }
 
-//! Reads a whole regular file; nullopt if it does not exist. Never blocks on a fifo (the type is checked
-//! before the non-blocking open and again on the fd). BackendError on other I/O errors.
-//! `rel` is opened below the directory `dfd` (AT_FDCWD: a path); `p` names it in messages.
-std::optional<std::string> read_whole_at(int dfd, const std::string& rel, const std::string& p, bool follow) {
+//! an open file descriptor, closed on scope exit
+struct OpenFd {
+  int fd = -1;
+  OpenFd() = default;
+  OpenFd(const OpenFd&) = delete;
+  OpenFd& operator=(const OpenFd&) = delete;
+  OpenFd(OpenFd&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  ~OpenFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+//! Opens the regular file `rel` below the directory `dfd` (AT_FDCWD: a path) for reading; `p` names it in
+//! messages. Never blocks on a fifo (the type is checked before the non-blocking open and again on the fd); a
+//! refused symlink or another file type is a FormatError, other failures a BackendError. fd -1 when it does not
+//! exist; `size` (when given) gets its size.
+OpenFd open_regular_at(int dfd, const std::string& rel, const std::string& p, bool follow, int64_t* size = nullptr) {
+  OpenFd f;
   FileKind k = entry_kind_at(dfd, rel, follow);
-  if (k == FileKind::Missing) return std::nullopt;
+  if (k == FileKind::Missing) return f;
   if (k == FileKind::Symlink) refuse_symlink(p);
   if (k != FileKind::Regular) refuse_not_regular(p);
-  int fd = ::openat(dfd, rel.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW));
-  if (fd < 0) {
+  f.fd = ::openat(dfd, rel.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW));
+  if (f.fd < 0) {
     if (errno == ELOOP && !follow) refuse_symlink(p);
-    if (errno == ENOENT) return std::nullopt;  // removed since the check
+    if (errno == ENOENT) return f;  // removed since the check
     throw BackendError("cannot open '" + p + "' for reading: " + std::strerror(errno));
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
   struct stat st;
-  if (::fstat(fd, &st) != 0) throw BackendError("cannot stat '" + p + "': " + std::strerror(errno));
+  if (::fstat(f.fd, &st) != 0) throw BackendError("cannot stat '" + p + "': " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) refuse_not_regular(p);
+  if (size) *size = static_cast<int64_t>(st.st_size);
+  return f;
+}
+
+//! Reads a whole regular file; nullopt if it does not exist (open_regular_at). BackendError on other I/O errors.
+std::optional<std::string> read_whole_at(int dfd, const std::string& rel, const std::string& p, bool follow) {
+  OpenFd f = open_regular_at(dfd, rel, p, follow);
+  if (f.fd < 0) return std::nullopt;
+  const int fd = f.fd;
   std::string out;
   char buf[65536];
   for (;;) {
@@ -531,26 +550,13 @@ void read_leaf_into(const DirNode& node, const LeafMeta& leaf, const at::Tensor&
   const std::string file = join(node.path, name);
   const int dfd = node.root ? node.root->fd() : AT_FDCWD;
   const std::string rel = !node.root ? file : node.rel == "." ? name : join(node.rel, name);
-  switch (entry_kind_at(dfd, rel, options.follow_symlinks)) {
-    case FileKind::Missing: throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is missing");
-    case FileKind::Symlink: refuse_symlink(file);
-    case FileKind::Regular: break;
-    default: throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is not a regular file");
-  }
-  // O_NONBLOCK: a file swapped for a fifo after the check still cannot block the open
-  const int fd = ::openat(dfd, rel.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (options.follow_symlinks ? 0 : O_NOFOLLOW));
-  if (fd < 0) throw BackendError("cannot open '" + file + "' for reading: " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) throw BackendError("cannot stat '" + file + "': " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is not a regular file");
-  if (static_cast<int64_t>(st.st_size) < nbytes)
+  int64_t size = 0;
+  OpenFd f = open_regular_at(dfd, rel, file, options.follow_symlinks, &size);
+  if (f.fd < 0) throw FormatError("'" + file + "': data file of leaf '" + leaf.key + "' is missing");
+  const int fd = f.fd;
+  if (size < nbytes)
     throw FormatError("file '" + file + "' is too short: expected at least " + std::to_string(nbytes) + " bytes (" +
-                      c10::toString(leaf.dtype) + c10::str(leaf.shape) + "), found " +
-                      std::to_string(static_cast<int64_t>(st.st_size)));
+                      c10::toString(leaf.dtype) + c10::str(leaf.shape) + "), found " + std::to_string(size));
   if (check_only) return;
   const bool direct = dst.is_contiguous() && dst.device().is_cpu();
   at::Tensor into = direct ? dst : at::empty(leaf.shape, at::TensorOptions().dtype(leaf.dtype));

@@ -477,28 +477,7 @@ void run_leaf_job(LeafJob& job, bool durable) {
 }
 
 void run_jobs(std::vector<LeafJob>& jobs, int64_t num_threads, bool durable) {
-  if (num_threads <= 1 || jobs.size() < 2) {
-    for (auto& j : jobs) run_leaf_job(j, durable);
-    return;
-  }
-  std::atomic<size_t> next{0};
-  std::mutex err_mu;
-  std::exception_ptr first_error;
-  auto work = [&] {
-    for (size_t i = next++; i < jobs.size(); i = next++) {
-      try {
-        run_leaf_job(jobs[i], durable);
-      } catch (...) {
-        std::lock_guard<std::mutex> g(err_mu);
-        if (!first_error) first_error = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  size_t n = std::min<size_t>(static_cast<size_t>(num_threads), jobs.size());
-  for (size_t i = 0; i < n; ++i) pool.emplace_back(work);
-  for (auto& th : pool) th.join();
-  if (first_error) std::rethrow_exception(first_error);
+  for_each_job(jobs.size(), num_threads, [&](size_t i) { run_leaf_job(jobs[i], durable); });
 }
 
 //! every meta.json of the plan, children first. A staged save writes into a directory nobody reads until the
@@ -638,3 +617,31 @@ LazyStackedTensorDict& LazyStackedTensorDict::memmap_(const std::string& prefix,
 }
 
 }  // namespace tensordict
+
+namespace tensordict::detail::memmap {
+void for_each_job(size_t n, int64_t num_threads, const std::function<void(size_t)>& fn) {
+  if (num_threads <= 1 || n < 2) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::mutex err_mu;
+  std::exception_ptr first_error;
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(err_mu);
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const size_t threads = std::min<size_t>(static_cast<size_t>(num_threads), n);
+  for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+}  // namespace tensordict::detail::memmap

@@ -1,6 +1,8 @@
 #pragma once
 //! Internal to engine/: what the memmap sources share (memmap.cpp defines them).
+#include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,5 +27,10 @@ LeafMeta leaf_meta(const std::string& key, const at::Tensor& t);
 //! marks `impl` and the TensorDicts below it as memmap TensorDicts stored in `prefix` and its
 //! subdirectories (members of lazy stacks in sub/0, sub/1, ...); "" for anonymous memory
 void mark_memmap(const std::shared_ptr<TensorDictImpl>& impl, const std::string& prefix);
+
+//! fn(i) for every i in [0, n): on the calling thread, or on min(num_threads, n) threads taking the next i in turn
+//! when num_threads > 1 (the calling thread one of them); every i runs even after one throws, then the first
+//! exception is rethrown
+void for_each_job(size_t n, int64_t num_threads, const std::function<void(size_t)>& fn);
 
 }  // namespace tensordict::detail::memmap

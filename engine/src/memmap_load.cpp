@@ -5,10 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <iostream>
-#include <mutex>
-#include <thread>
 
 #include "lazy_stack_node.hpp"
 #include "memmap_internal.hpp"
@@ -272,31 +269,10 @@ void read_inplace(TensorDict& td, const std::string& prefix, const LoadOptions& 
     const backends::ReadOptions ro = read_options(o);
     for (const auto& l : leaves) backends::read_leaf_into(*l.node, *l.leaf, l.dst, /*check_only=*/true, ro);
     report_warnings(root, o);
-    at::NoGradGuard no_grad;  // leaves that require grad (a module's parameters) are written in place
-    auto read_one = [&](const InplaceLeaf& l) { backends::read_leaf_into(*l.node, *l.leaf, l.dst, false, ro); };
-    if (o.num_threads() <= 1 || leaves.size() < 2) {
-      for (const auto& l : leaves) read_one(l);
-      return 0;
-    }
-    std::atomic<size_t> next{0};
-    std::mutex err_mu;
-    std::exception_ptr first_error;
-    auto work = [&] {
-      for (size_t i = next++; i < leaves.size(); i = next++) {
-        try {
-          read_one(leaves[i]);
-        } catch (...) {
-          std::lock_guard<std::mutex> g(err_mu);
-          if (!first_error) first_error = std::current_exception();
-        }
-      }
-    };
-    std::vector<std::thread> pool;
-    const size_t n = std::min<size_t>(static_cast<size_t>(o.num_threads()), leaves.size());
-    for (size_t i = 1; i < n; ++i) pool.emplace_back(work);
-    work();
-    for (auto& th : pool) th.join();
-    if (first_error) std::rethrow_exception(first_error);
+    for_each_job(leaves.size(), o.num_threads(), [&](size_t i) {
+      at::NoGradGuard no_grad;  // leaves that require grad (a module's parameters) are written in place (per thread)
+      backends::read_leaf_into(*leaves[i].node, *leaves[i].leaf, leaves[i].dst, /*check_only=*/false, ro);
+    });
     return 0;
   });
 }

@@ -306,6 +306,17 @@ BOOST_AUTO_TEST_CASE(weights_read_in_place_into_the_modules_storage) {
   src.memmap(dir.path + "/t");
   td.load_memmap_(dir.path + "/t", LoadOptions().inplace(true));
   BOOST_TEST(td.get("a").equal(src.get("a")));
+  // ... also a view of a parameter (it requires grad) on a reading thread of its own: written without autograd
+  const at::Tensor param = at::zeros({4, 3}).requires_grad_(true);
+  TensorDict grads(BatchSize{});
+  grads.set("a", param.t());
+  grads.set("b", at::zeros({2}));
+  TensorDict src2 = src.clone();
+  src2.set("b", at::ones({2}));
+  src2.memmap(dir.path + "/t2");
+  grads.load_memmap_(dir.path + "/t2", LoadOptions().inplace(true).num_threads(2));
+  BOOST_TEST(param.t().equal(src.get("a")));
+  BOOST_TEST(grads.get("b").equal(at::ones({2})));
   // mismatches: nothing is written
   auto target = mlp(10);
   const auto before = state_of(*target);
