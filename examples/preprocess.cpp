@@ -6,11 +6,16 @@
 // 3. reloads the output from disk as Python would (load_memmap) and verifies every row against the transform
 //    run on whole blocks (no slabs),
 // 4. prints the map's throughput next to the floor: the same transform over the same chunks in one thread
-//    on in-memory tensors (no map, no memmap), i.e. what one core does with libtorch's kernels alone.
-// Usage: preprocess [--rows N] [--dir DIR] [--keep] [--workers K] [--chunk C] [--slab R]
+//    on in-memory tensors (no map, no memmap), i.e. what one core does with the transform alone.
+// Usage: preprocess [--rows N] [--dir DIR] [--keep] [--workers K] [--chunk C] [--kernel fused|torch] [--slab R]
+//   --kernel fused (default): the transform in one pass through a table of its 256 results (transform_fused);
+//   --kernel torch: libtorch's kernels (flip, copy, mul, sub, copy) on slabs of R rows (0: whole chunks)
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -70,6 +75,38 @@ TensorDict transform(const TensorDict& chunk, int64_t slab_rows) {
   return TensorDict(Dict{{"image", f16.narrow(0, 0, n)}, {"bucket", bucket}}, chunk.batch_size());
 }
 
+//! the float16 bits of every uint8 pixel value after the transform, computed once with the libtorch kernels of
+//! transform() (u8 -> f32, * 4/255, - 2, -> f16): 256 values, so the fused transform looks each pixel up
+const std::array<uint16_t, 256>& half_of_pixel() {
+  static const std::array<uint16_t, 256> table = [] {
+    at::Tensor t = at::arange(256, at::kInt).to(at::kByte).to(at::kFloat).mul_(4.0f / 255.0f).sub_(2.0f).to(at::kHalf);
+    std::array<uint16_t, 256> out{};
+    std::memcpy(out.data(), t.data_ptr(), sizeof(out));
+    return out;
+  }();
+  return table;
+}
+
+//! the same transform fused into one pass (the default kernel): each output pixel is the table entry of the
+//! mirrored input pixel, read once and written once, with no float32 intermediate. Every output byte equals
+//! transform()'s (the table holds its results; the run verifies every row against transform() on whole blocks).
+TensorDict transform_fused(const TensorDict& chunk) {
+  thread_local at::Tensor f16;
+  const at::Tensor image = chunk.get("image").contiguous();
+  const int64_t n = image.size(0);
+  if (!f16.defined() || f16.size(0) < n) f16 = at::empty({n, kC, kH, kW}, at::kHalf);
+  const auto& table = half_of_pixel();
+  const uint8_t* src = image.data_ptr<uint8_t>();
+  auto* dst = reinterpret_cast<uint16_t*>(f16.data_ptr());
+  for (int64_t line = 0; line < n * kC * kH; ++line) {
+    const uint8_t* in = src + line * kW;
+    uint16_t* o = dst + line * kW;
+    for (int64_t w = 0; w < kW; ++w) o[w] = table[in[kW - 1 - w]];
+  }
+  at::Tensor bucket = at::floor_divide(chunk.get("label"), kLabels / kBuckets);
+  return TensorDict(Dict{{"image", f16.narrow(0, 0, n)}, {"bucket", bucket}}, chunk.batch_size());
+}
+
 int64_t arg_int(int argc, char** argv, const std::string& name, int64_t dflt) {
   for (int i = 1; i + 1 < argc; ++i)
     if (argv[i] == name) return std::atoll(argv[i + 1]);
@@ -95,6 +132,15 @@ int main(int argc, char** argv) {
       arg_str(argc, argv, "--dir", (std::filesystem::temp_directory_path() / ("td-preprocess-" + std::to_string(getpid()))).string());
   const bool keep = arg_flag(argc, argv, "--keep");
   const int64_t slab = arg_int(argc, argv, "--slab", 32);
+  const std::string kernel = arg_str(argc, argv, "--kernel", "fused");
+  if (kernel != "fused" && kernel != "torch") {
+    std::fprintf(stderr, "preprocess: --kernel must be fused or torch, got %s\n", kernel.c_str());
+    return 2;
+  }
+  // the transform map and the floor run: fused (one pass through a 256-entry table) or libtorch's kernels in slabs
+  auto run_transform = [slab, fused = kernel == "fused"](const TensorDict& c) {
+    return fused ? transform_fused(c) : transform(c, slab);
+  };
   if (slab < 0) {
     std::fprintf(stderr, "preprocess: --slab must be 0 (whole chunks) or a number of rows, got %lld\n", (long long)slab);
     return 2;
@@ -103,7 +149,9 @@ int main(int argc, char** argv) {
   try {
     Engine engine;  // the embedded default config (overridable with $TENSORDICT_CONFIG)
     const int64_t workers = arg_int(argc, argv, "--workers", engine.config().map_num_workers);
-    const std::string slabs = slab > 0 ? "slabs of " + std::to_string(slab) + " rows" : "whole chunks";
+    const std::string slabs = kernel == "fused" ? "one fused pass"
+                              : slab > 0        ? "slabs of " + std::to_string(slab) + " rows"
+                                                : "whole chunks";
     std::printf("tensordict-cpp preprocess: %lld images %lldx%lldx%lld, %lld workers, chunks of %lld (transform in %s), in %s\n",
                 (long long)rows, (long long)kC, (long long)kH, (long long)kW, (long long)workers, (long long)chunk,
                 slabs.c_str(), dir.c_str());
@@ -123,7 +171,7 @@ int main(int argc, char** argv) {
     TensorDict out = TensorDict::from_schema({{"image", {{kC, kH, kW}, at::kHalf}}, {"bucket", {{}, at::kLong}}}, {rows},
                                              "memmap", MemmapOptions().prefix(dir + "/out"));
     auto t1 = Clock::now();
-    TensorDict ret = engine.map(data, [slab](const TensorDict& c) { return transform(c, slab); },
+    TensorDict ret = engine.map(data, run_transform,
                                 MapOptions().dim(0).num_workers(workers).chunksize(chunk).out(out).progress(true));
     double t_map = seconds_since(t1);
     if (ret.defined()) throw RuntimeError("map into a memmap out should return nothing (upstream's None)");
@@ -155,9 +203,9 @@ int main(int argc, char** argv) {
       const int saved = at::get_num_threads();
       at::set_num_threads(1);
       TensorDict mem = data.clone();
-      for (int64_t s = 0; s < std::min(rows, 2 * chunk); s += chunk) transform(mem.index({Slice(s, std::min(rows, s + chunk))}), slab);
+      for (int64_t s = 0; s < std::min(rows, 2 * chunk); s += chunk) run_transform(mem.index({Slice(s, std::min(rows, s + chunk))}));
       auto t3 = Clock::now();
-      for (int64_t s = 0; s < rows; s += chunk) transform(mem.index({Slice(s, std::min(rows, s + chunk))}), slab);
+      for (int64_t s = 0; s < rows; s += chunk) run_transform(mem.index({Slice(s, std::min(rows, s + chunk))}));
       t_floor = seconds_since(t3);
       at::set_num_threads(saved);
     }
