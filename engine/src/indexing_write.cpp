@@ -600,8 +600,11 @@ bool put_row_fast(const TensorDictImpl& dst, const Index& index, const TensorDic
   thread_local std::vector<RowCopy> copies;
   copies.clear();
   if (!plan_row(dst, row, *val, copies)) return false;
-  for (const RowCopy& c : copies) {
+  // every file block the row reaches is reserved before any leaf is written: a full disk leaves the whole row as
+  // it was (the general path reserves and copies leaf by leaf)
+  for (const RowCopy& c : copies)
     if (c.mapped) backends::reserve_for_store(*c.dst_tensor, c.dst, static_cast<int64_t>(c.bytes));
+  for (const RowCopy& c : copies) {
     std::memcpy(c.dst, c.src, c.bytes);
     c.dst_tensor->unsafeGetTensorImpl()->bump_version();
   }

@@ -362,6 +362,62 @@ BOOST_AUTO_TEST_CASE(row_writes_on_a_full_disk_fail_typed_and_keep_every_row) { 
 
 BOOST_AUTO_TEST_CASE(multi_index_writes_on_a_full_disk_fail_typed_and_keep_every_row) { masked_full_disk("multi"); }
 
+// td[i] = row with two leaves on a full disk: the small leaf's blocks were reserved by the first row, the large one
+// runs out. The one-row path reserves every leaf's blocks before it copies any, so the failing row is left whole
+// as it was in both leaves (not half-written), and every row before it reads back.
+BOOST_AUTO_TEST_CASE(a_row_write_that_fails_on_a_full_disk_writes_none_of_its_leaves) {
+  TempDir dir("memmap-full-row");
+  const std::string mnt = dir / "fs";
+  fs::create_directories(mnt);
+  const std::string report = dir / "report";
+  pid_t pid = spawn_on_small_fs(mnt, 1024, [&]() -> int {
+    std::ofstream out(report);
+    const std::string prefix = mnt + "/buf";
+    const int64_t rows = 128;
+    int64_t kept = 0;
+    std::string what = "no error";
+    try {
+      TensorDict buf = TensorDict::from_schema({{"a", {{2}, at::kFloat}}, {"obs", {{2, 2048}, at::kFloat}}}, {rows},
+                                               "memmap", MemmapOptions().prefix(prefix));
+      for (int64_t r = 0; r < rows; ++r) {
+        const float v = static_cast<float>(r + 1);
+        buf.index_put_({r}, TensorDict({{"a", at::full({2}, v)}, {"obs", at::full({2, 2048}, v)}}, {}));
+        kept = r + 1;
+      }
+    } catch (const BackendError& e) {
+      what = e.what();
+    } catch (const std::exception& e) {
+      what = std::string("other: ") + e.what();
+    }
+    out << kept << "\n";
+    try {
+      TensorDict back = TensorDict::load_memmap(prefix);
+      const at::Tensor want = at::arange(1, kept + 1).to(at::kFloat);
+      const bool before = back.get("a").index({at::indexing::Slice(0, kept)}).equal(want.view({kept, 1}).expand({kept, 2})) &&
+                          back.get("obs").index({at::indexing::Slice(0, kept)}).equal(want.view({kept, 1, 1}).expand({kept, 2, 2048}));
+      const bool failed_row_untouched = kept < rows && back.get("a")[kept].eq(0).all().item<bool>();
+      out << (before ? "intact" : "rows differ") << " " << (failed_row_untouched ? "untouched" : "half-written") << "\n";
+    } catch (const std::exception& e) {
+      out << "reload failed: " << e.what() << "\n";
+    }
+    out << what << "\n";
+    return 0;
+  });
+  const int rc = testutil::wait_child(pid);
+  std::istringstream in(testutil::read_text(report));
+  int64_t kept = -1;
+  std::string verdict, what;
+  in >> kept;
+  in.ignore();
+  std::getline(in, verdict);
+  std::getline(in, what);
+  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-93: no private tmpfs could be mounted)");
+  BOOST_TEST(kept > 0);
+  BOOST_TEST(kept < 128);
+  BOOST_TEST(what.find("No space left on device") != std::string::npos, what);
+  BOOST_TEST(verdict == "intact untouched");
+}
+
 BOOST_AUTO_TEST_CASE(a_masked_write_reserves_only_the_rows_it_selects) {
   // the pass over the mask: a mask selecting a few rows of a large leaf reserves those rows' blocks only (the
   // file stays sparse elsewhere), whatever the mask's shape; timed here for the record (never asserted)
