@@ -228,30 +228,41 @@ void pair_level(const TensorDict& td, const DirNode& node, const std::string& wh
   if (node.kind != NodeKind::TensorDict)
     throw TypeError("load_memmap_(inplace): '" + (where.empty() ? node.path : where) + "' is saved as a " +
                     std::string(backends::node_kind_name(node.kind)) + "; inplace reads plain TensorDict levels");
+  // the bytes land in the leaves the node hands out: only where those alias its storage (memory, memmap, shared
+  // memory); a lazy stack or a store would take them into copies, silently lost
+  const Node& level = *td.node();
+  if (!level.caps().zero_copy_views)
+    throw TypeError("load_memmap_(inplace): " + (where.empty() ? std::string("the TensorDict") : "'" + where + "'") +
+                    " is a " + level.type_name() + ", whose leaves are not its storage; load it with load_memmap and "
+                    "update_ instead");
   for (const DirEntry& de : node.entries) {
     const std::string key = dotted(where, de.key);
-    std::optional<Entry> mine = td.node()->read(de.key);
+    // the structure from meta (no data read); the value only once it is known to fit
+    const std::optional<EntryMeta> mine = level.meta(de.key);
     if (!mine) throw KeyError("load_memmap_(inplace): the saved key '" + key + "' is not in this TensorDict");
     if (de.is_leaf) {
-      if (!mine->is_tensor()) throw TypeError("load_memmap_(inplace): '" + key + "' is saved as a tensor, but holds a " +
-                                              std::string(Entry::kind_name(mine->kind())) + " here");
-      const at::Tensor& t = mine->tensor();
-      if (de.leaf.is_nested || t.is_nested()) throw TypeError("load_memmap_(inplace): '" + key + "' is a nested tensor");
-      if (t.scalar_type() != de.leaf.dtype)
+      if (mine->kind != EntryMeta::Kind::Tensor)
+        throw TypeError("load_memmap_(inplace): '" + key + "' is saved as a tensor, but holds a " +
+                        std::string(mine->kind_name()) + " here");
+      if (de.leaf.is_nested) throw TypeError("load_memmap_(inplace): '" + key + "' is a nested tensor");
+      if (mine->dtype != de.leaf.dtype)
         throw TypeError("load_memmap_(inplace): '" + key + "' is saved as " + std::string(c10::toString(de.leaf.dtype)) +
-                        ", but is " + c10::toString(t.scalar_type()) + " here");
-      if (t.sizes() != at::IntArrayRef(de.leaf.shape))
+                        ", but is " + c10::toString(mine->dtype) + " here");
+      if (at::IntArrayRef(mine->shape) != at::IntArrayRef(de.leaf.shape))
         throw ValueError("load_memmap_(inplace): '" + key + "' is saved with shape " + c10::str(de.leaf.shape) +
-                         ", but has shape " + c10::str(t.sizes()) + " here");
-      if (!t.device().is_cpu()) throw ValueError("load_memmap_(inplace): '" + key + "' is on " + t.device().str());
+                         ", but has shape " + c10::str(mine->shape) + " here");
+      if (mine->device && !mine->device->is_cpu())
+        throw ValueError("load_memmap_(inplace): '" + key + "' is on " + mine->device->str());
+      const at::Tensor t = level.read(de.key)->tensor();
+      if (t.is_nested()) throw TypeError("load_memmap_(inplace): '" + key + "' is a nested tensor");
       out.push_back(InplaceLeaf{&node, &de.leaf, t});
     } else {
-      if (!mine->is_tensordict())
+      if (mine->kind != EntryMeta::Kind::TensorDict)
         throw TypeError("load_memmap_(inplace): '" + key + "' is saved as a " +
                         std::string(de.child ? backends::node_kind_name(de.child->kind) : "level") + ", but holds a " +
-                        std::string(Entry::kind_name(mine->kind())) + " here");
+                        std::string(mine->kind_name()) + " here");
       if (!de.child) throw FormatError("load_memmap_(inplace): '" + key + "' has no saved directory");
-      pair_level(mine->tensordict(), *de.child, key, out);
+      pair_level(level.read(de.key)->tensordict(), *de.child, key, out);
     }
   }
   // both ways: a tensor here that the save lacks is an error too (it would keep its old value silently)

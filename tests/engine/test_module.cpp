@@ -11,6 +11,7 @@
 
 #include "engine/zoo.hpp"
 #include "fixtures.hpp"
+#include "tensordict/lazy_stack.hpp"
 #include "tensordict/module.hpp"
 
 #include <filesystem>
@@ -338,6 +339,13 @@ BOOST_AUTO_TEST_CASE(weights_read_in_place_into_the_modules_storage) {
   more.memmap(dir.path + "/more");
   BOOST_TEST(throws_with<KeyError>([&] { TensorDict::from_module(*target).load_memmap_(dir.path + "/more", LoadOptions().inplace(true)); },
                                    {"2.extra"}));
+  // a lazy stack hands out stacked copies, not its storage: refused (the bytes would be lost), nothing written
+  TensorDict member(Dict{{"x", at::zeros({2})}}, {});
+  LazyStackedTensorDict stacked = lazy_stack({member, member.clone()}, 0);
+  TensorDict(Dict{{"x", at::ones({2, 2})}}, {2}).memmap(dir.path + "/stacked");
+  BOOST_TEST(throws_with<TypeError>([&] { stacked.load_memmap_(dir.path + "/stacked", LoadOptions().inplace(true)); },
+                                    {"LazyStackedTensorDict", "update_"}));
+  BOOST_TEST(member.get("x").eq(0).all().item<bool>());
   // a truncated last leaf (in save order): found before any leaf is read
   std::filesystem::resize_file(dir.path + "/w/2/bias.memmap", 4);
   BOOST_TEST(throws_with<FormatError>([&] { TensorDict::from_module(*target).load_memmap_(dir.path + "/w", LoadOptions().inplace(true)); },
