@@ -3,6 +3,8 @@
 // the process may not write is a typed error (6), masked and multi-index writes on a full file system are a
 // BackendError rather than a SIGBUS (15), and a durable save fsyncs in the right order (18). Children report
 // through files and exit codes; the test's thread asserts.
+#include <functional>
+
 #include <boost/test/unit_test.hpp>
 
 #include <ATen/Parallel.h>
@@ -289,38 +291,28 @@ pid_t spawn_on_small_fs(const std::string& dir, int kib, const std::function<int
   });
 }
 
-//! rows of a from_schema memmap buffer of batch [128, 2] (a 2 MiB sparse file, 16 KiB per row) written on a
-//! 1 MiB tmpfs until it is full, by a 2-D mask ("mask") or two index tensors ("multi"), both general indices, or
-//! one integer ("int", the fast row path).
-//! Each reserves the rows it writes first, so the full disk is a BackendError, never a SIGBUS, and every row
-//! written before reads back.
-void masked_full_disk(const std::string& how) {
-  TempDir dir("memmap-full-" + how);
+//! what a fill on a full 1 MiB tmpfs reported: rows kept before the error, the check of what reads back, the error
+struct FullDisk {
+  int rc = -1;
+  int64_t kept = -1;
+  std::string verdict, what;
+};
+
+//! runs `fill(prefix, kept)` in a forked child over a 1 MiB tmpfs until it throws (BackendError expected), then
+//! `check(prefix, kept)` on a reload; both run in the child, the parent gets the report
+FullDisk fill_full_disk(const std::string& tag, const std::function<void(const std::string&, int64_t&)>& fill,
+                        const std::function<std::string(const std::string&, int64_t)>& check) {
+  TempDir dir("memmap-full-" + tag);
   const std::string mnt = dir / "fs";
   fs::create_directories(mnt);
   const std::string report = dir / "report";
   pid_t pid = spawn_on_small_fs(mnt, 1024, [&]() -> int {
     std::ofstream out(report);
     const std::string prefix = mnt + "/buf";
-    const int64_t rows = 128;
     int64_t kept = 0;
     std::string what = "no error";
     try {
-      TensorDict buf = TensorDict::from_schema({{"obs", {{2048}, at::kFloat}}}, {rows, 2}, "memmap",
-                                               MemmapOptions().prefix(prefix));
-      for (int64_t r = 0; r < rows; ++r) {
-        TensorDict v({{"obs", at::full({2, 2048}, static_cast<float>(r + 1))}}, {2});
-        if (how == "int") {
-          buf.index_put_({r}, v);  // one row: the fast row path (indexing_write.cpp, put_row_fast)
-        } else if (how == "mask") {
-          at::Tensor mask = at::zeros({rows, 2}, at::kBool);
-          mask[r] = true;
-          buf.index_put_({mask}, v);
-        } else {
-          buf.index_put_({at::tensor({r, r}, at::kLong), at::tensor({1, 0}, at::kLong)}, v);
-        }
-        kept = r + 1;
-      }
+      fill(prefix, kept);
     } catch (const BackendError& e) {
       what = e.what();
     } catch (const std::exception& e) {
@@ -328,31 +320,67 @@ void masked_full_disk(const std::string& how) {
     }
     out << kept << "\n";
     try {
-      TensorDict back = TensorDict::load_memmap(prefix);
-      const at::Tensor got = back.get("obs").index({at::indexing::Slice(0, kept)});
-      const at::Tensor want = at::arange(1, kept + 1).to(at::kFloat).view({kept, 1, 1}).expand({kept, 2, 2048});
-      out << (got.equal(want) ? "intact" : "rows differ") << "\n";
+      out << check(prefix, kept) << "\n";
     } catch (const std::exception& e) {
       out << "reload failed: " << e.what() << "\n";
     }
     out << what << "\n";
     return 0;
   });
-  const int rc = testutil::wait_child(pid);
+  FullDisk r;
+  r.rc = testutil::wait_child(pid);
   std::istringstream in(testutil::read_text(report));
-  int64_t kept = -1;
-  std::string verdict, what;
-  in >> kept;
+  in >> r.kept;
   in.ignore();
-  std::getline(in, verdict);
-  std::getline(in, what);
-  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-93: no private tmpfs could be mounted; a "
-                                                                  "signal: a store died of SIGBUS)");
-  BOOST_TEST(kept > 0);
-  BOOST_TEST(kept < 128);
-  BOOST_TEST(what.find("No space left on device") != std::string::npos, what);
-  BOOST_TEST(what.find("buf/obs.memmap") != std::string::npos, what);
-  BOOST_TEST(verdict == "intact");
+  std::getline(in, r.verdict);
+  std::getline(in, r.what);
+  return r;
+}
+
+//! the common verdicts: the child lived, some rows but not all were kept, the error is the full disk's
+void check_full_disk(const FullDisk& r, const std::string& file) {
+  BOOST_TEST(r.rc == 0, "child " << testutil::describe_child(r.rc) << " (90-93: no private tmpfs could be mounted; a "
+                                                                    "signal: a store died of SIGBUS)");
+  BOOST_TEST(r.kept > 0);
+  BOOST_TEST(r.kept < 128);
+  BOOST_TEST(r.what.find("No space left on device") != std::string::npos, r.what);
+  BOOST_TEST(r.what.find(file) != std::string::npos, r.what);
+}
+
+//! rows of a from_schema memmap buffer of batch [128, 2] (a 2 MiB sparse file, 16 KiB per row) written on a
+//! 1 MiB tmpfs until it is full, by a 2-D mask ("mask") or two index tensors ("multi"), both general indices, or
+//! one integer ("int", the fast row path).
+//! Each reserves the rows it writes first, so the full disk is a BackendError, never a SIGBUS, and every row
+//! written before reads back.
+void masked_full_disk(const std::string& how) {
+  const int64_t rows = 128;
+  FullDisk r = fill_full_disk(
+      how,
+      [&](const std::string& prefix, int64_t& kept) {
+        TensorDict buf = TensorDict::from_schema({{"obs", {{2048}, at::kFloat}}}, {rows, 2}, "memmap",
+                                                 MemmapOptions().prefix(prefix));
+        for (int64_t r = 0; r < rows; ++r) {
+          TensorDict v({{"obs", at::full({2, 2048}, static_cast<float>(r + 1))}}, {2});
+          if (how == "int") {
+            buf.index_put_({r}, v);  // one row: the fast row path (indexing_write.cpp, put_row_fast)
+          } else if (how == "mask") {
+            at::Tensor mask = at::zeros({rows, 2}, at::kBool);
+            mask[r] = true;
+            buf.index_put_({mask}, v);
+          } else {
+            buf.index_put_({at::tensor({r, r}, at::kLong), at::tensor({1, 0}, at::kLong)}, v);
+          }
+          kept = r + 1;
+        }
+      },
+      [&](const std::string& prefix, int64_t kept) {
+        TensorDict back = TensorDict::load_memmap(prefix);
+        const at::Tensor got = back.get("obs").index({at::indexing::Slice(0, kept)});
+        const at::Tensor want = at::arange(1, kept + 1).to(at::kFloat).view({kept, 1, 1}).expand({kept, 2, 2048});
+        return std::string(got.equal(want) ? "intact" : "rows differ");
+      });
+  check_full_disk(r, "buf/obs.memmap");
+  BOOST_TEST(r.verdict == "intact");
 }
 }  // namespace
 
@@ -366,56 +394,29 @@ BOOST_AUTO_TEST_CASE(multi_index_writes_on_a_full_disk_fail_typed_and_keep_every
 // runs out. The one-row path reserves every leaf's blocks before it copies any, so the failing row is left whole
 // as it was in both leaves (not half-written), and every row before it reads back.
 BOOST_AUTO_TEST_CASE(a_row_write_that_fails_on_a_full_disk_writes_none_of_its_leaves) {
-  TempDir dir("memmap-full-row");
-  const std::string mnt = dir / "fs";
-  fs::create_directories(mnt);
-  const std::string report = dir / "report";
-  pid_t pid = spawn_on_small_fs(mnt, 1024, [&]() -> int {
-    std::ofstream out(report);
-    const std::string prefix = mnt + "/buf";
-    const int64_t rows = 128;
-    int64_t kept = 0;
-    std::string what = "no error";
-    try {
-      TensorDict buf = TensorDict::from_schema({{"a", {{2}, at::kFloat}}, {"obs", {{2, 2048}, at::kFloat}}}, {rows},
-                                               "memmap", MemmapOptions().prefix(prefix));
-      for (int64_t r = 0; r < rows; ++r) {
-        const float v = static_cast<float>(r + 1);
-        buf.index_put_({r}, TensorDict({{"a", at::full({2}, v)}, {"obs", at::full({2, 2048}, v)}}, {}));
-        kept = r + 1;
-      }
-    } catch (const BackendError& e) {
-      what = e.what();
-    } catch (const std::exception& e) {
-      what = std::string("other: ") + e.what();
-    }
-    out << kept << "\n";
-    try {
-      TensorDict back = TensorDict::load_memmap(prefix);
-      const at::Tensor want = at::arange(1, kept + 1).to(at::kFloat);
-      const bool before = back.get("a").index({at::indexing::Slice(0, kept)}).equal(want.view({kept, 1}).expand({kept, 2})) &&
-                          back.get("obs").index({at::indexing::Slice(0, kept)}).equal(want.view({kept, 1, 1}).expand({kept, 2, 2048}));
-      const bool failed_row_untouched = kept < rows && back.get("a")[kept].eq(0).all().item<bool>();
-      out << (before ? "intact" : "rows differ") << " " << (failed_row_untouched ? "untouched" : "half-written") << "\n";
-    } catch (const std::exception& e) {
-      out << "reload failed: " << e.what() << "\n";
-    }
-    out << what << "\n";
-    return 0;
-  });
-  const int rc = testutil::wait_child(pid);
-  std::istringstream in(testutil::read_text(report));
-  int64_t kept = -1;
-  std::string verdict, what;
-  in >> kept;
-  in.ignore();
-  std::getline(in, verdict);
-  std::getline(in, what);
-  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-93: no private tmpfs could be mounted)");
-  BOOST_TEST(kept > 0);
-  BOOST_TEST(kept < 128);
-  BOOST_TEST(what.find("No space left on device") != std::string::npos, what);
-  BOOST_TEST(verdict == "intact untouched");
+  const int64_t rows = 128;
+  FullDisk r = fill_full_disk(
+      "row",
+      [&](const std::string& prefix, int64_t& kept) {
+        TensorDict buf = TensorDict::from_schema({{"a", {{2}, at::kFloat}}, {"obs", {{2, 2048}, at::kFloat}}}, {rows},
+                                                 "memmap", MemmapOptions().prefix(prefix));
+        for (int64_t i = 0; i < rows; ++i) {
+          const float v = static_cast<float>(i + 1);
+          buf.index_put_({i}, TensorDict({{"a", at::full({2}, v)}, {"obs", at::full({2, 2048}, v)}}, {}));
+          kept = i + 1;
+        }
+      },
+      [&](const std::string& prefix, int64_t kept) {
+        TensorDict back = TensorDict::load_memmap(prefix);
+        const at::Tensor want = at::arange(1, kept + 1).to(at::kFloat);
+        const at::indexing::Slice done(0, kept);
+        const bool before = back.get("a").index({done}).equal(want.view({kept, 1}).expand({kept, 2})) &&
+                            back.get("obs").index({done}).equal(want.view({kept, 1, 1}).expand({kept, 2, 2048}));
+        const bool untouched = kept < rows && back.get("a")[kept].eq(0).all().item<bool>();
+        return std::string(before ? "intact" : "rows differ") + (untouched ? " untouched" : " half-written");
+      });
+  check_full_disk(r, "buf/obs.memmap");
+  BOOST_TEST(r.verdict == "intact untouched");
 }
 
 BOOST_AUTO_TEST_CASE(a_masked_write_reserves_only_the_rows_it_selects) {
