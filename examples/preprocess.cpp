@@ -2,14 +2,21 @@
 // 1. builds a synthetic image dataset (N uint8 images 3x64x64 + labels) in a memmap TensorDict with
 //    from_schema (files preallocated sparse, filled block by block),
 // 2. maps a transform (horizontal flip, normalise to float16, label bucketing) over it with the
-//    configured workers, written in place into a preallocated memmap `out`, with a progress bar,
+//    configured workers, written in place into a preallocated memmap `out`, with a progress bar (`out` is made
+//    first, and its pages faulted in on another thread while the dataset is synthesised: `prefault`),
 // 3. reloads the output from disk as Python would (load_memmap) and verifies every row against the transform
 //    run on whole blocks (no slabs),
 // 4. prints the map's throughput next to the floor: the same transform over the same chunks in one thread
 //    on in-memory tensors (no map, no memmap), i.e. what one core does with the transform alone.
 // Usage: preprocess [--rows N] [--dir DIR] [--keep] [--workers K] [--chunk C] [--kernel fused|torch] [--slab R]
+//                   [--cold] [--no-prefault]
+//   --cold: before the usual (warm) map, a cold one into a second output: the dataset dropped from the page
+//     cache and read back from disk, malloc's free memory returned, as on a first run; prints both (COLD: line)
+//   --no-prefault: the output's pages are not faulted in on another thread while the dataset is synthesised
 //   --kernel fused (default): the transform in one pass through a table of its 256 results (transform_fused);
 //   --kernel torch: libtorch's kernels (flip, copy, mul, sub, copy) on slabs of R rows (0: whole chunks)
+#include <fcntl.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <array>
@@ -21,8 +28,10 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include <ATen/Parallel.h>
+#include <tensordict/memmap_storage.hpp>
 #include <tensordict/tensordict.hpp>
 
 using namespace tensordict;
@@ -123,6 +132,27 @@ bool arg_flag(int argc, char** argv, const std::string& name) {
   return false;
 }
 
+//! writes back and drops from the page cache every file below `dir` (a cold cache, as after a reboot); files
+//! still mapped somewhere keep their pages, so the caller closes its handles on them first
+void drop_page_cache(const std::string& dir) {
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!f.is_regular_file()) continue;
+    const int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error("cannot open " + f.path().string() + " to drop its pages");
+    ::fdatasync(fd);  // dirty pages are not dropped
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+//! joins a thread on every way out of a scope (a throw while it runs would otherwise terminate the program)
+struct Joiner {
+  std::thread t;
+  ~Joiner() {
+    if (t.joinable()) t.join();
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,6 +161,8 @@ int main(int argc, char** argv) {
   const std::string dir =
       arg_str(argc, argv, "--dir", (std::filesystem::temp_directory_path() / ("td-preprocess-" + std::to_string(getpid()))).string());
   const bool keep = arg_flag(argc, argv, "--keep");
+  const bool cold = arg_flag(argc, argv, "--cold");
+  const bool prefault_out = !arg_flag(argc, argv, "--no-prefault");
   const int64_t slab = arg_int(argc, argv, "--slab", 32);
   const std::string kernel = arg_str(argc, argv, "--kernel", "fused");
   if (kernel != "fused" && kernel != "torch") {
@@ -152,12 +184,37 @@ int main(int argc, char** argv) {
     const std::string slabs = kernel == "fused" ? "one fused pass"
                               : slab > 0        ? "slabs of " + std::to_string(slab) + " rows"
                                                 : "whole chunks";
-    std::printf("tensordict-cpp preprocess: %lld images %lldx%lldx%lld, %lld workers, chunks of %lld (transform in %s), in %s\n",
+    std::printf("tensordict-cpp preprocess: %lld images %lldx%lldx%lld, %lld workers, chunks of %lld (transform in %s), in %s%s\n",
                 (long long)rows, (long long)kC, (long long)kH, (long long)kW, (long long)workers, (long long)chunk,
-                slabs.c_str(), dir.c_str());
+                slabs.c_str(), dir.c_str(), cold ? " (--cold: a cold map, then a warm one)" : "");
 
-    // 1. the dataset, preallocated on disk and filled block by block
+    // 1. the preallocated memmap output (two with --cold: the cold map's and the warm map's), made first: its
+    // pages are faulted in on another thread while the dataset is synthesised (a first run's fresh memory paid
+    // off the map's critical path; --no-prefault leaves them to the map's writes)
     auto t0 = Clock::now();
+    auto make_out = [&](const std::string& name) {
+      return TensorDict::from_schema({{"image", {{kC, kH, kW}, at::kHalf}}, {"bucket", {{}, at::kLong}}}, {rows}, "memmap",
+                                     MemmapOptions().prefix(dir + "/" + name));
+    };
+    TensorDict out = make_out("out");
+    TensorDict out_cold = cold ? make_out("out-cold") : TensorDict::undefined();
+    int64_t prefaulted = 0;
+    double t_prefault = 0;
+    std::exception_ptr prefault_error;
+    Joiner prefaulter;
+    if (prefault_out) {
+      prefaulter.t = std::thread([&] {
+        try {
+          const auto tp = Clock::now();
+          prefaulted = prefault(out) + (cold ? prefault(out_cold) : 0);
+          t_prefault = seconds_since(tp);
+        } catch (...) {
+          prefault_error = std::current_exception();
+        }
+      });
+    }
+
+    // 2. the dataset, preallocated on disk and filled block by block
     TensorDict data = TensorDict::from_schema({{"image", {{kC, kH, kW}, at::kByte}}, {"label", {{}, at::kLong}}}, {rows},
                                               "memmap", MemmapOptions().prefix(dir + "/dataset"));
     for (int64_t s = 0; s < rows; s += 2000) {
@@ -166,37 +223,60 @@ int main(int argc, char** argv) {
     }
     double t_build = seconds_since(t0);
     std::printf("  dataset: %.1f MB written in %.2f s\n", data.bytes() / 1e6, t_build);
+    if (prefaulter.t.joinable()) {
+      prefaulter.t.join();
+      if (prefault_error) std::rethrow_exception(prefault_error);
+      std::printf("  prefault: %.1f MB of the output's pages faulted in on another thread in %.2f s (%.2f s after the "
+                  "dataset)\n", prefaulted / 1e6, t_prefault, seconds_since(t0) - t_build);
+    }
 
-    // 2. map the transform into a preallocated memmap output (workers write their chunks in place)
-    TensorDict out = TensorDict::from_schema({{"image", {{kC, kH, kW}, at::kHalf}}, {"bucket", {{}, at::kLong}}}, {rows},
-                                             "memmap", MemmapOptions().prefix(dir + "/out"));
-    auto t1 = Clock::now();
-    TensorDict ret = engine.map(data, run_transform,
-                                MapOptions().dim(0).num_workers(workers).chunksize(chunk).out(out).progress(true));
-    double t_map = seconds_since(t1);
-    if (ret.defined()) throw RuntimeError("map into a memmap out should return nothing (upstream's None)");
-    std::printf("  map: %.2f s, %.0f rows/s, %.1f MB/s in, %.1f MB/s out\n", t_map, rows / t_map,
-                data.bytes() / 1e6 / t_map, out.bytes() / 1e6 / t_map);
+    // 3. map the transform into the preallocated output (workers write their chunks in place)
+    auto run_map = [&](const TensorDict& input, const TensorDict& into, const char* what) {
+      auto t1 = Clock::now();
+      TensorDict ret = engine.map(input, run_transform,
+                                  MapOptions().dim(0).num_workers(workers).chunksize(chunk).out(into).progress(true));
+      const double t = seconds_since(t1);
+      if (ret.defined()) throw RuntimeError("map into a memmap out should return nothing (upstream's None)");
+      std::printf("  map%s: %.2f s, %.0f rows/s, %.1f MB/s in, %.1f MB/s out\n", what, t, rows / t,
+                  input.bytes() / 1e6 / t, into.bytes() / 1e6 / t);
+      return t;
+    };
+    double t_cold = 0;
+    if (cold) {
+      // a first run's map: the dataset read back from disk (its handles closed, its pages written back and
+      // dropped), malloc's free memory handed back to the system, an output never written
+      data = TensorDict::undefined();
+      drop_page_cache(dir + "/dataset");
+      malloc_trim(0);
+      data = TensorDict::load_memmap(dir + "/dataset", LoadOptions().writable(false));
+      t_cold = run_map(data, out_cold, " (cold)");
+    }
+    const double t_map = run_map(data, out, cold ? " (warm)" : "");
 
-    // 3. reload from disk and verify every row against the transform applied directly
+    // 4. reload from disk and verify every row against the transform applied directly
     auto t2 = Clock::now();
-    TensorDict back = TensorDict::load_memmap(dir + "/out", LoadOptions().writable(false));
     int64_t bad = 0;
-    for (int64_t s = 0; s < rows; s += 2000) {
-      int64_t n = std::min<int64_t>(2000, rows - s);
-      TensorDict want = transform(synth_block(s, n), 0);
-      TensorDict got = back.index({Slice(s, s + n)});
-      if (!got.get("image").equal(want.get("image")) || !got.get("bucket").equal(want.get("bucket"))) ++bad;
+    for (const char* name : {"out", "out-cold"}) {
+      if (!cold && std::string(name) == "out-cold") continue;
+      TensorDict back = TensorDict::load_memmap(dir + "/" + name, LoadOptions().writable(false));
+      for (int64_t s = 0; s < rows; s += 2000) {
+        int64_t n = std::min<int64_t>(2000, rows - s);
+        TensorDict want = transform(synth_block(s, n), 0);
+        TensorDict got = back.index({Slice(s, s + n)});
+        if (!got.get("image").equal(want.get("image")) || !got.get("bucket").equal(want.get("bucket"))) ++bad;
+      }
+      if (std::string(name) == "out") std::cout << "  output: " << back.index({Slice(0, 2)}) << "\n";
     }
     double t_verify = seconds_since(t2);
     if (bad) {
       std::fprintf(stderr, "preprocess: %lld blocks differ from the expected output\n", (long long)bad);
+      if (!keep) std::filesystem::remove_all(dir);
       return 1;
     }
-    std::printf("  verify: all %lld rows equal the expected output (%.2f s)\n", (long long)rows, t_verify);
-    std::cout << "  output: " << back.index({Slice(0, 2)}) << "\n";
+    std::printf("  verify: all %lld rows equal the expected output%s (%.2f s)\n", (long long)rows,
+                cold ? " in both outputs" : "", t_verify);
 
-    // 4. the floor: the transform alone, one thread, in-memory chunks of the same size (the dataset read into
+    // 5. the floor: the transform alone, one thread, in-memory chunks of the same size (the dataset read into
     // memory first), results dropped
     double t_floor = 0;
     {
@@ -210,6 +290,9 @@ int main(int argc, char** argv) {
       at::set_num_threads(saved);
     }
     std::printf("  floor: the transform alone in one thread over in-memory chunks: %.0f rows/s\n", rows / t_floor);
+    if (cold)
+      std::printf("COLD: %.0f rows/s cold, %.0f rows/s warm: the cold map at %.2fx the warm one\n", rows / t_cold,
+                  rows / t_map, t_map / t_cold);
     std::printf("OK: %.0f rows/s through map with %lld workers = %.2fx the one-thread floor (%.0f rows/s); %.2f s total\n",
                 rows / t_map, (long long)workers, t_floor / t_map, rows / t_floor, seconds_since(t0));
   } catch (const std::exception& e) {

@@ -438,6 +438,19 @@ TensorDict& make_memmap(TensorDict& td, const NestedKey& key, const BatchSize& s
 
 std::string memmap_prefix(const TensorDict& td) { return detail::impl_of(td)->memmap_prefix; }
 
+int64_t prefault(const TensorDict& td) {
+  int64_t bytes = 0;
+  for (const auto& kv : td.items(KeysOptions().include_nested(true).leaves_only(true))) {
+    if (!kv.second.is_tensor()) continue;
+    const at::Tensor& t = kv.second.tensor();
+    if (!backends::mapping_of(t)) continue;  // not a file mapping: its pages are the allocator's
+    // the blocks first: a page populated over a hole would be allocated block by block by its writeback
+    backends::allocate_for_write(t);
+    if (backends::populate_for_write(t)) bytes += static_cast<int64_t>(t.numel() * t.element_size());
+  }
+  return bytes;
+}
+
 std::string TensorDict::type_name() const {
   if (typed_) return typed_->name;
   if (node_ && !detail::tree::dense_level(*this)) return node_->type_name();  // no dense level: the node's class

@@ -1,6 +1,8 @@
 // TensorDict persistence: Python fixtures load, round trips are bit-exact, memmap_/memmap/memmap_like,
 // load_memmap_/memmap_refresh_/make_memmap, locks, bad files.
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -241,6 +243,46 @@ BOOST_AUTO_TEST_CASE(large_row_writes_allocate_their_file_blocks_first) {
   BOOST_TEST(ext[0].begin == 16 * kRow);
   BOOST_TEST(ext[0].end == 48 * kRow);
   BOOST_TEST(!ext[0].delalloc);  // without allocation ahead, the copy leaves delayed blocks
+}
+
+namespace {
+//! pages of t's bytes resident in this process's mapping (mincore)
+int64_t resident_pages(const at::Tensor& t, int64_t* total) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr()) / page * page;
+  const auto end = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(t.numel() * t.element_size());
+  std::vector<unsigned char> v((end - begin + page - 1) / page);
+  if (::mincore(reinterpret_cast<void*>(begin), end - begin, v.data()) != 0) return -1;
+  *total = static_cast<int64_t>(v.size());
+  int64_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
+}
+}  // namespace
+
+// prefault (the main job's output, faulted in while its dataset is synthesised): every page of every memmap leaf
+// resident and mapped afterwards (none before: a fresh sparse file), the values as they were (zeros, then a row
+// written between two prefaults kept), the byte count returned; leaves that are not file mappings are left alone
+BOOST_AUTO_TEST_CASE(prefault_maps_every_page_of_the_memmap_leaves_and_keeps_their_values) {
+  fixtures::TempDir tmp("prefault");
+  TensorDict td = TensorDict::from_schema({{"x", {{1024}, at::kFloat}}, {NestedKey(std::vector<std::string>{"sub", "y"}), {{}, at::kLong}}},
+                                          {256}, "memmap", MemmapOptions().prefix(tmp.path + "/td"));
+  int64_t pages = 0;
+  BOOST_TEST(resident_pages(td.get("x"), &pages) == 0);  // nothing touched yet (a fault would read ahead)
+  BOOST_TEST(pages == 256);
+  const int64_t bytes = 256 * 1024 * 4 + 256 * 8;
+  BOOST_TEST(prefault(td) == bytes);
+  BOOST_TEST(resident_pages(td.get("x"), &pages) == pages);
+  BOOST_TEST(resident_pages(td.get({"sub", "y"}), &pages) == pages);
+  at::Tensor want = at::zeros({256, 1024});
+  BOOST_TEST(td.get("x").equal(want));
+  td.index_put_({3}, TensorDict({{"x", at::full({1024}, 7.0f)}, {"sub", TensorDict({{"y", at::scalar_tensor(9, at::kLong)}}, {})}}, {}));
+  BOOST_TEST(prefault(td) == bytes);  // again: the row written stays
+  want[3] = 7.0f;
+  BOOST_TEST(td.get("x").equal(want));
+  BOOST_TEST(td.get({"sub", "y"}).sum().item<int64_t>() == 9);
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/td").get("x").equal(want));  // the file, not only the mapping
+  BOOST_TEST(prefault(TensorDict({{"x", at::zeros({4, 2})}}, {4})) == 0);  // in memory: nothing to fault in
 }
 
 BOOST_AUTO_TEST_CASE(load_memmap_into_self_and_refresh) {

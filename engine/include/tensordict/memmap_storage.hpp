@@ -16,5 +16,13 @@ TensorDict& make_memmap(TensorDict& td, const NestedKey& key, const BatchSize& s
 
 //! the directory the memmap TensorDict `td` lives in ("" when not memmap or anonymous)
 std::string memmap_prefix(const TensorDict& td);
+//! Faults in, ahead of its writers, every page of the memory-mapped tensor leaves of `td` (memmap files; other
+//! leaves are left alone): the file blocks are reserved first (fallocate: a full disk is a BackendError naming the file here, not
+//! in a writer) and the pages are allocated in the page cache and mapped (MADV_POPULATE_WRITE), so the writes
+//! that follow (map's `pwrite` into `out`, `td[rows] = value`) copy bytes only. The bytes keep their values (the
+//! zeros of a fresh leaf). Its use: on another thread while other work goes on; the main job pre-faults its
+//! output while it synthesises its dataset, so a first run pays for its fresh memory off the map's critical path.
+//! Returns the bytes faulted in (0 where no leaf is a file mapping, or the kernel lacks MADV_POPULATE_WRITE).
+int64_t prefault(const TensorDict& td);
 
 }  // namespace tensordict
