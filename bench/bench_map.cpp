@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,7 @@ Medians alternate(int warm, int samples, M&& run_map, L&& run_loop) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   at::set_num_threads(1);  // the loop runs as a map worker does (one torch thread)
   Engine engine;
   const int64_t rows = 10000;
@@ -71,6 +72,22 @@ int main() {
   MapFn cheap = benchutil::cheap_fn();
   MapFn heavy = benchutil::heavy_fn();
   Json out;
+  // for a profiler: the heavy fn's 2-worker map alone, N calls
+  if (argc > 2 && std::string(argv[1]) == "--heavy-only") {
+    const int calls = std::atoi(argv[2]);
+    const auto t0 = clk::now();
+    double map_us = 0;
+    for (int i = 0; i < calls; ++i) {
+      const auto t1 = clk::now();
+      td.map(heavy, MapOptions().chunksize(500).num_workers(2));
+      map_us += us_since(t1);
+      if (std::getenv("TD_BENCH_VERBOSE")) std::fprintf(stderr, "%.0f ", us_since(t1));
+      if (argc > 3) plain_loop(td, heavy, 500);  // alternating with the loop, as the full run does
+    }
+    std::printf("{\"heavy_two_workers_map_only_rows_per_s\": %.0f}\n", rows * calls / (map_us * 1e-6));
+    std::printf("{\"heavy_two_workers_rows_per_s\": %.0f}\n", rows * calls / (us_since(t0) * 1e-6));
+    return 0;
+  }
 
   // ---- fixed cost: 10 chunks, identity fn, 2 workers
   const Medians fixed_small =
