@@ -457,6 +457,28 @@ Json bench_replay(int port) {
         .num("shared_handle_vs_raw", shared_rows_per_s / raw_rows_per_s, 2);
     fill->buf.clear_redis();
   }
+  // (c') raw with our commands: 4 threads, a connection each, one round trip per row of MULTI, a SETRANGE per
+  // leaf, EXEC: what 4 synchronous callers can reach at best (one row in flight each, the transaction of a row
+  // as upstream's pipeline sends it)
+  {
+    auto fill = raw_fill();
+    const size_t replies_per_row = leaves.size() + 2;
+    double s = run_threads(kProducers, [&](int k) {
+      Raw& raw = *fill->conns[k];
+      for (int64_t r = k; r < kReplayRows; r += kProducers) {
+        raw.append(tx_cmd(true).argv, tx_cmd(true).lens);
+        fill->append_row(k, r);
+        raw.append(tx_cmd(false).argv, tx_cmd(false).lens);
+        for (size_t n = 0; n < replies_per_row; ++n) freeReplyObject(raw.reply());
+      }
+    });
+    const double rate = kReplayRows / s;
+    j.num("raw_round_trip_tx_per_row_rows_per_s", rate, 0)
+        .num("raw_tx_verified", verify(fill->buf) ? 1 : 0, 0)
+        .num("own_handles_vs_raw_tx", own_rows_per_s / rate, 2)
+        .num("shared_handle_vs_raw_tx", shared_rows_per_s / rate, 2);
+    fill->buf.clear_redis();
+  }
   // (d) the server's ceiling (issue 38): 4 threads, a connection each, our commands per row (MULTI, one
   // SETRANGE per leaf, EXEC) pipelined kDepth rows deep before the replies are read
   {
