@@ -413,6 +413,41 @@ Json bench_replay(int port) {
         .num("shared_handle_largest_batch", static_cast<double>(st.largest), 0)
         .num("shared_handle_verified", verify(buf) ? 1 : 0, 0);
   }
+  // (e) write-behind (RedisOptions::write_behind): the same two fills with writes that return once queued, the
+  // store actor sending what waits as one pipeline; the time includes flush_writes() (every row on the server)
+  double behind_own = 0, behind_shared = 0;
+  {
+    const RedisOptions wb = options(port).write_behind(4096);
+    TensorDictStore own = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port));
+    std::vector<TensorDictStore> handles;
+    for (int k = 0; k < kProducers; ++k) handles.push_back(TensorDictStore::from_store(own.td_id(), wb));
+    double s = run_threads(kProducers, [&](int k) {
+      for (int64_t r = k; r < kReplayRows; r += kProducers) handles[k].index_put_({r}, values.index({r}));
+      handles[k].flush_writes();
+    });
+    behind_own = kReplayRows / s;
+    int64_t calls = 0, batches = 0;
+    for (auto& h : handles) {
+      calls += h.store_stats().calls;
+      batches += h.store_stats().batches;
+    }
+    j.num("write_behind_own_handles_rows_per_s", behind_own, 0)
+        .num("write_behind_own_handles_calls_per_batch", batches ? static_cast<double>(calls) / batches : 0, 1)
+        .num("write_behind_own_handles_verified", verify(own) ? 1 : 0, 0);
+    for (auto& h : handles) h.close();
+    own.clear_redis();
+    TensorDictStore shared = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, wb);
+    s = run_threads(kProducers, [&](int k) {
+      for (int64_t r = k; r < kReplayRows; r += kProducers) shared.index_put_({r}, values.index({r}));
+      shared.flush_writes();
+    });
+    behind_shared = kReplayRows / s;
+    const auto st = shared.store_stats();
+    j.num("write_behind_shared_handle_rows_per_s", behind_shared, 0)
+        .num("write_behind_shared_handle_calls_per_batch", st.batches ? static_cast<double>(st.calls) / st.batches : 0, 1)
+        .num("write_behind_shared_handle_verified", verify(shared) ? 1 : 0, 0);
+    shared.clear_redis();
+  }
   // (c) and (d): a fresh store, one raw connection per producer, each leaf's column and data key
   struct RawFill {
     TensorDictStore buf;
@@ -504,7 +539,9 @@ Json bench_replay(int port) {
     j.num("raw_pipelined_tx_rows_per_s", ceiling, 0)
         .num("raw_pipelined_verified", verify(fill->buf) ? 1 : 0, 0)
         .num("own_handles_vs_ceiling", own_rows_per_s / ceiling, 2)
-        .num("shared_handle_vs_ceiling", shared_rows_per_s / ceiling, 2);
+        .num("shared_handle_vs_ceiling", shared_rows_per_s / ceiling, 2)
+        .num("write_behind_own_handles_vs_ceiling", behind_own / ceiling, 2)
+        .num("write_behind_shared_handle_vs_ceiling", behind_shared / ceiling, 2);
     fill->buf.clear_redis();
   }
   // sample 256 random rows from the filled buffer vs the raw Lua gather

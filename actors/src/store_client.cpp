@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <iterator>
 #include <mutex>
 #include <set>
@@ -409,7 +410,75 @@ struct StoreClient::Impl {
   void send(const leaf_call_ptr& call);
   //! tells the actor that calls are waiting for the store
   void announce();
+
+  // ---- write-behind (StoreClient::set_write_behind)
+  std::atomic<size_t> behind_max{0};
+  std::mutex behind_mu;
+  std::deque<leaf_call_ptr> behind;       //!< queued writes not yet seen done, oldest first (under behind_mu)
+  std::atomic<size_t> behind_n{0};        //!< behind.size()
+  std::optional<map_detail::CarriedError> behind_error;  //!< the first error of a queued write, not raised yet
+  std::atomic<bool> behind_failed{false};                //!< behind_error is set
+  //! queues a write without waiting for it: registered (fail_all fails it), left waiting, the actor told
+  void queue(const leaf_call_ptr& call);
+  //! forgets the queued writes that are done, oldest first, keeping the first error; waits for the oldest while
+  //! more than `keep` are queued (0: waits for all)
+  void reap(size_t keep);
+  //! raises the kept error of a queued write, once
+  void raise_behind();
+  //! before any call that is not a queued write: the queued writes run first (a caller reads what it wrote)
+  void settle() {
+    if (behind_n.load(std::memory_order_acquire) > 0) reap(0);
+    if (behind_failed.load(std::memory_order_acquire)) raise_behind();
+  }
 };
+
+void StoreClient::Impl::queue(const leaf_call_ptr& call) {
+  std::string why;
+  caf::actor to;
+  if (!st->begin(call, &why, &to)) throw BackendError(why);
+  {
+    std::lock_guard<std::mutex> lock(behind_mu);
+    behind.push_back(call);
+    behind_n.store(behind.size(), std::memory_order_release);
+  }
+  // never run here: the caller goes on while whoever holds the store (the actor, told now) runs what waits
+  if (st->push_pending(call)) caf::anon_send(to, leaf_atom::value);
+}
+
+void StoreClient::Impl::reap(size_t keep) {
+  const auto spin = std::chrono::microseconds(rt->config().facade_spin_us);
+  std::lock_guard<std::mutex> lock(behind_mu);
+  while (!behind.empty()) {
+    const leaf_call_ptr c = behind.front();
+    if (!c->reply.ready()) {
+      if (keep > 0 && behind.size() <= keep) break;
+      c->reply.wait(std::chrono::steady_clock::time_point::max(), spin);  // fail_all ends it if the actor dies
+    }
+    try {
+      c->reply.get();
+    } catch (...) {
+      if (!behind_error) {
+        behind_error = map_detail::carry_current_exception(-1);
+        behind_failed.store(true, std::memory_order_release);
+      }
+    }
+    st->end(c);
+    behind.pop_front();
+  }
+  behind_n.store(behind.size(), std::memory_order_release);
+}
+
+void StoreClient::Impl::raise_behind() {
+  std::optional<map_detail::CarriedError> e;
+  {
+    std::lock_guard<std::mutex> lock(behind_mu);
+    e.swap(behind_error);
+    behind_failed.store(false, std::memory_order_release);
+  }
+  if (!e) return;
+  e->message = "a queued write (write-behind) failed: " + e->message;
+  map_detail::rethrow(*e);
+}
 
 std::shared_ptr<StoreClient> StoreClient::spawn(std::shared_ptr<Runtime> rt, std::shared_ptr<backends::LeafStore> store,
                                                 DenseStore* dense, std::string token) {
@@ -469,8 +538,12 @@ std::shared_ptr<StoreClient> StoreClient::connect(std::shared_ptr<Runtime> rt, c
 StoreClient::~StoreClient() {
   try {
     close();
+  } catch (const std::exception& e) {
+    // a store that fails to close has already reported through its last request; a queued write's error
+    // (write-behind) has nobody left to be raised to: it is logged
+    if (std::string(e.what()).find("a queued write (write-behind) failed") != std::string::npos)
+      logger()->error("{}: {}", describe_, e.what());
   } catch (...) {
-    // a store that fails to close has already reported through its last request
   }
 }
 
@@ -546,6 +619,7 @@ void StoreClient::Impl::announce() {
 }
 
 std::vector<at::Tensor> StoreClient::read(std::vector<backends::LeafRead> reads) {
+  impl_->settle();
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Read;
   c->reads = std::move(reads);
@@ -554,14 +628,39 @@ std::vector<at::Tensor> StoreClient::read(std::vector<backends::LeafRead> reads)
 }
 
 void StoreClient::write(std::vector<backends::LeafWrite> writes) {
+  Impl& im = *impl_;
+  const size_t max_behind = im.behind_max.load(std::memory_order_acquire);
+  if (max_behind == 0) {
+    im.settle();
+  } else {
+    im.reap(max_behind);  // the done ones forgotten; past the bound, the oldest waited for
+    if (im.behind_failed.load(std::memory_order_acquire)) im.raise_behind();
+    // the call outlives this one: its data is its own (the caller may reuse or change its tensors at once)
+    for (auto& w : writes)
+      if (w.data.defined()) w.data = w.data.clone(at::MemoryFormat::Contiguous);
+  }
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Write;
   c->writes = std::move(writes);
-  impl_->send(c);
+  if (max_behind > 0) {
+    im.queue(c);
+    return;
+  }
+  im.send(c);
   c->reply.get();
 }
 
+void StoreClient::set_write_behind(size_t max_in_flight) {
+  if (max_in_flight == 0) impl_->settle();
+  impl_->behind_max.store(max_in_flight, std::memory_order_release);
+}
+
+size_t StoreClient::write_behind() const { return impl_->behind_max.load(std::memory_order_acquire); }
+
+void StoreClient::flush_writes() { impl_->settle(); }
+
 void StoreClient::run_void(const std::function<void(backends::LeafStore&)>& fn) {
+  impl_->settle();
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Run;
   c->fn = fn;
@@ -571,6 +670,13 @@ void StoreClient::run_void(const std::function<void(backends::LeafStore&)>& fn) 
 
 void StoreClient::close() {
   StoreCallState& st = *impl_->st;
+  // the queued writes run before the store closes; the first error of one is raised after it closed
+  std::exception_ptr behind_err;
+  try {
+    if (!closed()) impl_->settle();
+  } catch (...) {
+    behind_err = std::current_exception();
+  }
   {
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.closed) return;
@@ -597,6 +703,7 @@ void StoreClient::close() {
   }
   caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   if (err) std::rethrow_exception(err);
+  if (behind_err) std::rethrow_exception(behind_err);
 }
 
 bool StoreClient::closed() const {

@@ -21,6 +21,11 @@ std::shared_ptr<actors::Runtime> runtime_of(const std::shared_ptr<Engine>& engin
 }
 
 backends::RedisOptions backend_options(const RedisOptions& o, const Config& cfg) {
+  // checked before any store is made or reached
+  if (o.write_behind() < 0) {
+    throw ValueError("RedisOptions::write_behind must be 0 (off) or a number of writes, got " +
+                     std::to_string(o.write_behind()));
+  }
   backends::RedisOptions b;
   b.host(o.host().empty() ? cfg.redis_host : o.host());
   b.port(o.port() > 0 ? o.port() : static_cast<int>(cfg.redis_port));
@@ -41,6 +46,7 @@ std::string device_str(const RedisOptions& o) { return o.device() ? o.device()->
 
 std::shared_ptr<remote::RemoteTree> tree_over(std::shared_ptr<backends::LeafStore> store, const RedisOptions& o) {
   auto client = actors::StoreClient::open(runtime_of(o.engine()), std::move(store));
+  client->set_write_behind(static_cast<size_t>(o.write_behind()));
   return std::make_shared<remote::RemoteTree>(std::move(client), std::nullopt, o.device(), kType);
 }
 
@@ -346,6 +352,8 @@ std::string TensorDictStore::address() const {
 }
 
 void TensorDictStore::close() const { node_of(*this).tree()->client()->close(); }
+
+void TensorDictStore::flush_writes() const { node_of(*this).tree()->client()->flush_writes(); }
 
 void TensorDictStore::clear_redis() const {
   remote::RemoteNode& n = node_of(*this);

@@ -208,6 +208,104 @@ BOOST_AUTO_TEST_CASE(many_producers_share_pipelines) {
   BOOST_TEST_MESSAGE("writes " << st.calls << " in " << st.batches << " store calls, largest " << st.largest);
 }
 
+// ---------------------------------------------------------------------------------------- write-behind
+namespace {
+//! a raw connection beside the store (the same server and credentials)
+backends::RedisClient raw_client(const RedisOptions& o) { return backends::RedisClient(o.connect_options()); }
+std::string data_key(const TensorDictStore& s, const std::string& leaf) { return "tensordict:{" + s.td_id() + "}:d:" + leaf; }
+TensorDict replay_row(int64_t r) {
+  return TensorDict({{"obs", at::full({8}, static_cast<float>(r))}, {"id", at::full({}, r, at::kLong)}}, {});
+}
+const Schema kReplaySchema = {{NestedKey("obs"), {{8}, at::kFloat}}, {NestedKey("id"), {{}, at::kLong}}};
+}  // namespace
+
+// write-behind: row writes return once queued, and what waits goes to the server as one pipeline. With the
+// server's writes paused (CLIENT PAUSE WRITE, its OK says the pause is on), 60 queued writes of one producer are
+// sent in at most 2 store calls (a synchronous handle makes 60, and its first write would wait for the pause);
+// a read then sees every row (it waits for the queue), and the caller's tensors are its own again at once
+BOOST_AUTO_TEST_CASE(write_behind_queues_rows_into_deep_pipelines_and_reads_see_them) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port()).write_behind(1024);
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {100}, o);
+  backends::RedisClient raw = raw_client(o);
+  const auto before = buf.store_stats();
+  raw.command(backends::RedisCommand{"CLIENT", "PAUSE", "1500", "WRITE"});
+  for (int64_t r = 0; r < 60; ++r) {
+    TensorDict row = replay_row(r);
+    buf.index_put_({r}, row);
+    row.get("obs").fill_(-1.0f);  // the queued write copied it
+  }
+  buf.flush_writes();
+  const auto st = buf.store_stats();
+  BOOST_TEST(st.calls - before.calls == 60);
+  BOOST_TEST(st.batches - before.batches <= 2, "60 queued writes in " << st.batches - before.batches << " store calls");
+  BOOST_TEST(st.largest >= 30);
+  // 4 producers, then a read right after their last writes: every row is there
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < 4; ++p) {
+    threads.emplace_back([&, p] {
+      try {
+        for (int64_t r = 60 + p; r < 100; r += 4) buf.index_put_({r}, replay_row(r));
+      } catch (...) {
+        failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  BOOST_TEST(failures.load() == 0);
+  TensorDict all = buf.to_tensordict();
+  BOOST_TEST(all.get("id").equal(at::arange(100)));
+  BOOST_TEST(all.get("obs").equal(at::arange(100).to(at::kFloat).unsqueeze(1).expand({100, 8})));
+  buf.flush_writes();  // nothing queued: nothing to do
+  // a handle without write-behind over the same store reads them too
+  BOOST_TEST(TensorDictStore::from_store(buf.td_id(), RedisOptions().port(server.port())).get("id").equal(at::arange(100)));
+}
+
+// the first error of a queued write is raised once, with its type, by the next call of the handle and by
+// flush_writes(); the rows written before it stay, and the handle works on afterwards
+BOOST_AUTO_TEST_CASE(a_failed_queued_write_is_raised_by_the_next_call_and_by_flush_writes) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port()).write_behind(64);
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {16}, o);
+  buf.index_put_({0}, replay_row(0));
+  buf.flush_writes();
+  backends::RedisClient raw = raw_client(o);
+  // the leaf's data key becomes a list: every SETRANGE on it fails on the server (WRONGTYPE)
+  raw.command(backends::RedisCommand{"DEL", data_key(buf, "obs")});
+  raw.command(backends::RedisCommand{"RPUSH", data_key(buf, "obs"), "x"});
+  buf.index_put_({1}, replay_row(1));  // queued: returns before the server refuses it
+  const std::string first = error_of<BackendError>([&] { buf.flush_writes(); });
+  BOOST_TEST(has(first, "a queued write (write-behind) failed"), first);
+  BOOST_TEST(has(first, "WRONGTYPE"), first);
+  buf.flush_writes();  // raised once: nothing left
+  buf.index_put_({2}, replay_row(2));
+  const std::string next = error_of<BackendError>([&] { buf.index_put_({3}, replay_row(3)); buf.flush_writes(); });
+  BOOST_TEST(has(next, "a queued write (write-behind) failed"), next);
+  // the row written before the failure stays; once the key is repaired (zero bytes of the leaf's size) the
+  // handle writes and reads on
+  BOOST_TEST(buf.get("id")[0].item<int64_t>() == 0);
+  raw.command(backends::RedisCommand{"SET", data_key(buf, "obs"), std::string(16 * 8 * 4, '\0')});
+  buf.index_put_({5}, replay_row(5));
+  buf.flush_writes();
+  at::Tensor want = at::zeros({16, 8});
+  want[5] = 5.0f;
+  BOOST_TEST(buf.get("obs").equal(want));
+}
+
+// close() sends what is queued before the store closes; a bad write_behind is a ValueError before any store
+BOOST_AUTO_TEST_CASE(write_behind_rows_reach_the_server_before_close_and_bad_depths_are_refused) {
+  testutil::RedisServer server;
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {50}, RedisOptions().port(server.port()).write_behind(8));
+  for (int64_t r = 0; r < 50; ++r) buf.index_put_({r}, replay_row(r));  // 8 in flight at most: writers wait
+  const std::string id = buf.td_id();
+  buf.close();
+  BOOST_TEST(TensorDictStore::from_store(id, RedisOptions().port(server.port())).get("id").equal(at::arange(50)));
+  const std::string bad = error_of<ValueError>(
+      [&] { TensorDictStore::from_schema(kReplaySchema, {4}, RedisOptions().port(server.port()).write_behind(-1)); });
+  BOOST_TEST(has(bad, "write_behind must be 0"), bad);
+}
+
 BOOST_AUTO_TEST_CASE(lost_connection_fails_the_call_then_reconnects) {
   testutil::RedisServer server;
   const RedisOptions o = RedisOptions().port(server.port()).retries(20).retry_delay_ms(50);

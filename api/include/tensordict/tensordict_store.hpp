@@ -49,6 +49,14 @@ struct RedisOptions : StorageOptions {
   //! a server that sends no byte for this long fails the call ("no reply from HOST:PORT within T s"); a long
   //! reply that keeps arriving is never cut. Negative: the config's redis.timeout_ms (5000); 0: no timeout
   TD_ARG(int, timeout_ms) = -1;
+  //! write-behind (0: off, the default): row writes of this handle (`buf[i] = row`, index_put_, set_at) return
+  //! once queued, their values copied, and the store actor sends what waits as one pipeline (one MULTI/EXEC of up
+  //! to 256 writes), so producers keep the server busy instead of waiting a round trip per row. At most this many
+  //! queued writes (then a write waits for the oldest). The first error of a queued write is raised by the next
+  //! call of the handle (or of a view over it), by flush_writes() and by close(); every read and every other call
+  //! first waits for the queued writes, so a handle reads what it wrote. Not upstream's (its writes are
+  //! synchronous pipelines): for fills from many producers (bench/README.md, "Redis replay fill")
+  TD_ARG(int, write_behind) = 0;
   TD_ARG(std::optional<at::Device>, device) = std::nullopt;
   //! the engine whose actor system runs the store actor (null: the default engine)
   TD_ARG(std::shared_ptr<Engine>, engine) = nullptr;
@@ -112,8 +120,12 @@ class TensorDictStore : public TensorDict {
   //! "redis://HOST:PORT/DB?prefix=P&td_id=ID" (what tdx and RedisOptions::from_url accept); never holds the
   //! user nor the password
   std::string address() const;
-  //! disconnects; every handle and view over the store raises BackendError afterwards (the data stays)
+  //! disconnects; every handle and view over the store raises BackendError afterwards (the data stays). Queued
+  //! writes (write_behind) are sent first, and the first error of one is raised after the store closed
   void close() const;
+  //! waits until every queued write of this handle (RedisOptions::write_behind) is on the server; raises the
+  //! first error of one, with its type. Nothing to do without write-behind
+  void flush_writes() const;
   //! deletes every key of the store on the server (upstream clear_redis)
   void clear_redis() const;
   struct StoreStats {

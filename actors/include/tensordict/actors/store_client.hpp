@@ -142,8 +142,21 @@ class StoreClient {
 
   //! one request: the leaves' rows (LeafStore::read), merged with the reads other callers sent meanwhile
   std::vector<at::Tensor> read(std::vector<backends::LeafRead> reads);
-  //! one request: LeafStore::write, merged with other callers' writes waiting for the store
+  //! one request: LeafStore::write, merged with other callers' writes waiting for the store. With write-behind on
+  //! (set_write_behind), it returns once the call is queued (its tensors copied first)
   void write(std::vector<backends::LeafWrite> writes);
+  //! write-behind: with `max_in_flight` > 0, write() does not wait for the store. Its call (the data copied, so
+  //! the caller may reuse its tensors at once) is queued behind the calls waiting and run by the actor, which
+  //! merges what waits into one store call (one Redis pipeline, one MULTI/EXEC of up to 256 calls): producers
+  //! that each had one write in flight now keep the pipeline as deep as the queue. At most `max_in_flight`
+  //! queued writes: past that a write waits for the oldest. The first error of a queued write is raised (once,
+  //! with its type and message) by the next call of this client from any thread, by flush_writes() and by
+  //! close(); reads and every other call first wait for the queued writes, so a caller reads what it wrote.
+  //! 0 (the default): write() returns when the store has written, as upstream's synchronous pipeline does
+  void set_write_behind(size_t max_in_flight);
+  size_t write_behind() const;
+  //! waits until every queued write has run; raises the first error of one (write-behind)
+  void flush_writes();
   //! runs fn(store) with the store held (structure queries, create, erase, non-tensors, flush) and returns
   //! what fn returns; fn's exception reaches the caller with its type
   template <class F>
