@@ -371,8 +371,11 @@ Json bench_replay(int port) {
     return ok;
   };
 
+  // TD_BENCH_ONLY=behind: the write-behind fills alone (for a profiler)
+  const char* only = std::getenv("TD_BENCH_ONLY");
+  const bool only_behind = only && std::string(only) == "behind";
   // (a) 4 threads, a handle each (from_store)
-  {
+  if (!only_behind) {
     TensorDictStore buf = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port));
     std::vector<TensorDictStore> handles;
     for (int k = 0; k < kProducers; ++k) handles.push_back(TensorDictStore::from_store(buf.td_id(), options(port)));
@@ -398,7 +401,7 @@ Json bench_replay(int port) {
   }
   // (b) 4 threads sharing one handle
   TensorDictStore buf = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port));
-  {
+  if (!only_behind) {
     auto before = buf.store_stats();
     double s = run_threads(kProducers, [&](int k) {
       for (int64_t r = k; r < kReplayRows; r += kProducers) buf.index_put_({r}, values.index({r}));
@@ -476,7 +479,7 @@ Json bench_replay(int port) {
     return f;
   };
   // (c) raw: 4 threads, a connection each, one round trip (4 SETRANGE pipelined) per row
-  {
+  if (!only_behind) {
     auto fill = raw_fill();
     double s = run_threads(kProducers, [&](int k) {
       Raw& raw = *fill->conns[k];
@@ -495,7 +498,7 @@ Json bench_replay(int port) {
   // (c') raw with our commands: 4 threads, a connection each, one round trip per row of MULTI, a SETRANGE per
   // leaf, EXEC: what 4 synchronous callers can reach at best (one row in flight each, the transaction of a row
   // as upstream's pipeline sends it)
-  {
+  if (!only_behind) {
     auto fill = raw_fill();
     const size_t replies_per_row = leaves.size() + 2;
     double s = run_threads(kProducers, [&](int k) {
@@ -516,7 +519,7 @@ Json bench_replay(int port) {
   }
   // (d) the server's ceiling (issue 38): 4 threads, a connection each, our commands per row (MULTI, one
   // SETRANGE per leaf, EXEC) pipelined kDepth rows deep before the replies are read
-  {
+  if (!only_behind) {
     constexpr int64_t kDepth = 64;
     auto fill = raw_fill();
     const size_t replies_per_row = leaves.size() + 2;  // +OK, +QUEUED per leaf, the EXEC array
@@ -545,7 +548,7 @@ Json bench_replay(int port) {
     fill->buf.clear_redis();
   }
   // sample 256 random rows from the filled buffer vs the raw Lua gather
-  {
+  if (!only_behind) {
     Raw raw(port);
     const std::string sha = raw.load_script(kLuaGetRanges);
     at::Tensor rows = at::randint(0, kReplayRows, {256}, at::kLong);
@@ -583,7 +586,7 @@ int main() {
     const char* only = std::getenv("TD_BENCH_ONLY");
     const std::string part = only ? only : "";
     if (part.empty() || part == "rows") out.obj("rows", bench_rows(server.port()));
-    if (part.empty() || part == "replay") out.obj("replay", bench_replay(server.port()));
+    if (part.empty() || part == "replay" || part == "behind") out.obj("replay", bench_replay(server.port()));
     std::printf("%s\n", out.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_redis: %s\n", e.what());
