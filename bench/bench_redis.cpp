@@ -451,6 +451,15 @@ Json bench_replay(int port) {
         .num("write_behind_shared_handle_verified", verify(shared) ? 1 : 0, 0);
     shared.clear_redis();
   }
+  // (f) what the producers' own work costs: the same 4 threads making each row (values.index) and writing it
+  // into an in-memory TensorDict of the same schema (no store): a fill through any store is slower than this
+  {
+    TensorDict mem = TensorDict::from_schema(replay_schema(), {kReplayRows});
+    const double s = run_threads(kProducers, [&](int k) {
+      for (int64_t r = k; r < kReplayRows; r += kProducers) mem.index_put_({r}, values.index({r}));
+    });
+    j.num("producers_into_memory_rows_per_s", kReplayRows / s, 0);
+  }
   // (c) and (d): a fresh store, one raw connection per producer, each leaf's column and data key
   struct RawFill {
     TensorDictStore buf;
