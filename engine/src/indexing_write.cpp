@@ -540,16 +540,38 @@ struct RowCopy {
   bool mapped;
 };
 
-//! a plain strided CPU tensor without autograd, conj or neg bits, of one contiguous layout
-bool plain_contiguous(const c10::TensorImpl* t) {
-  // the storage through the inline getter (has_storage() is a call into c10): a strided CPU tensor has one
-  return t->layout() == at::kStrided && t->device_type() == at::kCPU && t->is_contiguous() &&
-         t->storage().unsafeGetStorageImpl() != nullptr && t->storage().data() != nullptr &&
-         (t->autograd_meta() == nullptr || !t->requires_grad()) && !t->is_conj() && !t->is_neg() &&
+//! a plain strided CPU tensor without autograd, conj or neg bits, of one contiguous layout, with storage. Its
+//! storage through unsafe_storage(): storage() is virtual in libtorch 1.13 and was a third of this check's cost
+//! (a tensor whose storage access throws has none here: a null StorageImpl, refused below)
+inline bool plain_contiguous(const c10::TensorImpl* t) {
+  constexpr c10::DispatchKeySet odd = c10::sparse_ks | c10::sparse_csr_ks | c10::mkldnn_ks |
+                                      c10::DispatchKeySet(c10::DispatchKey::Conjugate) |
+                                      c10::DispatchKeySet(c10::DispatchKey::Negative);
+  const c10::StorageImpl* st = t->unsafe_storage().unsafeGetStorageImpl();
+  return !t->key_set().has_any(odd) && t->device_type() == at::kCPU && t->is_contiguous() && st != nullptr &&
+         st->data() != nullptr && (t->autograd_meta() == nullptr || !t->requires_grad()) &&
          !c10::isQIntType(at::typeMetaToScalarType(t->dtype()));
 }
 
-bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val, std::vector<RowCopy>& out) {
+//! the leaves' copies of one row, on the stack for up to 16 leaves
+struct RowCopies {
+  RowCopy small[16];
+  std::vector<RowCopy> more;
+  size_t n = 0;
+  void push(const RowCopy& c) {
+    if (n < 16) {
+      small[n++] = c;
+      return;
+    }
+    if (more.empty()) more.assign(small, small + 16);
+    more.push_back(c);
+    ++n;
+  }
+  const RowCopy* begin() const { return more.empty() ? small : more.data(); }
+  const RowCopy* end() const { return begin() + n; }
+};
+
+bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val, RowCopies& out) {
   if (dst.entries.size() != val.entries.size()) return false;
   if (dst.device != val.device && val.device) return false;
   for (size_t j = 0; j < dst.entries.size(); ++j) {
@@ -562,14 +584,18 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
       if (d->dtype() != v->dtype() || !plain_contiguous(d) || !plain_contiguous(v)) return false;
       const auto ds = d->sizes();
       const auto vs = v->sizes();
-      if (ds.size() != vs.size() + 1 || !ds.slice(1).equals(vs)) return false;
-      if (d->storage().is_alias_of(v->storage())) return false;
-      const size_t bytes = static_cast<size_t>(v->numel()) * d->dtype().itemsize();
-      char* base = static_cast<char*>(d->storage().data()) + d->storage_offset() * d->dtype().itemsize();
-      out.push_back(RowCopy{base + static_cast<size_t>(row) * bytes,
-                            static_cast<const char*>(v->storage().data()) + v->storage_offset() * v->dtype().itemsize(),
-                            bytes, &de.tensor(),
-                            d->storage().data_ptr().get_deleter() == &backends::detail::unmap_context});
+      if (ds.size() != vs.size() + 1) return false;
+      for (size_t k = 0; k < vs.size(); ++k)
+        if (ds[k + 1] != vs[k]) return false;
+      const c10::Storage& dst_storage = d->unsafe_storage();
+      const c10::Storage& val_storage = v->unsafe_storage();
+      if (dst_storage.unsafeGetStorageImpl() == val_storage.unsafeGetStorageImpl()) return false;
+      const size_t item = d->dtype().itemsize();
+      const size_t bytes = static_cast<size_t>(v->numel()) * item;
+      char* base = static_cast<char*>(dst_storage.data()) + d->storage_offset() * item;
+      out.push(RowCopy{base + static_cast<size_t>(row) * bytes,
+                       static_cast<const char*>(val_storage.data()) + v->storage_offset() * item, bytes,
+                       &de.tensor(), dst_storage.data_ptr().get_deleter() == &backends::detail::unmap_context});
     } else if (de.is_tensordict() && ve.is_tensordict()) {
       const TensorDictImpl* dsub = de.tensordict().node()->dense_node();
       const TensorDictImpl* vsub = ve.tensordict().node()->dense_node();
@@ -597,8 +623,7 @@ bool put_row_fast(const TensorDictImpl& dst, const Index& index, const TensorDic
   int64_t row = index[0].integer();
   if (row < 0) row += db[0];
   if (row < 0 || row >= db[0]) return false;  // the general path raises upstream's IndexError
-  thread_local std::vector<RowCopy> copies;
-  copies.clear();
+  RowCopies copies;
   if (!plan_row(dst, row, *val, copies)) return false;
   // every file block the row reaches is reserved before any leaf is written: a full disk leaves the whole row as
   // it was (the general path reserves and copies leaf by leaf)

@@ -642,6 +642,19 @@ BOOST_AUTO_TEST_CASE(one_row_writes_fast_and_their_fallbacks) {
   g.get("w").sum().backward();
   BOOST_TEST(src.grad().defined());
   BOOST_TEST(at::equal(src.grad(), at::ones({2})));
+  // a value with the conj bit or the neg bit (lazy views: their bytes are not their values): the general path
+  TensorDict c(Dict{{"x", at::zeros({2, 2}, at::kComplexFloat)}}, {2});
+  c.index_put_({1}, TensorDict(Dict{{"x", at::complex(at::ones({2}), at::ones({2})).conj()}}, {}));
+  BOOST_TEST(at::equal(c.get("x")[1], at::complex(at::ones({2}), -at::ones({2}))));
+  TensorDict n(Dict{{"y", at::zeros({2, 2})}}, {2});
+  n.index_put_({1}, TensorDict(Dict{{"y", at::_neg_view(at::ones({2}))}}, {}));
+  BOOST_TEST(at::equal(n.get("y")[1], -at::ones({2})));
+  // a row of the destination itself (one storage): the general path
+  TensorDict self = make();
+  self.index_put_({1}, row(5));
+  self.index_put_({0}, self.index({1}));
+  BOOST_TEST(at::equal(self.get("a")[0], at::full({4}, 5.f)));
+  BOOST_TEST(at::equal(self.get({"sub", "z"})[0], at::full({3, 2}, 5.f)));
   // a row of another dtype: converted by the general path
   TensorDict d(Dict{{"x", at::zeros({2, 2}, at::kDouble)}}, {2});
   d.index_put_({1}, TensorDict(Dict{{"x", at::ones({2}, at::kFloat)}}, {}));
