@@ -259,11 +259,11 @@ int main(int argc, char** argv) {
   pre.index_put_({0}, sample);
   std::vector<at::Tensor> pre_raw;
   for (int k = 0; k < kLeaves; ++k) pre_raw.push_back(at::zeros({kRows, kFeatures}));
+  auto refill_td = [&] {
+    for (int64_t i = 0; i < kRows; ++i) pre.index_put_({i}, sample);
+  };
   Result refill = measure(
-      "refill 10000 rows (preallocated, index_put_ per row)",
-      [&] {
-        for (int64_t i = 0; i < kRows; ++i) pre.index_put_({i}, sample);
-      },
+      "refill 10000 rows (preallocated, index_put_ per row)", refill_td,
       [&] {
         for (int64_t i = 0; i < kRows; ++i)
           for (int k = 0; k < kLeaves; ++k) pre_raw[k].select(0, i).copy_(raw_sample[k]);
@@ -275,10 +275,7 @@ int main(int argc, char** argv) {
   std::vector<const float*> floor_src;
   for (int k = 0; k < kLeaves; ++k) floor_src.push_back(raw_sample[k].data_ptr<float>());
   Result refill_floor = measure(
-      "refill 10000 rows against the memcpy floor (one memcpy per leaf and row)",
-      [&] {
-        for (int64_t i = 0; i < kRows; ++i) pre.index_put_({i}, sample);
-      },
+      "refill 10000 rows against the memcpy floor (one memcpy per leaf and row)", refill_td,
       [&] {
         for (int64_t i = 0; i < kRows; ++i)
           for (int k = 0; k < kLeaves; ++k)

@@ -477,6 +477,12 @@ Json bench_replay(int port) {
       }
     }
   };
+  // one row as the store sends it: MULTI, a SETRANGE per leaf, EXEC (leaves + 2 replies)
+  auto append_tx_row = [](RawFill& f, Raw& raw, int k, int64_t r) {
+    raw.append(tx_cmd(true).argv, tx_cmd(true).lens);
+    f.append_row(k, r);
+    raw.append(tx_cmd(false).argv, tx_cmd(false).lens);
+  };
   auto raw_fill = [&] {
     auto f = std::make_unique<RawFill>(RawFill{TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port)),
                                                {}, {}, {}, row_bytes});
@@ -513,9 +519,7 @@ Json bench_replay(int port) {
     double s = run_threads(kProducers, [&](int k) {
       Raw& raw = *fill->conns[k];
       for (int64_t r = k; r < kReplayRows; r += kProducers) {
-        raw.append(tx_cmd(true).argv, tx_cmd(true).lens);
-        fill->append_row(k, r);
-        raw.append(tx_cmd(false).argv, tx_cmd(false).lens);
+        append_tx_row(*fill, raw, k, r);
         for (size_t n = 0; n < replies_per_row; ++n) freeReplyObject(raw.reply());
       }
     });
@@ -540,9 +544,7 @@ Json bench_replay(int port) {
         pending = 0;
       };
       for (int64_t r = k; r < kReplayRows; r += kProducers) {
-        raw.append(tx_cmd(true).argv, tx_cmd(true).lens);
-        fill->append_row(k, r);
-        raw.append(tx_cmd(false).argv, tx_cmd(false).lens);
+        append_tx_row(*fill, raw, k, r);
         if (++pending == kDepth) drain();
       }
       drain();

@@ -177,38 +177,6 @@ BOOST_AUTO_TEST_CASE(from_schema_zero_fills_on_the_server) {
   BOOST_TEST(buf.get({"next", "r"}).scalar_type() == at::kDouble);
 }
 
-BOOST_AUTO_TEST_CASE(many_producers_share_pipelines) {
-  testutil::RedisServer server;
-  const RedisOptions o = RedisOptions().port(server.port());
-  Schema schema = {{NestedKey("obs"), {{8}, at::kFloat}}, {NestedKey("id"), {{}, at::kLong}}};
-  TensorDictStore buf = TensorDictStore::from_schema(schema, {400}, o);
-  const int producers = 4, per = 100;
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int p = 0; p < producers; ++p) {
-    threads.emplace_back([&, p] {
-      try {
-        for (int i = 0; i < per; ++i) {
-          const int64_t r = p * per + i;
-          TensorDict row({{"obs", at::full({8}, static_cast<float>(r))}, {"id", at::full({}, r, at::kLong)}}, {});
-          buf.index_put_({r}, row);
-        }
-      } catch (...) {
-        failures.fetch_add(1);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  BOOST_TEST(failures.load() == 0);
-  TensorDict all = buf.to_tensordict();
-  BOOST_TEST(all.get("id").equal(at::arange(400)));
-  BOOST_TEST(all.get("obs").equal(at::arange(400).to(at::kFloat).unsqueeze(1).expand({400, 8})));
-  auto st = buf.store_stats();
-  BOOST_TEST(st.calls >= producers * per);
-  BOOST_TEST_MESSAGE("writes " << st.calls << " in " << st.batches << " store calls, largest " << st.largest);
-}
-
-// ---------------------------------------------------------------------------------------- write-behind
 namespace {
 //! a raw connection beside the store (the same server and credentials)
 backends::RedisClient raw_client(const RedisOptions& o) { return backends::RedisClient(o.connect_options()); }
@@ -217,12 +185,38 @@ TensorDict replay_row(int64_t r) {
   return TensorDict({{"obs", at::full({8}, static_cast<float>(r))}, {"id", at::full({}, r, at::kLong)}}, {});
 }
 const Schema kReplaySchema = {{NestedKey("obs"), {{8}, at::kFloat}}, {NestedKey("id"), {{}, at::kLong}}};
+//! `producers` threads writing replay_row(r) for r in [first, end), interleaved; how many of them threw
+int fill_rows(TensorDictStore& buf, int producers, int64_t first, int64_t end) {
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p) {
+    threads.emplace_back([&, p] {
+      try {
+        for (int64_t r = first + p; r < end; r += producers) buf.index_put_({r}, replay_row(r));
+      } catch (...) {
+        failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return failures.load();
+}
+//! rows [0, n) of `all` are replay_row(r)
+bool holds_rows(const TensorDict& all, int64_t n) {
+  return all.get("id").equal(at::arange(n)) && all.get("obs").equal(at::arange(n).to(at::kFloat).unsqueeze(1).expand({n, 8}));
+}
 }  // namespace
 
-// write-behind: row writes return once queued, and what waits goes to the server as one pipeline. With the
-// server's writes paused (CLIENT PAUSE WRITE, its OK says the pause is on), 60 queued writes of one producer are
-// sent in at most 2 store calls (a synchronous handle makes 60, and its first write would wait for the pause);
-// a read then sees every row (it waits for the queue), and the caller's tensors are its own again at once
+BOOST_AUTO_TEST_CASE(many_producers_share_pipelines) {
+  testutil::RedisServer server;
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {400}, RedisOptions().port(server.port()));
+  BOOST_TEST(fill_rows(buf, 4, 0, 400) == 0);
+  BOOST_TEST(holds_rows(buf.to_tensordict(), 400));
+  auto st = buf.store_stats();
+  BOOST_TEST(st.calls >= 400);
+  BOOST_TEST_MESSAGE("writes " << st.calls << " in " << st.batches << " store calls, largest " << st.largest);
+}
+
 BOOST_AUTO_TEST_CASE(write_behind_queues_rows_into_deep_pipelines_and_reads_see_them) {
   testutil::RedisServer server;
   const RedisOptions o = RedisOptions().port(server.port()).write_behind(1024);
@@ -241,22 +235,8 @@ BOOST_AUTO_TEST_CASE(write_behind_queues_rows_into_deep_pipelines_and_reads_see_
   BOOST_TEST(st.batches - before.batches <= 2, "60 queued writes in " << st.batches - before.batches << " store calls");
   BOOST_TEST(st.largest >= 30);
   // 4 producers, then a read right after their last writes: every row is there
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int p = 0; p < 4; ++p) {
-    threads.emplace_back([&, p] {
-      try {
-        for (int64_t r = 60 + p; r < 100; r += 4) buf.index_put_({r}, replay_row(r));
-      } catch (...) {
-        failures.fetch_add(1);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  BOOST_TEST(failures.load() == 0);
-  TensorDict all = buf.to_tensordict();
-  BOOST_TEST(all.get("id").equal(at::arange(100)));
-  BOOST_TEST(all.get("obs").equal(at::arange(100).to(at::kFloat).unsqueeze(1).expand({100, 8})));
+  BOOST_TEST(fill_rows(buf, 4, 60, 100) == 0);
+  BOOST_TEST(holds_rows(buf.to_tensordict(), 100));
   buf.flush_writes();  // nothing queued: nothing to do
   // a handle without write-behind over the same store reads them too
   BOOST_TEST(TensorDictStore::from_store(buf.td_id(), RedisOptions().port(server.port())).get("id").equal(at::arange(100)));
