@@ -362,7 +362,7 @@ Json bench_replay(int port) {
   TensorDict values = replay_values(kReplayRows);
   Json j;
   j.num("rows", kReplayRows, 0).num("producers", kProducers, 0);
-  double own_rows_per_s = 0, shared_rows_per_s = 0, raw_rows_per_s = 0;
+  double own_rows_per_s = 0, shared_rows_per_s = 0;
 
   auto verify = [&](const TensorDict& buf) {
     TensorDict back = buf.to_tensordict();
@@ -493,42 +493,34 @@ Json bench_replay(int port) {
     for (int k = 0; k < kProducers; ++k) f->conns.push_back(std::make_unique<Raw>(port));
     return f;
   };
-  // (c) raw: 4 threads, a connection each, one round trip (4 SETRANGE pipelined) per row
-  if (!only_behind) {
+  // (c) raw: 4 threads, a connection each, one round trip per row: 4 SETRANGE pipelined, and (c') our commands
+  // (MULTI, a SETRANGE per leaf, EXEC): what 4 synchronous callers can reach at best (one row in flight each, the
+  // transaction of a row as upstream's pipeline sends it)
+  auto raw_round_trips = [&](bool tx, const std::string& rate_key, const std::string& verified_key, const std::string& vs) {
     auto fill = raw_fill();
+    const size_t replies_per_row = leaves.size() + (tx ? 2 : 0);  // tx: +OK, +QUEUED per leaf, the EXEC array
     double s = run_threads(kProducers, [&](int k) {
       Raw& raw = *fill->conns[k];
       for (int64_t r = k; r < kReplayRows; r += kProducers) {
-        fill->append_row(k, r);
-        for (size_t l = 0; l < leaves.size(); ++l) freeReplyObject(raw.reply());
-      }
-    });
-    raw_rows_per_s = kReplayRows / s;
-    j.num("raw_round_trip_per_row_rows_per_s", raw_rows_per_s, 0)
-        .num("raw_verified", verify(fill->buf) ? 1 : 0, 0)
-        .num("own_handles_vs_raw", own_rows_per_s / raw_rows_per_s, 2)
-        .num("shared_handle_vs_raw", shared_rows_per_s / raw_rows_per_s, 2);
-    fill->buf.clear_redis();
-  }
-  // (c') raw with our commands: 4 threads, a connection each, one round trip per row of MULTI, a SETRANGE per
-  // leaf, EXEC: what 4 synchronous callers can reach at best (one row in flight each, the transaction of a row
-  // as upstream's pipeline sends it)
-  if (!only_behind) {
-    auto fill = raw_fill();
-    const size_t replies_per_row = leaves.size() + 2;
-    double s = run_threads(kProducers, [&](int k) {
-      Raw& raw = *fill->conns[k];
-      for (int64_t r = k; r < kReplayRows; r += kProducers) {
-        append_tx_row(*fill, raw, k, r);
+        if (tx) {
+          append_tx_row(*fill, raw, k, r);
+        } else {
+          fill->append_row(k, r);
+        }
         for (size_t n = 0; n < replies_per_row; ++n) freeReplyObject(raw.reply());
       }
     });
     const double rate = kReplayRows / s;
-    j.num("raw_round_trip_tx_per_row_rows_per_s", rate, 0)
-        .num("raw_tx_verified", verify(fill->buf) ? 1 : 0, 0)
-        .num("own_handles_vs_raw_tx", own_rows_per_s / rate, 2)
-        .num("shared_handle_vs_raw_tx", shared_rows_per_s / rate, 2);
+    j.num(rate_key, rate, 0)
+        .num(verified_key, verify(fill->buf) ? 1 : 0, 0)
+        .num("own_handles_vs_" + vs, own_rows_per_s / rate, 2)
+        .num("shared_handle_vs_" + vs, shared_rows_per_s / rate, 2);
     fill->buf.clear_redis();
+    return rate;
+  };
+  if (!only_behind) {
+    raw_round_trips(false, "raw_round_trip_per_row_rows_per_s", "raw_verified", "raw");
+    raw_round_trips(true, "raw_round_trip_tx_per_row_rows_per_s", "raw_tx_verified", "raw_tx");
   }
   // (d) the server's ceiling (issue 38): 4 threads, a connection each, our commands per row (MULTI, one
   // SETRANGE per leaf, EXEC) pipelined kDepth rows deep before the replies are read
