@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_map_fns.hpp"
@@ -125,6 +126,18 @@ int main(int argc, char** argv) {
                                   [&] { plain_loop(td, heavy, 500); });
     const Medians one = alternate(1, 5, [&] { td.map(heavy, MapOptions().chunksize(500).num_workers(1)); },
                                   [&] { plain_loop(td, heavy, 500); });
+    // the same run's reference for two workers: two plain threads, each the loop over half the chunks (no map).
+    // What the machine gives two threads right now (another process on a core, the kernel's writeback after a
+    // job that wrote a GB) shows here as well as in the map's figure
+    const TensorDict first = td.index({at::indexing::Slice(0, rows / 2)});
+    const TensorDict second = td.index({at::indexing::Slice(rows / 2, rows)});
+    const Medians threads = alternate(1, 9,
+                                      [&] {
+                                        std::thread t([&] { plain_loop(second, heavy, 500); });
+                                        plain_loop(first, heavy, 500);
+                                        t.join();
+                                      },
+                                      [&] { plain_loop(td, heavy, 500); });
     out.obj("heavy_16_rounds_sin_cos",
             Json()
                 .num("rows", rows, 0)
@@ -134,7 +147,9 @@ int main(int argc, char** argv) {
                 .num("plain_loop_rows_per_s", rows / two.loop_us * 1e6, 0)
                 .num("two_workers_vs_loop", two.loop_us / two.map_us, 2)
                 .num("one_worker_vs_loop", one.loop_us / one.map_us, 2)
-                .num("two_vs_one", one.map_us / two.map_us, 2));
+                .num("two_vs_one", one.map_us / two.map_us, 2)
+                .num("two_plain_threads_vs_loop", threads.loop_us / threads.map_us, 2)
+                .num("two_workers_vs_two_plain_threads", threads.map_us / two.map_us, 2));
   }
   std::printf("%s\n", out.dump().c_str());
   return 0;
