@@ -27,6 +27,7 @@
 #include "fixtures.hpp"
 #include "process_util.hpp"
 #include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/memmap_storage.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 using namespace tensordict;
@@ -417,6 +418,33 @@ BOOST_AUTO_TEST_CASE(a_row_write_that_fails_on_a_full_disk_writes_none_of_its_le
       });
   check_full_disk(r, "buf/obs.memmap");
   BOOST_TEST(r.verdict == "intact untouched");
+}
+
+// prefault on a file system that cannot hold the leaf (a 2 MiB leaf on a 1 MiB tmpfs: no blocks to reserve
+// there, and the populate runs out of pages part-way): it reports fewer bytes than the leaf's and the process
+// lives. Faulting the pages in by touching them would kill it with SIGBUS (what a store into a page the file
+// system cannot give does)
+BOOST_AUTO_TEST_CASE(prefault_on_a_full_file_system_reports_less_and_lives) {
+  TempDir dir("memmap-prefault-full");
+  const std::string mnt = dir / "fs";
+  fs::create_directories(mnt);
+  const std::string report = dir / "report";
+  pid_t pid = spawn_on_small_fs(mnt, 1024, [&]() -> int {
+    std::ofstream out(report);
+    try {
+      TensorDict buf = TensorDict::from_schema({{"obs", {{2048}, at::kFloat}}}, {256}, "memmap",
+                                               MemmapOptions().prefix(mnt + "/buf"));
+      out << prefault(buf) << "\n";
+    } catch (const std::exception& e) {
+      out << "threw " << e.what() << "\n";
+    }
+    return 0;
+  });
+  const int rc = testutil::wait_child(pid);
+  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-93: no private tmpfs could be mounted)");
+  const std::string got = testutil::read_text(report);
+  BOOST_TEST_MESSAGE("prefault on a full tmpfs: " << got);
+  BOOST_TEST((got == "0\n" || got.rfind("threw ", 0) == 0), got);
 }
 
 BOOST_AUTO_TEST_CASE(a_masked_write_reserves_only_the_rows_it_selects) {
