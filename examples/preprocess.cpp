@@ -202,7 +202,14 @@ int main(int argc, char** argv) {
     double t_prefault = 0;
     std::exception_ptr prefault_error;
     Joiner prefaulter;
-    if (prefault_out) {
+    // a prefaulted page stays resident (and dirty) until the map overwrites it: only for an output that fits
+    // in a quarter of the memory free now (else the writes fault as they go)
+    const double free_bytes = static_cast<double>(::sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+    const double out_bytes = static_cast<double>(out.bytes()) * (cold ? 2 : 1);
+    if (prefault_out && out_bytes > free_bytes / 4) {
+      std::printf("  prefault: skipped (the output's %.1f MB exceed a quarter of the %.1f MB free)\n", out_bytes / 1e6,
+                  free_bytes / 1e6);
+    } else if (prefault_out) {
       prefaulter.t = std::thread([&] {
         try {
           const auto tp = Clock::now();

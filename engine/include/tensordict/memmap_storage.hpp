@@ -22,7 +22,9 @@ std::string memmap_prefix(const TensorDict& td);
 //! that follow (map's `pwrite` into `out`, `td[rows] = value`) copy bytes only. The bytes keep their values (the
 //! zeros of a fresh leaf). Its use: on another thread while other work goes on; the main job pre-faults its
 //! output while it synthesises its dataset, so a first run pays for its fresh memory off the map's critical path.
-//! Returns the bytes faulted in (0 where no leaf is a file mapping, or the kernel lacks MADV_POPULATE_WRITE).
+//! The pages stay resident and dirty until written back: for what fits in memory (the main job prefaults only an
+//! output under a quarter of the free memory). Returns the bytes faulted in (0 where no leaf is a file mapping, or
+//! the kernel lacks MADV_POPULATE_WRITE).
 int64_t prefault(const TensorDict& td);
 
 }  // namespace tensordict
