@@ -54,7 +54,8 @@ struct RedisOptions : StorageOptions {
   //! to 256 writes), so producers keep the server busy instead of waiting a round trip per row. At most this many
   //! queued writes (then a write waits for the oldest). The first error of a queued write is raised by the next
   //! call of the handle (or of a view over it), by flush_writes() and by close(); every read and every other call
-  //! first waits for the queued writes, so a handle reads what it wrote. Not upstream's (its writes are
+  //! first waits for the queued writes, so a handle reads what it wrote (another handle or process sees them once
+  //! flush_writes() returned). Not upstream's (its writes are
   //! synchronous pipelines): for fills from many producers (bench/README.md, "Redis replay fill")
   TD_ARG(int, write_behind) = 0;
   TD_ARG(std::optional<at::Device>, device) = std::nullopt;
