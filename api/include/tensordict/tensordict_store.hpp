@@ -55,8 +55,8 @@ struct RedisOptions : StorageOptions {
   //! queued writes (then a write waits for the oldest). The first error of a queued write is raised by the next
   //! call of the handle (or of a view over it), by flush_writes() and by close(); every read and every other call
   //! first waits for the queued writes, so a handle reads what it wrote (another handle or process sees them once
-  //! flush_writes() returned). Not upstream's (its writes are
-  //! synchronous pipelines): for fills from many producers (bench/README.md, "Redis replay fill")
+  //! flush_writes() returned). Not upstream's (its writes are synchronous pipelines): for fills from many
+  //! producers (bench/README.md, "bench_redis", 2026-11-28)
   TD_ARG(int, write_behind) = 0;
   TD_ARG(std::optional<at::Device>, device) = std::nullopt;
   //! the engine whose actor system runs the store actor (null: the default engine)
