@@ -273,6 +273,29 @@ BOOST_AUTO_TEST_CASE(a_failed_queued_write_is_raised_by_the_next_call_and_by_flu
   BOOST_TEST(buf.get("obs").equal(want));
 }
 
+// a connection lost under queued writes: the next call raises it (BackendError, once, as a queued write's), and
+// nothing waits forever: a read after it reaches the (restarted, empty) server and fails cleanly too
+BOOST_AUTO_TEST_CASE(a_connection_lost_under_queued_writes_is_raised_by_the_next_call) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port()).write_behind(256).retries(1).retry_delay_ms(10);
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {64}, o);
+  buf.index_put_({0}, replay_row(0));
+  buf.flush_writes();
+  server.kill();
+  for (int64_t r = 1; r < 32; ++r) buf.index_put_({r}, replay_row(r));  // queued: the failures come back later
+  const std::string lost = error_of<BackendError>([&] { buf.flush_writes(); });
+  BOOST_TEST(has(lost, "a queued write (write-behind) failed"), lost);
+  buf.flush_writes();  // raised once
+  server.restart();    // empty: the data was not persisted
+  bool clean = false;
+  try {
+    buf.to_tensordict();
+  } catch (const Error&) {
+    clean = true;
+  }
+  BOOST_TEST(clean);
+}
+
 // close() sends what is queued before the store closes; a bad write_behind is a ValueError before any store
 BOOST_AUTO_TEST_CASE(write_behind_rows_reach_the_server_before_close_and_bad_depths_are_refused) {
   testutil::RedisServer server;
