@@ -687,7 +687,9 @@ void StoreClient::write(std::vector<backends::LeafWrite> writes) {
     im.settle();
   } else {
     im.reap(max_behind);  // the done ones forgotten; past the bound, the oldest waited for
-    if (im.behind_failed.load(std::memory_order_acquire)) im.raise_behind();
+    // a queued write failed: every write queued so far is waited for, then the first error raised (so one raise
+    // answers for all of them, and the queue is empty after it)
+    if (im.behind_failed.load(std::memory_order_acquire)) im.settle();
     own_data(writes);  // the call outlives this one
   }
   auto c = std::make_shared<leaf_call>();

@@ -150,8 +150,8 @@ class StoreClient {
   //! merges what waits into one store call (one Redis pipeline, one MULTI/EXEC of up to 256 calls): producers
   //! that each had one write in flight now keep the pipeline as deep as the queue. At most `max_in_flight`
   //! queued writes: past that a write waits for the oldest. The first error of a queued write is raised (once,
-  //! with its type and message) by the next call of this client from any thread, by flush_writes() and by
-  //! close(); reads and every other call first wait for the queued writes, so a caller reads what it wrote.
+  //! with its type and message, after every write queued before it has run) by the next call of this client from
+  //! any thread, by flush_writes() and by close(); reads and every other call first wait for the queued writes, so a caller reads what it wrote.
   //! 0 (the default): write() returns when the store has written, as upstream's synchronous pipeline does
   void set_write_behind(size_t max_in_flight);
   size_t write_behind() const;
