@@ -201,6 +201,15 @@ int fill_rows(TensorDictStore& buf, int producers, int64_t first, int64_t end) {
   for (auto& t : threads) t.join();
   return failures.load();
 }
+//! a read of the whole store raises one of our typed errors (after its server lost the data)
+bool read_fails_cleanly(const TensorDictStore& s) {
+  try {
+    s.to_tensordict();
+  } catch (const Error&) {
+    return true;
+  }
+  return false;
+}
 //! rows [0, n) of `all` are replay_row(r)
 bool holds_rows(const TensorDict& all, int64_t n) {
   return all.get("id").equal(at::arange(n)) && all.get("obs").equal(at::arange(n).to(at::kFloat).unsqueeze(1).expand({n, 8}));
@@ -290,13 +299,7 @@ BOOST_AUTO_TEST_CASE(a_connection_lost_under_queued_writes_is_raised_by_the_next
   BOOST_TEST(has(lost, "a queued write (write-behind) failed"), lost);
   buf.flush_writes();  // raised once: it answered for every write queued before it
   server.restart();    // empty: the data was not persisted
-  bool clean = false;
-  try {
-    buf.to_tensordict();
-  } catch (const Error&) {
-    clean = true;
-  }
-  BOOST_TEST(clean);
+  BOOST_TEST(read_fails_cleanly(buf));
 }
 
 // close() sends what is queued before the store closes; a bad write_behind is a ValueError before any store
@@ -323,13 +326,7 @@ BOOST_AUTO_TEST_CASE(lost_connection_fails_the_call_then_reconnects) {
   TensorDictStore fresh = TensorDictStore::from_tensordict(ref, o);
   BOOST_TEST(same(fresh.to_tensordict(), ref));
   // the old handle reconnects too: its next call reaches the (new, empty) server and fails cleanly
-  bool clear = false;
-  try {
-    s.to_tensordict();
-  } catch (const Error&) {
-    clear = true;
-  }
-  BOOST_TEST(clear);
+  BOOST_TEST(read_fails_cleanly(s));
 }
 
 BOOST_AUTO_TEST_CASE(bad_addresses_and_ids_give_typed_errors) {
