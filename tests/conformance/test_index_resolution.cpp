@@ -116,7 +116,7 @@ BOOST_AUTO_TEST_CASE(an_index_is_resolved_once_per_call) {
       ++checked;
     }
   }
-  BOOST_TEST(checked == 7);  // h5 file, group, view, typed h5; redis store, nested level, view
+  BOOST_TEST(checked == 8);  // h5 file, group, view, typed h5; redis store, write-behind store, nested level, view
 }
 
 BOOST_AUTO_TEST_CASE(fill_writes_the_rows_without_reading_them) {

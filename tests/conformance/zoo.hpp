@@ -110,6 +110,13 @@ inline std::vector<Member> members() {
   // Redis (TensorDictStore): a store, a nested level of a store, an indexed view of a store
   out.push_back({"redis_td", [=] { return TensorDict(tensordict::TensorDictStore::from_tensordict(zoo::plain(bs, 111), redis())); },
                  true});
+  // the same with write-behind (RedisOptions::write_behind): row writes queued, every other call after them
+  out.push_back({"redis_write_behind_td",
+                 [=] {
+                   return TensorDict(
+                       tensordict::TensorDictStore::from_tensordict(zoo::plain(bs, 117), redis().write_behind(64)));
+                 },
+                 true});
   out.push_back({"redis_nested_td",
                  [=] {
                    TensorDict outer(bs);
