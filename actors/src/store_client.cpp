@@ -549,14 +549,17 @@ std::shared_ptr<StoreClient> StoreClient::connect(std::shared_ptr<Runtime> rt, c
 }
 
 StoreClient::~StoreClient() {
+  // the queued writes (write-behind) run first; an error of one has nobody left to be raised to: it is logged
+  try {
+    if (!closed()) impl_->settle();
+  } catch (const std::exception& e) {
+    logger()->error("{}: {}", describe_, e.what());
+  } catch (...) {
+  }
   try {
     close();
-  } catch (const std::exception& e) {
-    // a store that fails to close has already reported through its last request; a queued write's error
-    // (write-behind) has nobody left to be raised to: it is logged
-    if (std::string(e.what()).find("a queued write (write-behind) failed") != std::string::npos)
-      logger()->error("{}: {}", describe_, e.what());
   } catch (...) {
+    // a store that fails to close has already reported through its last request
   }
 }
 
