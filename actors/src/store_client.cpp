@@ -646,7 +646,7 @@ std::vector<at::Tensor> StoreClient::read(std::vector<backends::LeafRead> reads)
 namespace {
 bool plain_cpu(const at::Tensor& t) {
   return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.is_conj() && !t.is_neg() &&
-         !t.requires_grad() && !t.is_quantized();
+         !t._is_zerotensor() && !t.requires_grad() && !t.is_quantized();
 }
 
 //! gives each write data that nothing else holds (the caller may reuse or change its tensors at once). Plain

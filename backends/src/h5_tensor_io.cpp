@@ -64,6 +64,7 @@ void H5Store::create(const LeafPath& path, at::ScalarType dtype, const std::vect
     src = data.to(at::kCPU, dtype).contiguous();
     if (src.is_conj()) src = src.resolve_conj();
     if (src.is_neg()) src = src.resolve_neg();
+    if (src._is_zerotensor()) src = at::zeros(src.sizes(), src.options());  // lazy zeros: no bytes
   }
   if (auto k = kind_at(path)) throw KeyError(where(path) + ": already exists (a " + *k + ")");
   ensure_parents(path);
@@ -357,6 +358,7 @@ void H5Store::do_write(const LeafWrite& w) {
   at::Tensor src = (w.data.is_cpu() ? w.data : w.data.to(at::kCPU)).contiguous();
   if (src.is_conj()) src = src.resolve_conj();
   if (src.is_neg()) src = src.resolve_neg();
+  if (src._is_zerotensor()) src = at::zeros(src.sizes(), src.options());  // lazy zeros: no bytes
   CachedDataset& e = cached_tensor(w.path);
   if (w.whole && w.rows.empty()) {
     if (H5Dwrite(e.ds.get(), e.mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, src.data_ptr()) < 0)

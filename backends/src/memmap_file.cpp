@@ -233,6 +233,7 @@ at::Tensor bytes_of(const at::Tensor& tensor, const std::string& path) {
   at::Tensor t = tensor.to(at::kCPU).contiguous();
   if (t.is_conj()) t = t.resolve_conj();
   if (t.is_neg()) t = t.resolve_neg();
+  if (t._is_zerotensor()) t = at::zeros(t.sizes(), t.options());  // lazy zeros: no bytes behind them
   return t;
 }
 

@@ -54,6 +54,7 @@ at::Tensor bytes_ready(const at::Tensor& t) {
   if (c.device().type() != at::kCPU) c = c.cpu();
   if (c.is_conj()) c = c.resolve_conj();
   if (c.is_neg()) c = c.resolve_neg();
+  if (c._is_zerotensor()) c = at::zeros(c.sizes(), c.options());  // lazy zeros: no bytes behind them
   return c.contiguous();
 }
 

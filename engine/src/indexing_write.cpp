@@ -39,16 +39,25 @@ void copy_in_pieces(char* dst, const char* src, size_t n) {
   for (size_t done = 0; done < n; done += kPiece) std::memcpy(dst + done, src + done, std::min(kPiece, n - done));
 }
 
+//! the dispatch keys of a dense strided CPU tensor, exactly as TensorImpl's constructor sets them: with autograd's
+//! keys (a normal tensor) or without them (made under InferenceMode), autocast's in both. Any other key (Conjugate,
+//! Negative, ZeroTensor, Python, Named, the sparse, quantized, mkldnn and nested backends, another device) makes a
+//! key set differ: one compare answers them all. A set not foreseen here only sends the row to the general path
+const c10::DispatchKeySet kPlainCpuInference =
+    c10::DispatchKeySet(c10::DispatchKey::CPU) | c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
+const c10::DispatchKeySet kPlainCpu =
+    kPlainCpuInference | c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
+inline bool plain_keys(c10::DispatchKeySet ks) { return ks == kPlainCpu || ks == kPlainCpuInference; }
+
 //! dst[row(s)] = v as memcpy when both are contiguous CPU tensors of one dtype and v has exactly the
 //! indexed shape; false when the general path must do it
 bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
   if (p.kind != Prepared::Kind::Int && p.kind != Prepared::Kind::Slice) return false;
-  if (dst.layout() != at::kStrided || v.layout() != at::kStrided) return false;
-  if (!dst.is_cpu() || !v.is_cpu() || dst.scalar_type() != v.scalar_type()) return false;
-  if (c10::isQIntType(dst.scalar_type())) return false;
+  // dense strided CPU tensors without a lazy bit (conj, neg, a ZeroTensor without bytes): their bytes are values
+  if (!plain_keys(dst.key_set()) || !plain_keys(v.key_set())) return false;
+  if (dst.scalar_type() != v.scalar_type() || c10::isQIntType(dst.scalar_type())) return false;
   if (dst.dim() == 0 || !dst.is_contiguous() || !v.is_contiguous()) return false;
   if (dst.requires_grad() || v.requires_grad()) return false;
-  if (dst.is_conj() || v.is_conj() || dst.is_neg() || v.is_neg()) return false;
   const auto ds = dst.sizes();
   const auto vs = v.sizes();
   const auto row_shape = ds.slice(1);
@@ -542,15 +551,13 @@ struct RowCopy {
 
 //! a plain strided CPU tensor without autograd, conj or neg bits, of one contiguous layout, with storage. Its
 //! storage through unsafe_storage(): storage() is virtual in libtorch 1.13 and was a third of this check's cost
-//! (a tensor whose storage access throws has none here: a null StorageImpl, refused below)
+//! (a tensor whose storage access throws has none here: a null StorageImpl, refused below). The dtype is not
+//! checked here: plan_row compares the two sides' dtypes and refuses quantized ones once
 inline bool plain_contiguous(const c10::TensorImpl* t) {
-  constexpr c10::DispatchKeySet odd = c10::sparse_ks | c10::sparse_csr_ks | c10::mkldnn_ks |
-                                      c10::DispatchKeySet(c10::DispatchKey::Conjugate) |
-                                      c10::DispatchKeySet(c10::DispatchKey::Negative);
+  if (!plain_keys(t->key_set())) return false;
   const c10::StorageImpl* st = t->unsafe_storage().unsafeGetStorageImpl();
-  return !t->key_set().has_any(odd) && t->device_type() == at::kCPU && t->is_contiguous() && st != nullptr &&
-         st->data() != nullptr && (t->autograd_meta() == nullptr || !t->requires_grad()) &&
-         !c10::isQIntType(at::typeMetaToScalarType(t->dtype()));
+  return t->is_contiguous() && st != nullptr && st->data() != nullptr &&
+         (t->autograd_meta() == nullptr || !t->requires_grad());
 }
 
 //! the leaves' copies of one row, on the stack for up to 16 leaves
@@ -579,9 +586,12 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
     const auto& [vk, ve] = val.entries[j];
     if (dk.size() != vk.size() || dk != vk) return false;
     if (de.is_tensor() && ve.is_tensor()) {
-      c10::TensorImpl* d = de.tensor().unsafeGetTensorImpl();
+      const at::Tensor& dt = de.tensor();
+      c10::TensorImpl* d = dt.unsafeGetTensorImpl();
       const c10::TensorImpl* v = ve.tensor().unsafeGetTensorImpl();
-      if (d->dtype() != v->dtype() || !plain_contiguous(d) || !plain_contiguous(v)) return false;
+      if (d->dtype() != v->dtype() || !plain_contiguous(d) || !plain_contiguous(v) ||
+          c10::isQIntType(at::typeMetaToScalarType(d->dtype())))
+        return false;
       const auto ds = d->sizes();
       const auto vs = v->sizes();
       if (ds.size() != vs.size() + 1) return false;
@@ -595,7 +605,7 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
       char* base = static_cast<char*>(dst_storage.data()) + d->storage_offset() * item;
       out.push(RowCopy{base + static_cast<size_t>(row) * bytes,
                        static_cast<const char*>(val_storage.data()) + v->storage_offset() * item, bytes,
-                       &de.tensor(), dst_storage.data_ptr().get_deleter() == &backends::detail::unmap_context});
+                       &dt, dst_storage.data_ptr().get_deleter() == &backends::detail::unmap_context});
     } else if (de.is_tensordict() && ve.is_tensordict()) {
       const TensorDictImpl* dsub = de.tensordict().node()->dense_node();
       const TensorDictImpl* vsub = ve.tensordict().node()->dense_node();

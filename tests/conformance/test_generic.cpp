@@ -120,6 +120,20 @@ BOOST_AUTO_TEST_CASE(test_setitem) {
   });
 }
 
+BOOST_AUTO_TEST_CASE(lazy_zero_values_write_as_zeros) {
+  // torch's ZeroTensor (lazy zeros: no bytes behind its data pointer) written into a row of every storage: zeros
+  // arrive, as for any other value (a raw-byte path that took its pointer wrote garbage or failed)
+  for_each_member([](const Member& m, TensorDict td, TensorDict ref) {
+    if (!m.writable) return;
+    TensorDict lazy =
+        ref.index({1}).apply([](const at::Tensor& t) { return at::_efficientzerotensor(t.sizes(), t.options()); });
+    td.index_put_({1}, lazy);
+    ref.index_put_({1}, zeros_like(ref.index({1})));
+    BOOST_TEST(td.equal(ref));
+    BOOST_TEST(td.index({1}).get("a").eq(0).all().item<bool>());
+  });
+}
+
 BOOST_AUTO_TEST_CASE(set_and_set_) {
   for_each_member([](const Member& m, TensorDict td, const TensorDict&) {
     at::Tensor v = at::arange(24).reshape({4, 3, 2, 1}).to(at::kFloat);

@@ -2,6 +2,7 @@
 // (upstream test_getitem_batch_size, test_index_none, test_masking(_set), test_setitem*, test_tensordict_indexing,
 // test_indexed_properties).
 #include <boost/test/unit_test.hpp>
+#include <c10/core/InferenceMode.h>
 
 #include "tensordict/index_math.hpp"
 #include "tensordict/tensor_dict.hpp"
@@ -655,6 +656,16 @@ BOOST_AUTO_TEST_CASE(one_row_writes_fast_and_their_fallbacks) {
   self.index_put_({0}, self.index({1}));
   BOOST_TEST(at::equal(self.get("a")[0], at::full({4}, 5.f)));
   BOOST_TEST(at::equal(self.get({"sub", "z"})[0], at::full({3, 2}, 5.f)));
+  // a row made under InferenceMode (no autograd keys: the fast path) and a ZeroTensor row (its ZeroTensor key and
+  // no bytes: the general path), both written as their values
+  TensorDict inf(Dict{{"x", at::zeros({2, 2})}}, {2});
+  {
+    c10::InferenceMode guard;
+    inf.index_put_({1}, TensorDict(Dict{{"x", at::full({2}, 3.f)}}, {}));
+  }
+  BOOST_TEST(at::equal(inf.get("x")[1], at::full({2}, 3.f)));
+  inf.index_put_({1}, TensorDict(Dict{{"x", at::_efficientzerotensor({2})}}, {}));
+  BOOST_TEST(at::equal(inf.get("x"), at::zeros({2, 2})));
   // a row of another dtype: converted by the general path
   TensorDict d(Dict{{"x", at::zeros({2, 2}, at::kDouble)}}, {2});
   d.index_put_({1}, TensorDict(Dict{{"x", at::ones({2}, at::kFloat)}}, {}));

@@ -127,6 +127,16 @@ BOOST_AUTO_TEST_CASE(fixture_round_trips_are_bit_exact) {
   for (size_t i = 0; i < 2; ++i) check_same_data(lazy.tensordicts()[i], back.tensordicts()[i]);
 }
 
+BOOST_AUTO_TEST_CASE(a_zero_tensor_leaf_saves_as_zeros) {
+  // a ZeroTensor (torch's lazy zeros: no bytes behind its data pointer) is written as its values
+  fixtures::TempDir tmp("zerotensor");
+  TensorDict td(Dict{{"z", at::_efficientzerotensor({3, 2})}, {"a", at::ones({3})}}, {3});
+  td.memmap(tmp.path + "/td");
+  TensorDict back = TensorDict::load_memmap(tmp.path + "/td");
+  BOOST_TEST(at::equal(back.get("z"), at::zeros({3, 2})));
+  BOOST_TEST(at::equal(back.get("a"), at::ones({3})));
+}
+
 BOOST_AUTO_TEST_CASE(saves_under_missing_directories_create_them) {
   // upstream's memmap_ / from_schema create the prefix with its parents (os.makedirs); the staged save
   // stages beside the prefix, so its parent is created first (the main job writes into a fresh directory)
