@@ -124,8 +124,9 @@ int main(int argc, char** argv) {
     fs::remove_all(dir);
     return 0;
   }
-  if (argc > 3 && std::string(argv[3]) == "save-only") {  // for a profiler: memmap saves alone
-    for (int r = 0; r < 20; ++r) saved = params.memmap(fresh());
+  if (argc > 3 && std::string(argv[3]) == "save-only") {  // for a profiler: memmap saves alone [threads]
+    const int threads = argc > 4 ? std::atoi(argv[4]) : 0;
+    for (int r = 0; r < 20; ++r) saved = params.memmap(fresh(), MemmapOptions().num_threads(threads));
     saved = TensorDict();
     fs::remove_all(dir);
     return 0;

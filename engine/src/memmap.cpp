@@ -476,21 +476,33 @@ void run_leaf_job(LeafJob& job, bool durable) {
   if (durable && job.source.numel() > 0) backends::sync_path(job.path, /*directory=*/false);
 }
 
-void run_jobs(std::vector<LeafJob>& jobs, int64_t num_threads, bool durable) {
-  for_each_job(jobs.size(), num_threads, [&](size_t i) { run_leaf_job(jobs[i], durable); });
-}
-
-//! every meta.json of the plan, children first. A staged save writes into a directory nobody reads until the
-//! commit switches it in whole, so each is a plain write (fsynced with its directory when durable); a save in
-//! place (a parent that is not writable) replaces each atomically (temp file, fsync, rename)
-void write_metas(const WritePlan& plan, const StagedSave& stage) {
-  for (const auto& m : plan.metas) {
-    if (stage.staged()) {
-      backends::write_new_meta(m.first, *m.second, plan.durable);
-    } else {
-      backends::write_meta(m.first, *m.second);
+//! the plan's leaf files, then its meta.json files (children first), on num_threads threads. A staged save writes
+//! into a directory nobody reads until the commit switches it in whole: its files are all new, each meta.json a
+//! plain write, and its metas are jobs of the same pass as its leaves (a
+//! 100-level module's 100 metas were written by one thread after the leaves). A durable save writes its metas after
+//! every leaf: a meta's fsync of its directory then covers the leaf files created in it. A save in place (a parent
+//! that is not writable) writes its metas after every leaf, each replaced atomically (temp file, fsync, rename)
+void write_plan(WritePlan& plan, const StagedSave& stage, int64_t num_threads) {
+  const size_t leaves = plan.leaves.size();
+  if (!stage.staged() || plan.durable) {
+    for_each_job(leaves, num_threads, [&](size_t i) { run_leaf_job(plan.leaves[i], plan.durable); });
+    for (const auto& m : plan.metas) {
+      if (stage.staged()) {
+        backends::write_new_meta(m.first, *m.second, plan.durable);
+      } else {
+        backends::write_meta(m.first, *m.second);
+      }
     }
+    return;
   }
+  for_each_job(leaves + plan.metas.size(), num_threads, [&](size_t i) {
+    if (i < leaves) {
+      run_leaf_job(plan.leaves[i], plan.durable);
+    } else {
+      const auto& m = plan.metas[i - leaves];
+      backends::write_new_meta(m.first, *m.second, plan.durable);
+    }
+  });
 }
 
 void check_prefix(const std::string& prefix, const MemmapOptions& o) {
@@ -544,8 +556,7 @@ void TensorDictImpl::memmap_(TensorDict& self, const std::string& prefix, const 
     type_repr = own_repr;
     throw;
   }
-  run_jobs(plan.leaves, options.num_threads(), plan.durable);
-  write_metas(plan, stage);
+  write_plan(plan, stage, options.num_threads());
   stage.commit();
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
@@ -591,8 +602,7 @@ TensorDict TensorDictImpl::memmap_like(const TensorDict& self, const std::string
   plan.stage = &stage;
   plan.durable = options.durable();
   plan_tree(*detail::impl_of(out), prefix, options, /*like=*/true, /*replace=*/true, plan);
-  run_jobs(plan.leaves, options.num_threads(), plan.durable);
-  write_metas(plan, stage);
+  write_plan(plan, stage, options.num_threads());
   stage.commit();
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
