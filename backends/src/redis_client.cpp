@@ -1,9 +1,5 @@
 #include "tensordict/backends/redis_client.hpp"
 
-// sds.h (hiredis's string buffer, c->obuf) has no extern "C" guard of its own
-extern "C" {
-#include <hiredis/sds.h>
-}
 #include <hiredis/hiredis.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -30,6 +26,23 @@ RedisCommand& RedisCommand::arg(int64_t v) {
   char buf[24];
   auto r = std::to_chars(buf, buf + sizeof buf, v);
   return arg_copy(buf, static_cast<size_t>(r.ptr - buf));
+}
+
+void RedisCommand::append_resp(std::string& out) const {
+  char head[24];
+  auto line = [&](char tag, size_t n) {
+    head[0] = tag;
+    char* end = std::to_chars(head + 1, head + sizeof head - 2, n).ptr;
+    *end++ = '\r';
+    *end++ = '\n';
+    out.append(head, static_cast<size_t>(end - head));
+  };
+  line('*', args_.size());
+  for (const Arg& a : args_) {
+    line('$', a.len);
+    out.append(a.view ? a.view : arena_.data() + a.off, a.len);
+    out.append("\r\n", 2);
+  }
 }
 
 namespace {
@@ -305,16 +318,14 @@ void RedisClient::silent(const std::string& what) {
 
 std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisCommand*>& cmds) {
   auto first = [&] { return cmds.empty() || !cmds.front()->size() ? std::string("a request") : cmds.front()->at(0); };
-  for (const RedisCommand* c : cmds) {
-    c->fill_argv(argv_, argvlen_);
-    if (redisAppendCommandArgv(ctx_, static_cast<int>(c->size()), argv_.data(), argvlen_.data()) != REDIS_OK)
-      lost(first());
-  }
-  // The output buffer is sent here with send(MSG_NOSIGNAL) rather than by hiredis's write(2): a connection the
-  // server closed must fail this call, not raise SIGPIPE (which kills the process). hiredis then only reads.
+  // the commands are formatted here into one reused buffer (hiredis's own output buffer stays empty) and sent with
+  // send(MSG_NOSIGNAL) rather than by hiredis's write(2): a connection the server closed must fail this call, not
+  // raise SIGPIPE (which kills the process). hiredis then only reads.
+  wbuf_.clear();
+  for (const RedisCommand* c : cmds) c->append_resp(wbuf_);
   {
-    const char* buf = ctx_->obuf;
-    size_t len = sdslen(ctx_->obuf), done = 0;
+    const char* buf = wbuf_.data();
+    size_t len = wbuf_.size(), done = 0;
     while (done < len) {
       ssize_t n = ::send(ctx_->fd, buf + done, len - done, MSG_NOSIGNAL);
       if (n > 0) {
@@ -327,9 +338,8 @@ std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisComm
                         ? "the server took no data for " + seconds_text(options_.command_timeout_ms)
                         : std::string(std::strerror(err)));
     }
-    sdsfree(ctx_->obuf);
-    ctx_->obuf = sdsempty();
   }
+  if (wbuf_.capacity() > (size_t{64} << 20)) std::string().swap(wbuf_);  // a one-off huge write keeps no memory
   std::vector<RedisReply> out;
   out.reserve(cmds.size());
   for (size_t i = 0; i < cmds.size(); ++i) {

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <c10/core/InferenceMode.h>
+
 #include "lazy_stack_node.hpp"
 #include "indexing_internal.hpp"
 #include "spec_internal.hpp"
@@ -99,6 +101,20 @@ at::Tensor checked_rows(const at::Tensor& t, int64_t size) {
   }
   if (negative) c = at::where(c < 0, c + size, c);
   return c;
+}
+
+at::Tensor select_row(const at::Tensor& t, int64_t i) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->key_set() != kPlainCpu || impl->dim() == 0 || c10::InferenceMode::is_enabled() ||
+      (impl->autograd_meta() != nullptr && impl->requires_grad()) || !impl->unsafe_storage())
+    return t.select(0, i);
+  at::Tensor out =
+      at::detail::make_tensor<c10::TensorImpl>(c10::Storage(impl->unsafe_storage()), impl->key_set(), impl->dtype());
+  c10::TensorImpl* o = out.unsafeGetTensorImpl();
+  o->set_sizes_and_strides(impl->sizes().slice(1), impl->strides().slice(1));
+  o->set_storage_offset(impl->storage_offset() + i * impl->stride(0));
+  o->set_version_counter(impl->version_counter());
+  return out;
 }
 
 //! the fast kinds for a leading int / slice on batch dim 0 (the rest of the index selects everything)

@@ -22,6 +22,22 @@ bool only_full_slices(const Index& index);
 at::Tensor prealloc_zeros(at::IntArrayRef shape, const at::TensorOptions& options);
 at::Tensor gather_rows(const at::Tensor& t, const at::Tensor& rows);
 
+//! the dispatch keys of a dense strided CPU tensor, exactly as TensorImpl's constructor sets them: with autograd's
+//! keys (a normal tensor) or without them (made under InferenceMode), autocast's in both. Any other key (Conjugate,
+//! Negative, ZeroTensor, Python, Named, the sparse, quantized, mkldnn and nested backends, another device) makes a
+//! key set differ: one compare answers them all. A set not foreseen here only sends the row to the general path
+inline const c10::DispatchKeySet kPlainCpuInference =
+    c10::DispatchKeySet(c10::DispatchKey::CPU) | c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
+inline const c10::DispatchKeySet kPlainCpu =
+    kPlainCpuInference | c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
+inline bool plain_keys(c10::DispatchKeySet ks) { return ks == kPlainCpu || ks == kPlainCpuInference; }
+
+//! t.select(0, i) for i in [0, t.size(0)), made without the dispatcher when t is a normal (not inference) dense
+//! CPU tensor that does not require grad and InferenceMode is off: a new TensorImpl over t's storage that shares
+//! t's version counter, so an in-place write through it counts against t as a view's does (its select records
+//! no graph). Others through torch's select (4 selects were most of a one-row td[i]: 13k of 15k instructions)
+at::Tensor select_row(const at::Tensor& t, int64_t i);
+
 //! an index resolved against one batch size, ready to be applied to every leaf
 struct Prepared {
   enum class Kind { Identity, Int, Slice, Take, General };
@@ -49,7 +65,7 @@ struct Prepared {
   at::Tensor get(const at::Tensor& t) const {
     switch (kind) {
       case Kind::Identity: return t;
-      case Kind::Int: return t.select(0, i);
+      case Kind::Int: return select_row(t, i);
       case Kind::Slice: return t.slice(0, sl.start, sl.stop, sl.step);
       case Kind::Take: return gather_rows(t, take);
       case Kind::General: break;

@@ -39,15 +39,6 @@ void copy_in_pieces(char* dst, const char* src, size_t n) {
   for (size_t done = 0; done < n; done += kPiece) std::memcpy(dst + done, src + done, std::min(kPiece, n - done));
 }
 
-//! the dispatch keys of a dense strided CPU tensor, exactly as TensorImpl's constructor sets them: with autograd's
-//! keys (a normal tensor) or without them (made under InferenceMode), autocast's in both. Any other key (Conjugate,
-//! Negative, ZeroTensor, Python, Named, the sparse, quantized, mkldnn and nested backends, another device) makes a
-//! key set differ: one compare answers them all. A set not foreseen here only sends the row to the general path
-const c10::DispatchKeySet kPlainCpuInference =
-    c10::DispatchKeySet(c10::DispatchKey::CPU) | c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
-const c10::DispatchKeySet kPlainCpu =
-    kPlainCpuInference | c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
-inline bool plain_keys(c10::DispatchKeySet ks) { return ks == kPlainCpu || ks == kPlainCpuInference; }
 
 //! dst[row(s)] = v as memcpy when both are contiguous CPU tensors of one dtype and v has exactly the
 //! indexed shape; false when the general path must do it

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <new>
 
 #include "tensor_dict_internal.hpp"
 
@@ -36,7 +38,15 @@ namespace {
 //! positions of `count` rows of `inner` consecutive elements, the first at `first`, `stride` apart, in a new
 //! int64 tensor of `shape` (filled directly: an arange + view costs microseconds per call on the hot path)
 at::Tensor strided_positions(const BatchSize& shape, int64_t first, int64_t count, int64_t stride, int64_t inner) {
-  at::Tensor t = at::empty(shape, at::kLong);
+  // made without the dispatcher (at::empty's dispatch was most of a one-row resolution: 4% of a Redis producer)
+  const size_t bytes = static_cast<size_t>(detail::prod(shape)) * sizeof(int64_t);
+  void* mem = std::malloc(std::max<size_t>(bytes, 1));
+  if (!mem) throw std::bad_alloc();
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(mem, mem, &std::free, at::Device(at::kCPU)),
+                   /*allocator=*/nullptr, /*resizable=*/false),
+      c10::DispatchKeySet(c10::DispatchKey::CPU), caffe2::TypeMeta::Make<int64_t>());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
   int64_t* p = t.data_ptr<int64_t>();
   for (int64_t r = 0; r < count; ++r) {
     const int64_t base = first + r * stride;

@@ -604,6 +604,37 @@ BOOST_AUTO_TEST_CASE(fast_row_writes_match_torch) {
 }
 
 // td[i] = row through the one-row path (put_row_fast) and each case it hands to the general path: the same results
+BOOST_AUTO_TEST_CASE(one_row_reads_are_views_that_count_as_the_source) {
+  // td[i] of plain leaves is made without the dispatcher: still a view of the source's storage, and an in-place
+  // write through it moves the source's version counter (what autograd checks a saved tensor against)
+  TensorDict td(Dict{{"a", at::arange(12, at::kFloat).reshape({4, 3})}, {"b", at::arange(4, at::kLong)}}, {4});
+  TensorDict row = td.index({2});
+  BOOST_TEST(at::equal(row.get("a"), at::tensor({6.f, 7.f, 8.f})));
+  BOOST_TEST(row.get("b").item<int64_t>() == 2);
+  BOOST_TEST(row.get("a").dim() == 1);
+  BOOST_TEST(row.get("a").is_contiguous());
+  const int64_t before = td.get("a")._version();
+  row.get("a").add_(1);
+  BOOST_TEST(td.get("a")._version() > before);
+  BOOST_TEST(at::equal(td.get("a")[2], at::tensor({7.f, 8.f, 9.f})));
+  BOOST_TEST(at::equal(td.index({-1}).get("a"), at::tensor({9.f, 10.f, 11.f})));
+  // a non-contiguous leaf (a transposed one): the row's strides are the source's
+  TensorDict t(Dict{{"x", at::arange(6, at::kFloat).reshape({3, 2}).t()}}, {2});
+  BOOST_TEST(at::equal(t.index({1}).get("x"), at::tensor({1.f, 3.f, 5.f})));
+  // a leaf that requires grad: torch's select, which records the graph
+  at::Tensor w = at::ones({3, 2}).requires_grad_(true);
+  TensorDict g(Dict{{"w", w}}, {3});
+  at::Tensor r = g.index({1}).get("w");
+  BOOST_TEST(r.grad_fn() != nullptr);
+  r.sum().backward();
+  BOOST_TEST(at::equal(w.grad(), at::tensor({0.f, 0.f, 1.f, 1.f, 0.f, 0.f}).reshape({3, 2})));
+  // under InferenceMode: torch's select (an inference view)
+  {
+    c10::InferenceMode guard;
+    BOOST_TEST(at::equal(td.index({0}).get("a"), at::tensor({0.f, 1.f, 2.f})));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(one_row_writes_fast_and_their_fallbacks) {
   auto make = [] {
     TensorDict sub(Dict{{"z", at::zeros({5, 3, 2})}}, {5, 3});
