@@ -54,37 +54,6 @@ timeval to_timeval(int ms) {
   return tv;
 }
 
-RedisReply convert(const redisReply* r) {
-  RedisReply out;
-  if (r == nullptr) return out;
-  switch (r->type) {
-    case REDIS_REPLY_STRING:
-      out.type = RedisReply::Type::String;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_STATUS:
-      out.type = RedisReply::Type::Status;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_ERROR:
-      out.type = RedisReply::Type::Error;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_INTEGER:
-      out.type = RedisReply::Type::Integer;
-      out.integer = r->integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.type = RedisReply::Type::Array;
-      out.elements.reserve(r->elements);
-      for (size_t i = 0; i < r->elements; ++i) out.elements.push_back(convert(r->element[i]));
-      break;
-    default:
-      out.type = RedisReply::Type::Nil;
-  }
-  return out;
-}
-
 //! "5 s", "0.5 s", "1.25 s"
 std::string seconds_text(int ms) {
   std::string s = std::to_string(ms / 1000);
@@ -121,12 +90,6 @@ CredentialRegistry& credential_registry() {
   static CredentialRegistry r;
   return r;
 }
-
-struct ReplyFree {
-  void operator()(void* r) const {
-    if (r) freeReplyObject(r);
-  }
-};
 
 }  // namespace
 
@@ -219,10 +182,132 @@ std::string RedisClient::endpoint() const {
   return options_.host + ":" + std::to_string(options_.port);
 }
 
+namespace {
+//! a command's name, for a message
+std::string name_of(const RedisCommand* cmd) { return cmd && cmd->size() ? cmd->at(0) : std::string("a request"); }
+}  // namespace
+
 void RedisClient::disconnect() {
   if (ctx_) {
     redisFree(ctx_);
     ctx_ = nullptr;
+  }
+  rpos_ = rend_ = 0;  // what a lost connection left unread belongs to no later request
+}
+
+void RedisClient::read_more(const RedisCommand* cmd) {
+  constexpr size_t kChunk = 64 * 1024;
+  if (rpos_ == rend_) {
+    rpos_ = rend_ = 0;
+  } else if (rpos_ > 0 && rbuf_.size() - rend_ < kChunk) {  // keep the unparsed tail, at the front
+    std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
+    rend_ -= rpos_;
+    rpos_ = 0;
+  }
+  if (rbuf_.size() - rend_ < kChunk) rbuf_.resize(std::max(rbuf_.size() * 2, rend_ + kChunk));
+  for (;;) {
+    const ssize_t n = ::recv(ctx_->fd, rbuf_.data() + rend_, rbuf_.size() - rend_, 0);
+    if (n > 0) {
+      rend_ += static_cast<size_t>(n);
+      return;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    // SO_RCVTIMEO expired on one read: nothing arrived for command_timeout_ms
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) silent(name_of(cmd));
+    lost(name_of(cmd), n == 0 ? std::string("connection closed") : std::string(std::strerror(errno)));
+  }
+}
+
+std::string_view RedisClient::read_line(const RedisCommand* cmd) {
+  size_t from = rpos_;
+  for (;;) {
+    const char* begin = rbuf_.data();
+    const void* cr = from < rend_ ? std::memchr(begin + from, '\r', rend_ - from) : nullptr;
+    if (cr) {
+      const size_t at = static_cast<size_t>(static_cast<const char*>(cr) - begin);
+      if (at + 1 < rend_) {
+        if (begin[at + 1] != '\n') lost(name_of(cmd), "protocol error: a reply line without its \\r\\n");
+        std::string_view line(begin + rpos_, at - rpos_);
+        rpos_ = at + 2;
+        return line;
+      }
+      from = at;  // the '\n' is still to come
+    } else {
+      from = rend_;
+    }
+    const size_t kept = from - rpos_;
+    if (kept > (size_t{1} << 20)) lost(name_of(cmd), "protocol error: a reply line longer than 1 MiB");
+    read_more(cmd);  // may move the unparsed bytes to the front
+    from = rpos_ + kept;
+  }
+}
+
+void RedisClient::read_reply(RedisReply& out, const RedisCommand* cmd, int depth) {
+  if (depth > 16) lost(name_of(cmd), "protocol error: replies nested deeper than 16");
+  const std::string_view line = read_line(cmd);
+  if (line.empty()) lost(name_of(cmd), "protocol error: an empty reply line");
+  auto number = [&](std::string_view digits) {
+    int64_t v = 0;
+    const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (r.ec != std::errc() || r.ptr != digits.data() + digits.size())
+      lost(name_of(cmd), "protocol error: '" + std::string(digits.substr(0, 32)) + "' is not a length or an integer");
+    return v;
+  };
+  const std::string_view rest = line.substr(1);
+  switch (line[0]) {
+    case '+':
+      out.type = RedisReply::Type::Status;
+      out.str.assign(rest.data(), rest.size());
+      return;
+    case '-':
+      out.type = RedisReply::Type::Error;
+      out.str.assign(rest.data(), rest.size());
+      return;
+    case ':':
+      out.type = RedisReply::Type::Integer;
+      out.integer = number(rest);
+      return;
+    case '$': {
+      const int64_t len = number(rest);
+      if (len < 0) {
+        out.type = RedisReply::Type::Nil;
+        return;
+      }
+      out.type = RedisReply::Type::String;
+      const size_t n = static_cast<size_t>(len);
+      const size_t have = std::min(n, rend_ - rpos_);
+      out.str.assign(rbuf_.data() + rpos_, have);
+      rpos_ += have;
+      if (have < n) {  // a large value: the rest straight into the string, not through the buffer
+        out.str.resize(n);
+        for (size_t done = have; done < n;) {
+          const ssize_t k = ::recv(ctx_->fd, &out.str[done], n - done, 0);
+          if (k > 0) {
+            done += static_cast<size_t>(k);
+            continue;
+          }
+          if (k < 0 && errno == EINTR) continue;
+          if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) silent(name_of(cmd));
+          lost(name_of(cmd), k == 0 ? std::string("connection closed") : std::string(std::strerror(errno)));
+        }
+      }
+      if (!read_line(cmd).empty()) lost(name_of(cmd), "protocol error: a bulk string longer than its length");
+      return;
+    }
+    case '*': {
+      const int64_t count = number(rest);
+      if (count < 0) {
+        out.type = RedisReply::Type::Nil;
+        return;
+      }
+      out.type = RedisReply::Type::Array;
+      out.elements.clear();
+      out.elements.reserve(static_cast<size_t>(std::min<int64_t>(count, 1 << 16)));
+      for (int64_t i = 0; i < count; ++i) read_reply(out.elements.emplace_back(), cmd, depth + 1);
+      return;
+    }
+    default:
+      lost(name_of(cmd), "protocol error: a reply starting with byte " + std::to_string(static_cast<unsigned char>(line[0])));
   }
 }
 
@@ -340,22 +425,8 @@ std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisComm
     }
   }
   if (wbuf_.capacity() > (size_t{64} << 20)) std::string().swap(wbuf_);  // a one-off huge write keeps no memory
-  std::vector<RedisReply> out;
-  out.reserve(cmds.size());
-  for (size_t i = 0; i < cmds.size(); ++i) {
-    void* raw = nullptr;
-    errno = 0;
-    if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
-      const int err = errno;
-      if (raw) freeReplyObject(raw);
-      const std::string what = cmds[i]->size() ? cmds[i]->at(0) : "a request";
-      // SO_RCVTIMEO expired on one read(): nothing arrived for command_timeout_ms
-      if (ctx_->err == REDIS_ERR_IO && (err == EAGAIN || err == EWOULDBLOCK)) silent(what);
-      lost(what);
-    }
-    std::unique_ptr<void, ReplyFree> guard(raw);
-    out.push_back(convert(static_cast<redisReply*>(raw)));
-  }
+  std::vector<RedisReply> out(cmds.size());
+  for (size_t i = 0; i < cmds.size(); ++i) read_reply(out[i], cmds[i], 0);
   return out;
 }
 

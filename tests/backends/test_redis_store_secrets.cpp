@@ -6,10 +6,12 @@ BOOST_AUTO_TEST_SUITE(redis_store_secrets)
 
 namespace {
 
-//! a TCP listener on 127.0.0.1 that accepts connections and never answers (a hung server); counts accepts
+//! a TCP listener on 127.0.0.1 that accepts connections and never answers (a hung server); counts accepts. With a
+//! `reply`, it answers each connection's first request with those bytes instead (a server speaking garbage), and
+//! keeps the connection open
 class SilentListener {
  public:
-  SilentListener() {
+  explicit SilentListener(std::string reply = "") : reply_(std::move(reply)) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -28,6 +30,10 @@ class SilentListener {
           if (c >= 0) {
             held_.push_back(c);
             ++accepted_;
+            pollfd q{c, POLLIN, 0};
+            char request[4096];
+            if (!reply_.empty() && ::poll(&q, 1, 2000) == 1 && ::read(c, request, sizeof request) > 0)
+              (void)!::write(c, reply_.data(), reply_.size());
           }
         }
       }
@@ -43,6 +49,7 @@ class SilentListener {
   int accepted() const { return accepted_.load(); }
 
  private:
+  std::string reply_;
   int fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -193,6 +200,31 @@ BOOST_AUTO_TEST_CASE(a_server_that_never_answers_is_a_timeout_error_once) {
   BOOST_TEST(silent.accepted() == 1);  // not retried: a silent server would multiply the wait
   m = message_of<BackendError>([&] { RedisClient c(RedisOptions().port(silent.port()).command_timeout_ms(1000).connect_options()); });
   BOOST_TEST(contains(m, "no reply from " + where + " within 1 s"), m);
+}
+
+BOOST_AUTO_TEST_CASE(a_server_speaking_garbage_is_a_protocol_error) {
+  // the replies are parsed by the client itself (RESP2): a malformed one is a BackendError naming the fault, never
+  // a crash, a hang or a huge allocation
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"?what\r\n", "a reply starting with byte 63"},
+      {":12x\r\n", "'12x' is not a length or an integer"},
+      {"$3\r\nabcdef\r\n", "a bulk string longer than its length"},
+      {"+PONG\rX", "a reply line without its \\r\\n"},
+      {"*99999999999999\r\n", "no reply from"},  // a huge array announced: waits for elements, then times out
+      {"\r\n", "an empty reply line"}};
+  for (const auto& [bytes, expect] : cases) {
+    BOOST_TEST_CONTEXT("reply " << bytes) {
+      SilentListener garbage(bytes);
+      const std::string m = message_of<BackendError>(
+          [&] { RedisClient c(RedisOptions().port(garbage.port()).command_timeout_ms(300).connect_options()); });
+      BOOST_TEST(contains(m, expect), m);
+    }
+  }
+  // a reply that stops halfway (the server stays connected): the reply timeout, never a short string
+  SilentListener cut("$10\r\nabc");
+  const std::string m = message_of<BackendError>(
+      [&] { RedisClient c(RedisOptions().port(cut.port()).command_timeout_ms(300).connect_options()); });
+  BOOST_TEST(contains(m, "no reply from"), m);
 }
 
 BOOST_AUTO_TEST_CASE(a_long_reply_that_keeps_arriving_is_not_cut) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 struct redisContext;
@@ -138,10 +139,17 @@ class RedisClient {
   [[noreturn]] void lost(const std::string& what, const std::string& reason = "");
   [[noreturn]] void silent(const std::string& what);
   std::vector<RedisReply> roundtrip(const std::vector<const RedisCommand*>& cmds);
+  // the replies, read and parsed here (RESP2) rather than by hiredis's reader, whose reply objects (a calloc per
+  // reply, freed after the copy into RedisReply) were a third of a write-behind fill's store actor
+  void read_reply(RedisReply& out, const RedisCommand* cmd, int depth);
+  std::string_view read_line(const RedisCommand* cmd);
+  void read_more(const RedisCommand* cmd);
 
   RedisConnectOptions options_;
   redisContext* ctx_ = nullptr;
   std::string wbuf_;  //!< the protocol bytes of a round trip's commands, reused by every round trip
+  std::vector<char> rbuf_;  //!< bytes received and not yet parsed: [rpos_, rend_)
+  size_t rpos_ = 0, rend_ = 0;
   int64_t connections_ = 0;
 };
 
