@@ -29,19 +29,33 @@ RedisCommand& RedisCommand::arg(int64_t v) {
 }
 
 void RedisCommand::append_resp(std::string& out) const {
-  char head[24];
+  // sized first, then written through a pointer: one resize per command, not an append per piece
+  auto digits = [](size_t n) {
+    size_t d = 1;
+    while (n >= 10) {
+      n /= 10;
+      ++d;
+    }
+    return d;
+  };
+  size_t need = 3 + digits(args_.size());
+  for (const Arg& a : args_) need += 5 + digits(a.len) + a.len;
+  const size_t at = out.size();
+  out.resize(at + need);
+  char* p = out.data() + at;
   auto line = [&](char tag, size_t n) {
-    head[0] = tag;
-    char* end = std::to_chars(head + 1, head + sizeof head - 2, n).ptr;
-    *end++ = '\r';
-    *end++ = '\n';
-    out.append(head, static_cast<size_t>(end - head));
+    *p++ = tag;
+    p = std::to_chars(p, p + 20, n).ptr;
+    *p++ = '\r';
+    *p++ = '\n';
   };
   line('*', args_.size());
   for (const Arg& a : args_) {
     line('$', a.len);
-    out.append(a.view ? a.view : arena_.data() + a.off, a.len);
-    out.append("\r\n", 2);
+    if (a.len) std::memcpy(p, a.view ? a.view : arena_.data() + a.off, a.len);
+    p += a.len;
+    *p++ = '\r';
+    *p++ = '\n';
   }
 }
 
