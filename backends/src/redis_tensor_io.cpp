@@ -291,20 +291,23 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
     if (w.data.scalar_type() != m.info.dtype)
       throw ValueError("cannot write " + std::string(c10::toString(w.data.scalar_type())) + " data to " + dkey +
                        " of dtype " + dtype_to_string(m.info.dtype));
-    std::vector<int64_t> want = m.info.shape;
+    const std::vector<int64_t>& shape = m.info.shape;
     if (!w.whole) {
-      if (want.empty()) throw ValueError("cannot write rows of the 0-dim leaf " + dkey);
-      checked_rows.get(w.rows, m.info.shape[0], [&] {
-        check_rows(w.rows.vec(), m.info.shape[0], dkey);
+      if (shape.empty()) throw ValueError("cannot write rows of the 0-dim leaf " + dkey);
+      checked_rows.get(w.rows, shape[0], [&] {
+        check_rows(w.rows.vec(), shape[0], dkey);
         return true;
       });
-      want[0] = static_cast<int64_t>(w.rows.size());
     }
-    int64_t want_numel = 1;
-    for (int64_t d : want) want_numel *= d;
-    if (w.data.numel() != want_numel)  // the elements count, not the shape (LeafWrite)
+    // the shape written: the leaf's, or its rows' (no copy of it unless it is wrong)
+    int64_t want_numel = w.whole ? 1 : static_cast<int64_t>(w.rows.size());
+    for (size_t d = w.whole ? 0 : 1; d < shape.size(); ++d) want_numel *= shape[d];
+    if (w.data.numel() != want_numel) {  // the elements count, not the shape (LeafWrite)
+      std::vector<int64_t> want = shape;
+      if (!w.whole) want[0] = static_cast<int64_t>(w.rows.size());
       throw ValueError("data of shape " + shape_str(std_shape(w.data.sizes())) + " does not fit " + dkey +
                        " (expected " + shape_str(want) + ")");
+    }
     at::Tensor t = bytes_ready(w.data);
     keep.push_back(t);
     const char* base = static_cast<const char*>(t.data_ptr());

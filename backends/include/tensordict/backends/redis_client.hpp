@@ -90,8 +90,34 @@ class RedisCommand {
     const char* view;  //!< borrowed bytes, or nullptr: owned, at arena_[off]
     size_t off, len;
   };
+  //! the arguments: up to 4 in place (a SETRANGE's four: no allocation per command), more in a vector
+  class Args {
+   public:
+    void reserve(size_t n) {
+      if (n > kInline) heap_.reserve(n);
+    }
+    void push_back(const Arg& a) {
+      if (n_ < kInline && heap_.empty()) {
+        inline_[n_++] = a;
+        return;
+      }
+      if (heap_.empty()) heap_.assign(inline_, inline_ + n_);
+      heap_.push_back(a);
+      ++n_;
+    }
+    size_t size() const { return n_; }
+    const Arg* begin() const { return heap_.empty() ? inline_ : heap_.data(); }
+    const Arg* end() const { return begin() + n_; }
+    const Arg& operator[](size_t i) const { return begin()[i]; }
+
+   private:
+    static constexpr size_t kInline = 4;
+    Arg inline_[kInline]{};
+    std::vector<Arg> heap_;
+    size_t n_ = 0;
+  };
   std::string arena_;  //!< owned arguments back to back (offsets survive reallocation and moves)
-  std::vector<Arg> args_;
+  Args args_;
 };
 
 struct RedisConnectOptions {
