@@ -219,16 +219,17 @@ void RedisClient::read_more(const RedisCommand* cmd) {
     rpos_ = 0;
   }
   if (rbuf_.size() - rend_ < kChunk) rbuf_.resize(std::max(rbuf_.size() * 2, rend_ + kChunk));
+  rend_ += recv_some(rbuf_.data() + rend_, rbuf_.size() - rend_, cmd);
+}
+
+size_t RedisClient::recv_some(char* to, size_t n, const RedisCommand* cmd) {
   for (;;) {
-    const ssize_t n = ::recv(ctx_->fd, rbuf_.data() + rend_, rbuf_.size() - rend_, 0);
-    if (n > 0) {
-      rend_ += static_cast<size_t>(n);
-      return;
-    }
-    if (n < 0 && errno == EINTR) continue;
+    const ssize_t k = ::recv(ctx_->fd, to, n, 0);
+    if (k > 0) return static_cast<size_t>(k);
+    if (k < 0 && errno == EINTR) continue;
     // SO_RCVTIMEO expired on one read: nothing arrived for command_timeout_ms
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) silent(name_of(cmd));
-    lost(name_of(cmd), n == 0 ? std::string("connection closed") : std::string(std::strerror(errno)));
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) silent(name_of(cmd));
+    lost(name_of(cmd), k == 0 ? std::string("connection closed") : std::string(std::strerror(errno)));
   }
 }
 
@@ -294,16 +295,7 @@ void RedisClient::read_reply(RedisReply& out, const RedisCommand* cmd, int depth
       rpos_ += have;
       if (have < n) {  // a large value: the rest straight into the string, not through the buffer
         out.str.resize(n);
-        for (size_t done = have; done < n;) {
-          const ssize_t k = ::recv(ctx_->fd, &out.str[done], n - done, 0);
-          if (k > 0) {
-            done += static_cast<size_t>(k);
-            continue;
-          }
-          if (k < 0 && errno == EINTR) continue;
-          if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) silent(name_of(cmd));
-          lost(name_of(cmd), k == 0 ? std::string("connection closed") : std::string(std::strerror(errno)));
-        }
+        for (size_t done = have; done < n;) done += recv_some(&out.str[done], n - done, cmd);
       }
       if (!read_line(cmd).empty()) lost(name_of(cmd), "protocol error: a bulk string longer than its length");
       return;

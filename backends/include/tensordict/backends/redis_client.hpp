@@ -170,6 +170,8 @@ class RedisClient {
   void read_reply(RedisReply& out, const RedisCommand* cmd, int depth);
   std::string_view read_line(const RedisCommand* cmd);
   void read_more(const RedisCommand* cmd);
+  //! one recv(2) of up to n bytes (> 0); a timeout, a closed connection or an error throws (silent / lost)
+  size_t recv_some(char* to, size_t n, const RedisCommand* cmd);
 
   RedisConnectOptions options_;
   redisContext* ctx_ = nullptr;
