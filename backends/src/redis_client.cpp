@@ -269,6 +269,11 @@ void RedisClient::read_reply(RedisReply& out, const RedisCommand* cmd, int depth
     return v;
   };
   const std::string_view rest = line.substr(1);
+  auto length_or_nil = [&] {  // "$-1" / "*-1": a nil reply
+    const int64_t v = number(rest);
+    if (v < 0) out.type = RedisReply::Type::Nil;
+    return v;
+  };
   switch (line[0]) {
     case '+':
       out.type = RedisReply::Type::Status;
@@ -283,11 +288,8 @@ void RedisClient::read_reply(RedisReply& out, const RedisCommand* cmd, int depth
       out.integer = number(rest);
       return;
     case '$': {
-      const int64_t len = number(rest);
-      if (len < 0) {
-        out.type = RedisReply::Type::Nil;
-        return;
-      }
+      const int64_t len = length_or_nil();
+      if (len < 0) return;
       out.type = RedisReply::Type::String;
       const size_t n = static_cast<size_t>(len);
       const size_t have = std::min(n, rend_ - rpos_);
@@ -301,11 +303,8 @@ void RedisClient::read_reply(RedisReply& out, const RedisCommand* cmd, int depth
       return;
     }
     case '*': {
-      const int64_t count = number(rest);
-      if (count < 0) {
-        out.type = RedisReply::Type::Nil;
-        return;
-      }
+      const int64_t count = length_or_nil();
+      if (count < 0) return;
       out.type = RedisReply::Type::Array;
       out.elements.clear();
       out.elements.reserve(static_cast<size_t>(std::min<int64_t>(count, 1 << 16)));
