@@ -25,11 +25,12 @@ bool flat_writes(const RemoteTree::Level& top, const ResolvedIndex& sel, size_t 
   }
   const bool whole = level_rank == 0 || plan->all;
   const at::IntArrayRef rb = sel.result_sizes();
-  const auto items = value.items();
+  // the level's own entries (a dense node's read_all copies its list: items() built a NestedKey per entry)
+  const auto items = value.node()->read_all();
   writes->reserve(items.size());
   for (const auto& kv : items) {
-    if (!kv.second.is_tensor() || kv.first.parts().size() != 1) return false;
-    const std::string& key = kv.first.parts()[0];
+    if (!kv.second.is_tensor()) return false;
+    const std::string& key = kv.first;
     const auto at = std::find(top.keys.begin(), top.keys.end(), key);
     if (at == top.keys.end()) return false;
     const backends::LeafInfo* info = top.infos[static_cast<size_t>(at - top.keys.begin())];
