@@ -668,7 +668,7 @@ void own_data(std::vector<backends::LeafWrite>& writes) {
     return;
   }
   // the buffer straight from malloc: at::empty's dispatch was a fifth of this function (callgrind), and the CPU
-  // allocator's 64-byte posix_memalign another 5% of a producer (perf); each leaf starts 64 bytes past the last
+  // allocator's 64-byte posix_memalign another 5% of a producer (perf); each leaf starts at a multiple of 64 bytes
   const size_t bytes = std::max<size_t>(total, 1);
   void* mem = std::malloc(bytes);
   if (!mem) throw std::bad_alloc();

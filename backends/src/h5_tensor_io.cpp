@@ -1,6 +1,7 @@
 // The HDF5 store's tensor I/O (h5_internal.hpp): creating tensor datasets, reading and writing whole
 // datasets or lists of rows (hyperslab layouts, batched transfers) and the cache of open datasets.
 #include "h5_internal.hpp"
+#include "tensordict/backends/tensor_values.hpp"
 
 #include <algorithm>
 #include <array>
@@ -61,10 +62,7 @@ void H5Store::create(const LeafPath& path, at::ScalarType dtype, const std::vect
     if (data.sizes().vec() != shape)
       throw ValueError(where(path) + ": data of shape " + shape_str(data.sizes().vec()) + " for a dataset of shape " +
                        shape_str(shape));
-    src = data.to(at::kCPU, dtype).contiguous();
-    if (src.is_conj()) src = src.resolve_conj();
-    if (src.is_neg()) src = src.resolve_neg();
-    if (src._is_zerotensor()) src = at::zeros(src.sizes(), src.options());  // lazy zeros: no bytes
+    src = value_bytes(data.to(at::kCPU, dtype));
   }
   if (auto k = kind_at(path)) throw KeyError(where(path) + ": already exists (a " + *k + ")");
   ensure_parents(path);
@@ -355,10 +353,7 @@ void H5Store::check_write(const LeafWrite& w) {
 
 void H5Store::do_write(const LeafWrite& w) {
   if (w.data.numel() == 0) return;
-  at::Tensor src = (w.data.is_cpu() ? w.data : w.data.to(at::kCPU)).contiguous();
-  if (src.is_conj()) src = src.resolve_conj();
-  if (src.is_neg()) src = src.resolve_neg();
-  if (src._is_zerotensor()) src = at::zeros(src.sizes(), src.options());  // lazy zeros: no bytes
+  const at::Tensor src = value_bytes(w.data);
   CachedDataset& e = cached_tensor(w.path);
   if (w.whole && w.rows.empty()) {
     if (H5Dwrite(e.ds.get(), e.mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, src.data_ptr()) < 0)

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "tensordict/backends/fork_safe.hpp"
+#include "tensordict/backends/tensor_values.hpp"
 #include "tensordict/errors.hpp"
 
 namespace tensordict::backends {
@@ -222,19 +223,14 @@ void create_file(const std::string& path, int64_t nbytes) {
 
 namespace {
 
-//! the bytes of `tensor` as write_file writes them: CPU, contiguous, conj / neg resolved (TypeError for layouts
-//! without one byte layout)
+//! the bytes of `tensor` as write_file writes them (value_bytes; TypeError for layouts without one byte layout)
 at::Tensor bytes_of(const at::Tensor& tensor, const std::string& path) {
   if (!tensor.defined()) throw ValueError("write_file: undefined tensor for '" + path + "'");
   if (tensor.is_nested()) throw TypeError("write_file: nested tensors have no single byte layout ('" + path + "')");
   if (tensor.is_sparse() || tensor.layout() != at::kStrided)
     throw TypeError("write_file: only strided (dense) tensors can be written ('" + path + "')");
   if (tensor.is_quantized()) throw TypeError("write_file: quantized tensors are not supported ('" + path + "')");
-  at::Tensor t = tensor.to(at::kCPU).contiguous();
-  if (t.is_conj()) t = t.resolve_conj();
-  if (t.is_neg()) t = t.resolve_neg();
-  if (t._is_zerotensor()) t = at::zeros(t.sizes(), t.options());  // lazy zeros: no bytes behind them
-  return t;
+  return value_bytes(tensor);
 }
 
 //! creates (or truncates) `path` for writing, never through a symlink

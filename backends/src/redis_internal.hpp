@@ -25,9 +25,6 @@ int64_t checked_nbytes(const std::vector<int64_t>& shape, int64_t itemsize, size
 //! a tensor over the bytes of a reply (copied when small, the buffer kept when large)
 at::Tensor tensor_from_bytes(std::string&& bytes, at::ScalarType dtype, at::IntArrayRef shape);
 
-//! the bytes of a CPU contiguous tensor (resolved conj/neg)
-at::Tensor bytes_ready(const at::Tensor& t);
-
 //! the fields of an HGETALL reply
 std::map<std::string, std::string> hash_fields(const RedisReply& r);
 

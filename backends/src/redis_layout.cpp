@@ -49,15 +49,6 @@ at::Tensor tensor_from_bytes(std::string&& bytes, at::ScalarType dtype, at::IntA
   return at::from_blob(holder->data(), shape, [holder](void*) { delete holder; }, at::TensorOptions().dtype(dtype));
 }
 
-at::Tensor bytes_ready(const at::Tensor& t) {
-  at::Tensor c = t;
-  if (c.device().type() != at::kCPU) c = c.cpu();
-  if (c.is_conj()) c = c.resolve_conj();
-  if (c.is_neg()) c = c.resolve_neg();
-  if (c._is_zerotensor()) c = at::zeros(c.sizes(), c.options());  // lazy zeros: no bytes behind them
-  return c.contiguous();
-}
-
 std::map<std::string, std::string> hash_fields(const RedisReply& r) {
   std::map<std::string, std::string> out;
   if (!r.is_array()) return out;

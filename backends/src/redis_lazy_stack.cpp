@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tensordict/backends/tensor_values.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/errors.hpp"
 
@@ -257,7 +258,7 @@ std::unique_ptr<RedisLazyStackStore> RedisLazyStackStore::create(
                            std::to_string(m) + ", key '" + joined + "')");
         if (mem[li].second.scalar_type() != dtype)
           throw ValueError("lazy-stack members disagree on the dtype of '" + joined + "'");
-        at::Tensor t = bytes_ready(mem[li].second);
+        at::Tensor t = value_bytes(mem[li].second);
         shapes.push_back(std_shape(t.sizes()));
         data.append(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.nbytes()));
         offsets.push_back(static_cast<int64_t>(data.size()));

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <set>
 
+#include "tensordict/backends/tensor_values.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/errors.hpp"
 
@@ -211,7 +212,7 @@ void RedisStore::create(const LeafPath& path, at::ScalarType dtype, const std::v
     if (std_shape(data.sizes()) != shape)
       throw ValueError("data of shape " + shape_str(std_shape(data.sizes())) + " does not fit the new leaf " + dkey +
                        " of shape " + shape_str(shape));
-    t = bytes_ready(data.scalar_type() == dtype ? data : data.to(dtype));
+    t = value_bytes(data.scalar_type() == dtype ? data : data.to(dtype));
   }
   // the path must be new and must not collide with a nested level
   for (const std::string& k : members()) {

@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "tensordict/backends/tensor_values.hpp"
 #include "tensordict/backends/memmap_format.hpp"
 #include "tensordict/errors.hpp"
 
@@ -308,7 +309,7 @@ void RedisStore::write(const std::vector<LeafWrite>& writes) {
       throw ValueError("data of shape " + shape_str(std_shape(w.data.sizes())) + " does not fit " + dkey +
                        " (expected " + shape_str(want) + ")");
     }
-    at::Tensor t = bytes_ready(w.data);
+    at::Tensor t = value_bytes(w.data);
     keep.push_back(t);
     const char* base = static_cast<const char*>(t.data_ptr());
     if (w.whole) {

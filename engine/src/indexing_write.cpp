@@ -39,7 +39,6 @@ void copy_in_pieces(char* dst, const char* src, size_t n) {
   for (size_t done = 0; done < n; done += kPiece) std::memcpy(dst + done, src + done, std::min(kPiece, n - done));
 }
 
-
 //! dst[row(s)] = v as memcpy when both are contiguous CPU tensors of one dtype and v has exactly the
 //! indexed shape; false when the general path must do it
 bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {

@@ -476,12 +476,12 @@ void run_leaf_job(LeafJob& job, bool durable) {
   if (durable && job.source.numel() > 0) backends::sync_path(job.path, /*directory=*/false);
 }
 
-//! the plan's leaf files, then its meta.json files (children first), on num_threads threads. A staged save writes
-//! into a directory nobody reads until the commit switches it in whole: its files are all new, each meta.json a
-//! plain write, and its metas are jobs of the same pass as its leaves (a
-//! 100-level module's 100 metas were written by one thread after the leaves). A durable save writes its metas after
-//! every leaf: a meta's fsync of its directory then covers the leaf files created in it. A save in place (a parent
-//! that is not writable) writes its metas after every leaf, each replaced atomically (temp file, fsync, rename)
+//! the plan's leaf files and meta.json files on num_threads threads. A staged save writes into a directory nobody
+//! reads until the commit switches it in whole: its files are all new, each meta.json a plain write, and its metas
+//! are jobs of the same pass as its leaves (a 100-level module's 100 metas were written by one thread after the
+//! leaves). A durable save writes its metas after every leaf (children first): a meta's fsync of its directory then
+//! covers the leaf files created in it. A save in place (a parent that is not writable) writes its metas after
+//! every leaf, each replaced atomically (temp file, fsync, rename)
 void write_plan(WritePlan& plan, const StagedSave& stage, int64_t num_threads) {
   const size_t leaves = plan.leaves.size();
   if (!stage.staged() || plan.durable) {
