@@ -420,6 +420,36 @@ BOOST_AUTO_TEST_CASE(a_row_write_that_fails_on_a_full_disk_writes_none_of_its_le
   BOOST_TEST(r.verdict == "intact untouched");
 }
 
+// a threaded save of many levels (its meta.json files written in the leaves' parallel pass) that runs out of space
+// over an earlier save: the error is the full disk's, the earlier save loads as it was, and no staging directory
+// is left beside it
+BOOST_AUTO_TEST_CASE(a_threaded_save_on_a_full_disk_keeps_the_old_save_and_leaves_nothing) {
+  FullDisk r = fill_full_disk(
+      "threaded-save",
+      [](const std::string& prefix, int64_t& kept) {
+        TensorDict(Dict{{"a", at::arange(4, at::kFloat)}}, {4}).memmap(prefix);
+        kept = 1;
+        TensorDict big(BatchSize{4});
+        for (int l = 0; l < 40; ++l) {
+          TensorDict level(Dict{{"w", at::full({4, 8192}, static_cast<float>(l))}, {"b", at::ones({4})}}, {4});
+          big.set(std::to_string(l), level);
+        }
+        big.memmap(prefix, MemmapOptions().num_threads(2));  // 40 levels of 128 KiB: 5 MiB on a 1 MiB tmpfs
+        kept = 2;
+      },
+      [](const std::string& prefix, int64_t) {
+        const bool old = TensorDict::load_memmap(prefix).get("a").equal(at::arange(4, at::kFloat));
+        int staged = 0;
+        for (const auto& e : fs::directory_iterator(fs::path(prefix).parent_path()))
+          if (e.path().filename().string().find("td-stage") != std::string::npos) ++staged;
+        return std::string(old ? "old" : "changed") + " " + std::to_string(staged);
+      });
+  BOOST_TEST(r.rc == 0, "child " << testutil::describe_child(r.rc) << " (90-93: no private tmpfs could be mounted)");
+  BOOST_TEST(r.kept == 1);
+  BOOST_TEST(r.what.find("No space left on device") != std::string::npos, r.what);
+  BOOST_TEST(r.verdict == "old 0");
+}
+
 // prefault on a file system that cannot hold the leaf (a 2 MiB leaf on a 1 MiB tmpfs: no blocks to reserve
 // there, and the populate runs out of pages part-way): it reports fewer bytes than the leaf's and the process
 // lives. Faulting the pages in by touching them would kill it with SIGBUS (what a store into a page the file
