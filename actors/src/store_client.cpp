@@ -14,7 +14,6 @@
 #include <deque>
 #include <iterator>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include <caf/io/all.hpp>
@@ -29,6 +28,22 @@
 namespace tensordict {
 namespace actors {
 
+//! a queued write's own copy of its data (write-behind): one buffer, a tensor per leaf over it. The handle
+//! recycles it once the write is done and nothing else holds it (a row of 4 leaves cost a malloc and 4
+//! TensorImpls with their version counters, made on the producer and freed on the store actor's thread)
+struct OwnedData {
+  c10::Storage buf;
+  size_t bytes = 0;
+  std::vector<at::Tensor> views;
+  //! nobody but this holds the buffer or a view: it may be written again
+  bool unshared() const {
+    if (!buf.unsafeGetStorageImpl() || buf.use_count() != 1 + views.size()) return false;
+    for (const auto& v : views)
+      if (v.use_count() != 1) return false;
+    return true;
+  }
+};
+
 //! one call of a caller (in-process only)
 struct leaf_call {
   enum class Op { Read, Write, Run } op = Op::Run;
@@ -36,6 +51,12 @@ struct leaf_call {
   std::vector<backends::LeafWrite> writes;
   std::function<void(backends::LeafStore&)> fn;
   Reply<std::vector<at::Tensor>> reply;
+  std::unique_ptr<OwnedData> owned;  //!< write-behind: what `writes` point into
+  // registered in StoreCallState::calls (under its mu): an intrusive list (a std::set node per call was a
+  // malloc and a rebalancing per queued write); `self` keeps the call alive while it is registered
+  leaf_call* reg_prev = nullptr;
+  leaf_call* reg_next = nullptr;
+  std::shared_ptr<leaf_call> self;
 };
 using leaf_call_ptr = std::shared_ptr<leaf_call>;
 
@@ -71,7 +92,7 @@ struct StoreCallState {
   bool alive = true;
   bool closed = false;
   std::string why_dead;
-  std::set<leaf_call_ptr> calls;
+  leaf_call* calls = nullptr;  //!< the registered calls (leaf_call::reg_next), failed by fail_all
   StoreClient::BatchStats stats;
 
   //! registers a call and gives the actor to send it to; false (and `why`) when the actor is gone
@@ -81,13 +102,20 @@ struct StoreCallState {
       *why = dead_reason();
       return false;
     }
-    calls.insert(c);
+    if (!c->self) {
+      c->self = c;
+      c->reg_prev = nullptr;
+      c->reg_next = calls;
+      if (calls) calls->reg_prev = c.get();
+      calls = c.get();
+    }
     *to = actor;
     return true;
   }
   void end(const leaf_call_ptr& c) {
     std::lock_guard<std::mutex> lock(mu);
-    calls.erase(c);
+    if (!c->self) return;  // not registered, or failed by fail_all
+    unlink(*c);
   }
   std::string dead_reason() const { return why_dead.empty() ? describe + " is closed" : why_dead; }
   //! BackendError when the store can take no more calls
@@ -96,12 +124,16 @@ struct StoreCallState {
     if (!alive || !actor) throw BackendError(dead_reason());
   }
   void fail_all(const std::string& why) {
-    std::set<leaf_call_ptr> pending_calls;
+    std::vector<leaf_call_ptr> pending_calls;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (alive) why_dead = why;  // the first reason stays (a killed actor's, not its end's afterwards)
       alive = false;
-      pending_calls.swap(calls);
+      while (calls) {
+        leaf_call_ptr c = calls->self;
+        unlink(*c);
+        pending_calls.push_back(std::move(c));
+      }
     }
     {
       std::lock_guard<std::mutex> lock(pending_mu);
@@ -202,6 +234,15 @@ struct StoreCallState {
   static constexpr size_t kMaxBatch = 256;
 
  private:
+  //! takes a registered call out of `calls` (mu held); the caller holds another reference to it
+  void unlink(leaf_call& c) {
+    if (c.reg_prev) c.reg_prev->reg_next = c.reg_next;
+    if (c.reg_next) c.reg_next->reg_prev = c.reg_prev;
+    if (calls == &c) calls = c.reg_next;
+    c.reg_prev = c.reg_next = nullptr;
+    c.self.reset();
+  }
+
   void run_one(leaf_call& c) {
     try {
       switch (c.op) {
@@ -250,14 +291,20 @@ struct StoreCallState {
         all.reserve(n);
         for (size_t k = i; k < j; ++k)
           std::move(calls[k]->writes.begin(), calls[k]->writes.end(), std::back_inserter(all));
-        try {
-          store->write(all);
-        } catch (...) {
+        // back to their calls before any reply (a failed merged write runs each call alone with its own; a
+        // done write-behind call is recycled by its handle once its reply is set)
+        auto give_back = [&] {
           size_t pos = 0;
           for (size_t k = i; k < j; ++k)
             for (auto& w : calls[k]->writes) w = std::move(all[pos++]);
+        };
+        try {
+          store->write(all);
+        } catch (...) {
+          give_back();
           throw;
         }
+        give_back();
         count(static_cast<int64_t>(j - i));
         for (size_t k = i; k < j; ++k) calls[k]->reply.set_value({});
       }
@@ -431,6 +478,20 @@ struct StoreClient::Impl {
   std::atomic<size_t> behind_n{0};        //!< behind.size()
   std::optional<map_detail::CarriedError> behind_error;  //!< the first error of a queued write, not raised yet
   std::atomic<bool> behind_failed{false};                //!< behind_error is set
+  //! the data copies of done queued writes, oldest first, to be written again (under behind_mu)
+  std::deque<std::unique_ptr<OwnedData>> spare;
+  static constexpr size_t kMaxSpare = 512;
+  //! a spare copy of at least `bytes` that nothing holds any more (its call is gone), or nullptr
+  std::unique_ptr<OwnedData> take_spare(size_t bytes) {
+    std::lock_guard<std::mutex> lock(behind_mu);
+    for (size_t i = 0; i < std::min<size_t>(spare.size(), 4); ++i) {
+      if (spare[i]->bytes < bytes || !spare[i]->unshared()) continue;
+      std::unique_ptr<OwnedData> o = std::move(spare[i]);
+      spare.erase(spare.begin() + static_cast<std::ptrdiff_t>(i));
+      return o;
+    }
+    return nullptr;
+  }
   //! queues a write without waiting for it: registered (fail_all fails it), left waiting, the actor told
   void queue(const leaf_call_ptr& call);
   //! forgets the queued writes that are done, oldest first, keeping the first error; waits for the oldest while
@@ -477,6 +538,9 @@ void StoreClient::Impl::reap(size_t keep) {
     }
     st->end(c);
     behind.pop_front();
+    // its data copy, for a later write once the call is gone (OwnedData::unshared; only this thread touches
+    // `owned`)
+    if (c->owned && spare.size() < kMaxSpare) spare.push_back(std::move(c->owned));
   }
   behind_n.store(behind.size(), std::memory_order_release);
 }
@@ -652,8 +716,10 @@ bool plain_cpu(const at::Tensor& t) {
 //! gives each write data that nothing else holds (the caller may reuse or change its tensors at once). Plain
 //! contiguous CPU leaves (a replay buffer's row) are copied into ONE buffer, each leaf a tensor over its part,
 //! made without the dispatcher: a row of 4 leaves cost 4 at::empty (15% of a producer's time, measured) + 4
-//! TensorIterator copies as clones; others are cloned
-void own_data(std::vector<backends::LeafWrite>& writes) {
+//! TensorIterator copies as clones; others are cloned (nullptr returned). A done write's copy that nothing
+//! holds any more (`take_spare(bytes)`, Impl::take_spare) is written again when it is large enough: its buffer and tensors reused
+template <class TakeSpare>
+std::unique_ptr<OwnedData> own_data(std::vector<backends::LeafWrite>& writes, TakeSpare&& take_spare) {
   constexpr size_t kAlign = 64;
   size_t total = 0;
   bool plain = true;
@@ -665,29 +731,50 @@ void own_data(std::vector<backends::LeafWrite>& writes) {
   if (!plain) {
     for (auto& w : writes)
       if (w.data.defined()) w.data = w.data.clone(at::MemoryFormat::Contiguous);
-    return;
+    return nullptr;
   }
-  // the buffer straight from malloc: at::empty's dispatch was a fifth of this function (callgrind), and the CPU
-  // allocator's 64-byte posix_memalign another 5% of a producer (perf); each leaf starts at a multiple of 64 bytes
   const size_t bytes = std::max<size_t>(total, 1);
-  void* mem = std::malloc(bytes);
-  if (!mem) throw std::bad_alloc();
-  const c10::Storage buf(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(mem, mem, &std::free, at::Device(at::kCPU)),
-                         /*allocator=*/nullptr, /*resizable=*/false);
-  char* base = static_cast<char*>(mem);
-  size_t off = 0;
+  std::unique_ptr<OwnedData> o = take_spare(bytes);
+  if (!o) {
+    // the buffer straight from malloc: at::empty's dispatch was a fifth of this function (callgrind), and the CPU
+    // allocator's 64-byte posix_memalign another 5% of a producer (perf); each leaf starts at a multiple of 64
+    // bytes
+    o = std::make_unique<OwnedData>();
+    void* mem = std::malloc(bytes);
+    if (!mem) throw std::bad_alloc();
+    o->buf = c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(mem, mem, &std::free, at::Device(at::kCPU)),
+                          /*allocator=*/nullptr, /*resizable=*/false);
+    o->bytes = bytes;
+    o->views.reserve(writes.size());
+  }
+  char* base = static_cast<char*>(o->buf.unsafeGetStorageImpl()->data());
+  size_t off = 0, k = 0;
   for (auto& w : writes) {
     if (!w.data.defined()) continue;
     const size_t n = w.data.nbytes();
     if (n) std::memcpy(base + off, w.data.data_ptr(), n);
-    // the constructor adds autograd's and autocast's keys to CPU's, as for any CPU tensor
-    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(buf), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                            w.data.dtype());
-    t.unsafeGetTensorImpl()->set_sizes_contiguous(w.data.sizes());
-    t.unsafeGetTensorImpl()->set_storage_offset(static_cast<int64_t>(off / w.data.element_size()));
-    w.data = std::move(t);
+    const auto offset = static_cast<int64_t>(off / w.data.element_size());
+    if (k < o->views.size() && o->views[k].dtype() == w.data.dtype()) {
+      c10::TensorImpl* impl = o->views[k].unsafeGetTensorImpl();
+      if (impl->sizes() != w.data.sizes()) impl->set_sizes_contiguous(w.data.sizes());
+      impl->set_storage_offset(offset);
+    } else {
+      // the constructor adds autograd's and autocast's keys to CPU's, as for any CPU tensor
+      at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(o->buf), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                              w.data.dtype());
+      t.unsafeGetTensorImpl()->set_sizes_contiguous(w.data.sizes());
+      t.unsafeGetTensorImpl()->set_storage_offset(offset);
+      if (k < o->views.size()) {
+        o->views[k] = std::move(t);
+      } else {
+        o->views.push_back(std::move(t));
+      }
+    }
+    w.data = o->views[k++];
     off += (n + kAlign - 1) / kAlign * kAlign;
   }
+  o->views.resize(k);
+  return o;
 }
 }  // namespace
 
@@ -701,10 +788,11 @@ void StoreClient::write(std::vector<backends::LeafWrite> writes) {
     // a queued write failed: every write queued so far is waited for, then the first error raised (so one raise
     // answers for all of them, and the queue is empty after it)
     if (im.behind_failed.load(std::memory_order_acquire)) im.settle();
-    own_data(writes);  // the call outlives this one
   }
   auto c = std::make_shared<leaf_call>();
   c->op = leaf_call::Op::Write;
+  if (max_behind > 0)  // the call outlives this one
+    c->owned = own_data(writes, [&im](size_t bytes) { return im.take_spare(bytes); });
   c->writes = std::move(writes);
   if (max_behind > 0) {
     im.queue(c);

@@ -25,8 +25,11 @@ bool flat_writes(const RemoteTree::Level& top, const ResolvedIndex& sel, size_t 
   }
   const bool whole = level_rank == 0 || plan->all;
   const at::IntArrayRef rb = sel.result_sizes();
-  // the level's own entries (a dense node's read_all copies its list: items() built a NestedKey per entry)
-  const auto items = value.node()->read_all();
+  // the level's own entries: a dense value's list itself (read_all copies it, items() built a NestedKey per entry)
+  std::vector<std::pair<std::string, Entry>> copied;
+  const auto* own = value.node()->own_entries();
+  if (!own) copied = value.node()->read_all();
+  const auto& items = own ? *own : copied;
   writes->reserve(items.size());
   for (const auto& kv : items) {
     if (!kv.second.is_tensor()) return false;

@@ -28,21 +28,24 @@ RedisCommand& RedisCommand::arg(int64_t v) {
   return arg_copy(buf, static_cast<size_t>(r.ptr - buf));
 }
 
-void RedisCommand::append_resp(std::string& out) const {
-  // sized first, then written through a pointer: one resize per command, not an append per piece
-  auto digits = [](size_t n) {
-    size_t d = 1;
-    while (n >= 10) {
-      n /= 10;
-      ++d;
-    }
-    return d;
-  };
+namespace {
+size_t digits(size_t n) {
+  size_t d = 1;
+  while (n >= 10) {
+    n /= 10;
+    ++d;
+  }
+  return d;
+}
+}  // namespace
+
+size_t RedisCommand::resp_size() const {
   size_t need = 3 + digits(args_.size());
   for (const Arg& a : args_) need += 5 + digits(a.len) + a.len;
-  const size_t at = out.size();
-  out.resize(at + need);
-  char* p = out.data() + at;
+  return need;
+}
+
+char* RedisCommand::write_resp(char* p) const {
   auto line = [&](char tag, size_t n) {
     *p++ = tag;
     p = std::to_chars(p, p + 20, n).ptr;
@@ -57,6 +60,7 @@ void RedisCommand::append_resp(std::string& out) const {
     *p++ = '\r';
     *p++ = '\n';
   }
+  return p;
 }
 
 namespace {
@@ -316,6 +320,38 @@ void RedisClient::read_reply(RedisReply& out, const RedisCommand* cmd, int depth
   }
 }
 
+bool RedisClient::skip_line(std::string_view line) {
+  if (rend_ - rpos_ < line.size() + 2) return false;  // not all here: read_reply waits for it
+  const char* p = rbuf_.data() + rpos_;
+  if (std::memcmp(p, line.data(), line.size()) != 0 || p[line.size()] != '\r' || p[line.size() + 1] != '\n')
+    return false;
+  rpos_ += line.size() + 2;
+  return true;
+}
+
+bool RedisClient::skip_integer(const RedisCommand* cmd) {
+  if (rpos_ == rend_) read_more(cmd);
+  if (rbuf_[rpos_] != ':') return false;
+  const std::string_view line = read_line(cmd);
+  // its value is not wanted, only checked: [-]digits, at most 19 of them (std::from_chars cost 140 instructions)
+  const size_t first = line.size() > 1 && line[1] == '-' ? 2 : 1;
+  bool ok = line.size() > first && line.size() - first <= 19;
+  for (size_t i = first; ok && i < line.size(); ++i) ok = line[i] >= '0' && line[i] <= '9';
+  if (!ok) lost(name_of(cmd), "protocol error: '" + std::string(line.substr(0, 32)) + "' is not an integer reply");
+  return true;
+}
+
+int64_t RedisClient::array_header(const RedisCommand* cmd) {
+  if (rpos_ == rend_) read_more(cmd);
+  if (rbuf_[rpos_] != '*') return -1;
+  const std::string_view line = read_line(cmd);
+  int64_t n = 0;
+  const auto r = std::from_chars(line.data() + 1, line.data() + line.size(), n);
+  if (line.size() < 2 || r.ec != std::errc() || r.ptr != line.data() + line.size() || n < -1)
+    lost(name_of(cmd), "protocol error: '" + std::string(line.substr(0, 32)) + "' is not an array length");
+  return n < 0 ? -2 : n;
+}
+
 void RedisClient::connect_once() {
   timeval tv = to_timeval(options_.connect_timeout_ms > 0 ? options_.connect_timeout_ms : 2000);
   redisContext* c = options_.unix_socket.empty()
@@ -406,30 +442,42 @@ void RedisClient::silent(const std::string& what) {
                      "applied; the next call reconnects)");
 }
 
-std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisCommand*>& cmds) {
+void RedisClient::send_all(const std::vector<const RedisCommand*>& cmds) {
   auto first = [&] { return cmds.empty() || !cmds.front()->size() ? std::string("a request") : cmds.front()->at(0); };
   // the commands are formatted here into one reused buffer (hiredis's own output buffer stays empty) and sent with
   // send(MSG_NOSIGNAL) rather than by hiredis's write(2): a connection the server closed must fail this call, not
   // raise SIGPIPE (which kills the process). hiredis then only reads.
-  wbuf_.clear();
-  for (const RedisCommand* c : cmds) c->append_resp(wbuf_);
-  {
-    const char* buf = wbuf_.data();
-    size_t len = wbuf_.size(), done = 0;
-    while (done < len) {
-      ssize_t n = ::send(ctx_->fd, buf + done, len - done, MSG_NOSIGNAL);
-      if (n > 0) {
-        done += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      int err = n < 0 ? errno : EPIPE;
-      lost(first(), err == EAGAIN || err == EWOULDBLOCK
-                        ? "the server took no data for " + seconds_text(options_.command_timeout_ms)
-                        : std::string(std::strerror(err)));
-    }
+  size_t len = 0;
+  for (const RedisCommand* c : cmds) len += c->resp_size();
+  if (len > wcap_) {
+    wbuf_.reset();
+    wbuf_.reset(new char[len]);
+    wcap_ = len;
   }
-  if (wbuf_.capacity() > (size_t{64} << 20)) std::string().swap(wbuf_);  // a one-off huge write keeps no memory
+  char* end = wbuf_.get();
+  for (const RedisCommand* c : cmds) end = c->write_resp(end);
+  const char* buf = wbuf_.get();
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = ::send(ctx_->fd, buf + done, len - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    int err = n < 0 ? errno : EPIPE;
+    lost(first(), err == EAGAIN || err == EWOULDBLOCK
+                      ? "the server took no data for " + seconds_text(options_.command_timeout_ms)
+                      : std::string(std::strerror(err)));
+  }
+  if (wcap_ > (size_t{64} << 20)) {  // a one-off huge write keeps no memory
+    wbuf_.reset();
+    wcap_ = 0;
+  }
+}
+
+std::vector<RedisReply> RedisClient::roundtrip(const std::vector<const RedisCommand*>& cmds) {
+  send_all(cmds);
   std::vector<RedisReply> out(cmds.size());
   for (size_t i = 0; i < cmds.size(); ++i) read_reply(out[i], cmds[i], 0);
   return out;
@@ -454,27 +502,85 @@ RedisReply RedisClient::command(const RedisCommand& cmd) {
   return std::move(r[0]);
 }
 
+namespace {
+const RedisCommand& multi_cmd() {
+  static const RedisCommand multi{"MULTI"};  // read only: shared by every client
+  return multi;
+}
+const RedisCommand& exec_cmd() {
+  static const RedisCommand exec{"EXEC"};
+  return exec;
+}
+}  // namespace
+
+const std::vector<const RedisCommand*>& RedisClient::transaction_of(const std::vector<RedisCommand>& cmds) {
+  ptrs_.clear();
+  ptrs_.reserve(cmds.size() + 2);
+  ptrs_.push_back(&multi_cmd());
+  for (const auto& c : cmds) ptrs_.push_back(&c);
+  ptrs_.push_back(&exec_cmd());
+  return ptrs_;
+}
+
+template <class Queued>
+void RedisClient::check_transaction(const RedisReply& multi, const RedisReply& exec, size_t replies,
+                                    const std::vector<RedisCommand>& cmds, Queued&& queued) {
+  if (multi.is_error()) redis_reply_error(multi, "Redis " + endpoint() + " MULTI");
+  if (exec.is_error()) {
+    // EXECABORT: a command was refused while queueing; report the first refusal (nothing was applied)
+    for (size_t i = 0; i < cmds.size(); ++i)
+      if (const RedisReply* r = queued(i); r && r->is_error())
+        redis_reply_error(*r, "Redis " + endpoint() + " " + cmds[i].at(0) + " (transaction not applied)");
+    redis_reply_error(exec, "Redis " + endpoint() + " EXEC");
+  }
+  if (!exec.is_array() || replies != cmds.size())
+    throw BackendError("Redis " + endpoint() + ": unexpected EXEC reply (transaction aborted)");
+}
+
 std::vector<RedisReply> RedisClient::transaction(const std::vector<RedisCommand>& cmds) {
   if (cmds.empty()) return {};
   ensure_connected();
-  static const RedisCommand multi{"MULTI"}, exec{"EXEC"};  // read only: shared by every client
-  std::vector<const RedisCommand*> ptrs;
-  ptrs.reserve(cmds.size() + 2);
-  ptrs.push_back(&multi);
-  for (const auto& c : cmds) ptrs.push_back(&c);
-  ptrs.push_back(&exec);
-  std::vector<RedisReply> r = roundtrip(ptrs);
-  if (r.front().is_error()) redis_reply_error(r.front(), "Redis " + endpoint() + " MULTI");
-  RedisReply& ex = r.back();
-  if (ex.is_error()) {
-    // EXECABORT: a command was refused while queueing; report the first refusal (nothing was applied)
-    for (size_t i = 1; i + 1 < r.size(); ++i)
-      if (r[i].is_error()) redis_reply_error(r[i], "Redis " + endpoint() + " " + cmds[i - 1].at(0) + " (transaction not applied)");
-    redis_reply_error(ex, "Redis " + endpoint() + " EXEC");
+  std::vector<RedisReply> r = roundtrip(transaction_of(cmds));
+  check_transaction(r.front(), r.back(), r.back().elements.size(), cmds, [&](size_t i) { return &r[i + 1]; });
+  return std::move(r.back().elements);
+}
+
+std::vector<std::pair<size_t, RedisReply>> RedisClient::transaction_errors(const std::vector<RedisCommand>& cmds) {
+  if (cmds.empty()) return {};
+  ensure_connected();
+  const std::vector<const RedisCommand*>& ptrs = transaction_of(cmds);
+  send_all(ptrs);
+  // every reply is read before anything is thrown (what is left unread would answer the next request)
+  RedisReply multi;
+  read_reply(multi, ptrs.front(), 0);
+  std::vector<std::pair<size_t, RedisReply>> refused;  // while queueing (rare: EXECABORT follows)
+  for (size_t i = 0; i < cmds.size(); ++i) {
+    if (skip_line("+QUEUED")) continue;  // the common reply, straight from the buffer
+    read_reply(scratch_, ptrs[i + 1], 0);
+    if (scratch_.is_error()) refused.emplace_back(i, scratch_);
   }
-  if (!ex.is_array() || ex.elements.size() != cmds.size())
-    throw BackendError("Redis " + endpoint() + ": unexpected EXEC reply (transaction aborted)");
-  return std::move(ex.elements);
+  // EXEC: an array of one reply per command. Integer replies (SETRANGE's) are checked in the buffer; the others
+  // are read, and kept when they are errors
+  std::vector<std::pair<size_t, RedisReply>> errors;
+  const int64_t count = array_header(ptrs.back());
+  scratch_ = RedisReply();
+  if (count == -1) {
+    read_reply(scratch_, ptrs.back(), 0);  // not an array: an error (EXECABORT)
+  } else if (count >= 0) {
+    scratch_.type = RedisReply::Type::Array;  // its elements are not kept: check_transaction gets their count
+    RedisReply element;
+    for (int64_t i = 0; i < count; ++i) {
+      if (skip_integer(ptrs.back())) continue;
+      read_reply(element, ptrs.back(), 1);
+      if (element.is_error()) errors.emplace_back(static_cast<size_t>(i), std::move(element));
+    }
+  }
+  check_transaction(multi, scratch_, static_cast<size_t>(std::max<int64_t>(count, 0)), cmds, [&](size_t i) -> const RedisReply* {
+    for (const auto& [at, r] : refused)
+      if (at == i) return &r;
+    return nullptr;
+  });
+  return errors;
 }
 
 }  // namespace backends

@@ -114,7 +114,12 @@ bool keys_exist(const TensorDict& dst, const TensorDict& value) {
 //! td[idx] = value with a value of no keys: upstream re-batches it to the indexed batch (whatever its own:
 //! nothing to check) and writes nothing; the nodes that write their own way skip the write once the index is
 //! validated, as the dense node's re-batch does
-bool writes_nothing(const TensorDict& value) { return value.keys().empty(); }
+//! (a dense value's own entries are looked at, not copied: keys() built a NestedKey per key, 12% of a Redis
+//! producer's row write)
+bool writes_nothing(const TensorDict& value) {
+  if (const auto* own = value.node()->own_entries()) return own->empty();
+  return value.node()->keys().empty();
+}
 
 //! upstream __setitem__: a value whose batch differs from the indexed batch is expanded on the left when
 //! its dims are the trailing ones, else re-batched on a shallow copy (its leaves already carry the indexed

@@ -45,6 +45,7 @@ struct TensorDictImpl : Node {
   std::shared_ptr<const Consolidated> consolidated;
 
   TensorDictImpl* dense_node() override { return this; }
+  const std::vector<std::pair<std::string, Entry>>* own_entries() const override { return &entries; }
   std::string type_name() const override { return "TensorDict"; }
   NodeCaps caps() const override;
   std::vector<std::string> keys() const override;

@@ -525,5 +525,43 @@ BOOST_AUTO_TEST_CASE(getranges_script_reloaded_after_flush) {
   BOOST_TEST(same(s->read({LeafRead{{"x"}, false, {0, 4}}, LeafRead{{"x"}, true, {}}})[0], want));
 }
 
+BOOST_AUTO_TEST_CASE(transaction_errors_reports_each_failed_command_and_keeps_the_stream_in_step) {
+  // the write path's transaction keeps only error replies: every other reply (+QUEUED, EXEC's integers, and the
+  // other kinds a transaction may hold) is parsed and dropped, and the next request reads its own reply
+  RedisClient c(opts(shared_server()).connect_options());
+  const std::string s = "tx-errors:s", l = "tx-errors:l";
+  c.command(RedisCommand{"DEL", s, l});
+  c.command(RedisCommand{"RPUSH", l, "x"});
+  auto after = [&] { return c.command(RedisCommand{"ECHO", "in step"}).str == "in step"; };
+  // all applied: no errors (integers, a status, a bulk string, a nil, an array)
+  auto none = c.transaction_errors({RedisCommand{"SETRANGE", s, "0", "abc"}, RedisCommand{"SET", "tx-errors:t", "v"},
+                                    RedisCommand{"GET", "tx-errors:t"}, RedisCommand{"GET", "tx-errors:none"},
+                                    RedisCommand{"LRANGE", l, "0", "-1"}, RedisCommand{"SETRANGE", s, "3", "de"}});
+  BOOST_TEST(none.empty());
+  BOOST_TEST(c.command(RedisCommand{"GET", s}).str == "abcde");
+  BOOST_TEST(after());
+  // failing when run (WRONGTYPE on the list): that command's index, the others applied
+  auto errs = c.transaction_errors({RedisCommand{"SETRANGE", s, "0", "X"}, RedisCommand{"SETRANGE", l, "0", "Y"},
+                                    RedisCommand{"SETRANGE", s, "1", "Z"}, RedisCommand{"SETRANGE", l, "1", "W"}});
+  BOOST_TEST(errs.size() == 2u);
+  BOOST_TEST((errs.size() == 2 && errs[0].first == 1 && errs[1].first == 3));
+  BOOST_TEST((errs.size() == 2 && contains(errs[0].second.str, "WRONGTYPE")));
+  BOOST_TEST(c.command(RedisCommand{"GET", s}).str == "XZcde");
+  BOOST_TEST(after());
+  // refused while queueing (wrong arity): nothing applied, the refusal named, the stream still in step
+  const std::string m = message_of<BackendError>(
+      [&] { c.transaction_errors({RedisCommand{"SETRANGE", s, "0", "Q"}, RedisCommand{"SETRANGE", s}}); });
+  BOOST_TEST(contains(m, "transaction not applied"), m);
+  BOOST_TEST(c.command(RedisCommand{"GET", s}).str == "XZcde");
+  BOOST_TEST(after());
+  // many commands: the replies arrive over several reads
+  std::vector<RedisCommand> many;
+  for (int i = 0; i < 5000; ++i) many.push_back(RedisCommand{"SETRANGE", s, std::to_string(i), "k"});
+  BOOST_TEST(c.transaction_errors(many).empty());
+  BOOST_TEST(c.command(RedisCommand{"STRLEN", s}).integer == 5000);
+  BOOST_TEST(after());
+  c.command(RedisCommand{"DEL", s, l, "tx-errors:t"});
+}
+
 // ------------------------------------------------------------------ credentials, reply timeouts, __device__
 BOOST_AUTO_TEST_SUITE_END()

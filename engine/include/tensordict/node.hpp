@@ -129,6 +129,9 @@ class Node : public std::enable_shared_from_this<Node> {
 
   //! every key of this level with its value, in keys() order (default: keys() then read() per key)
   virtual std::vector<std::pair<std::string, Entry>> read_all() const;
+  //! this level's entries held in memory by the node itself, in keys() order, to look at without a copy (a
+  //! row write's hot path); null when the node reads them from elsewhere (read_all then)
+  virtual const std::vector<std::pair<std::string, Entry>>* own_entries() const { return nullptr; }
   //! set(key, value, inplace) at the last part of `key` (the full key, for messages) on this level:
   //! in place when `inplace` and the key exists, else added or replaced (LockedError when locked)
   virtual void set_entry(const NestedKey& key, const Entry& value, bool inplace);

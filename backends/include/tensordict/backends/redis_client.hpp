@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,9 +77,11 @@ class RedisCommand {
     return *this;
   }
   size_t size() const { return args_.size(); }
-  //! the command in the Redis protocol (RESP: "*<n>\r\n" then "$<len>\r\n<bytes>\r\n" per argument), appended to
-  //! `out`: what hiredis's redisAppendCommandArgv makes, without its sds formatting (15% of a write-behind fill)
-  void append_resp(std::string& out) const;
+  //! the command in the Redis protocol (RESP: "*<n>\r\n" then "$<len>\r\n<bytes>\r\n" per argument): its size,
+  //! and the bytes written at `p` (resp_size() of them; returns the end). What hiredis's redisAppendCommandArgv
+  //! makes, without its sds formatting (15% of a write-behind fill)
+  size_t resp_size() const;
+  char* write_resp(char* p) const;
   //! argument i as a string (a copy), for messages
   std::string at(size_t i) const {
     const Arg& a = args_[i];
@@ -149,6 +152,10 @@ class RedisClient {
   //! MULTI, the commands, EXEC in one round trip: the commands' replies (runtime error replies as values).
   //! A command refused while queueing (EXECABORT: nothing was applied) throws.
   std::vector<RedisReply> transaction(const std::vector<RedisCommand>& cmds);
+  //! transaction() for commands whose replies only matter when they are errors (writes): the error replies
+  //! with the index of their command, none when every command succeeded. The other replies are parsed and
+  //! checked, not kept (a merged write of 256 rows had 2,000 replies built into two vectors, then dropped)
+  std::vector<std::pair<size_t, RedisReply>> transaction_errors(const std::vector<RedisCommand>& cmds);
 
   //! "host:port" or the unix socket path
   std::string endpoint() const;
@@ -165,17 +172,38 @@ class RedisClient {
   [[noreturn]] void lost(const std::string& what, const std::string& reason = "");
   [[noreturn]] void silent(const std::string& what);
   std::vector<RedisReply> roundtrip(const std::vector<const RedisCommand*>& cmds);
-  // the replies, read and parsed here (RESP2) rather than by hiredis's reader, whose reply objects (a calloc per
+  //! writes the commands to the server (all of them, or throws through lost())
+  void send_all(const std::vector<const RedisCommand*>& cmds);
+  //! MULTI, cmds, EXEC in ptrs_ (reused)
+  const std::vector<const RedisCommand*>& transaction_of(const std::vector<RedisCommand>& cmds);
+  //! throws what a transaction's MULTI or EXEC reply says went wrong (`queued(i)`: the reply to cmds[i] while
+  //! queueing, for EXECABORT's first refusal); nothing when EXEC's reply is an array of one reply per command
+  //! (`replies`: its length)
+  template <class Queued>
+  void check_transaction(const RedisReply& multi, const RedisReply& exec, size_t replies,
+                         const std::vector<RedisCommand>& cmds, Queued&& queued);  // the replies, read and parsed here (RESP2) rather than by hiredis's reader, whose reply objects (a calloc per
   // reply, freed after the copy into RedisReply) were a third of a write-behind fill's store actor
   void read_reply(RedisReply& out, const RedisCommand* cmd, int depth);
   std::string_view read_line(const RedisCommand* cmd);
+  //! the hot replies of a write transaction, parsed in the buffer without a RedisReply: skips the next reply
+  //! when it is the status `line` and all of it is received (false, nothing read, otherwise); skips an
+  //! integer reply (false, nothing read, when the next reply is another type); reads an array's header and
+  //! gives its length (-1, nothing read, when the next reply is not an array)
+  bool skip_line(std::string_view line);
+  bool skip_integer(const RedisCommand* cmd);
+  int64_t array_header(const RedisCommand* cmd);
   void read_more(const RedisCommand* cmd);
   //! one recv(2) of up to n bytes (> 0); a timeout, a closed connection or an error throws (silent / lost)
   size_t recv_some(char* to, size_t n, const RedisCommand* cmd);
 
   RedisConnectOptions options_;
   redisContext* ctx_ = nullptr;
-  std::string wbuf_;  //!< the protocol bytes of a round trip's commands, reused by every round trip
+  //! the protocol bytes of a round trip's commands, reused by every round trip (not a string: resizing one
+  //! zero-fills what is written over at once)
+  std::unique_ptr<char[]> wbuf_;
+  size_t wcap_ = 0;
+  std::vector<const RedisCommand*> ptrs_;  //!< a transaction's commands (transaction_of)
+  RedisReply scratch_;                     //!< a reply read only to be checked (transaction_errors)
   std::vector<char> rbuf_;  //!< bytes received and not yet parsed: [rpos_, rend_)
   size_t rpos_ = 0, rend_ = 0;
   int64_t connections_ = 0;
