@@ -251,6 +251,37 @@ BOOST_AUTO_TEST_CASE(write_behind_queues_rows_into_deep_pipelines_and_reads_see_
   BOOST_TEST(TensorDictStore::from_store(buf.td_id(), RedisOptions().port(server.port())).get("id").equal(at::arange(100)));
 }
 
+// a queued write's data copy is reused by a later write of its handle once the first is done and nothing holds
+// it: many rows through a shallow queue (copies reused again and again), rows of a sub-selection of the leaves
+// and slices of several rows between them (other sizes, other leaf counts) all land as written
+BOOST_AUTO_TEST_CASE(recycled_write_behind_copies_never_change_a_queued_row) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port()).write_behind(4);
+  constexpr int64_t kN = 3000;
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {kN}, o);
+  for (int64_t r = 0; r < kN; ++r) {
+    if (r % 97 == 5 && r + 3 <= kN) {  // three rows at once: a larger copy
+      TensorDict rows = TensorDict(Dict{{"obs", at::arange(r, r + 3).to(at::kFloat).unsqueeze(1).expand({3, 8}).contiguous()},
+                                        {"id", at::arange(r, r + 3)}},
+                                   {3});
+      buf.index_put_({Slice(r, r + 3)}, rows);
+      r += 2;
+      continue;
+    }
+    if (r % 31 == 7) {  // only "id" first (one leaf, a smaller copy), then "obs"
+      buf.index_put_({r}, TensorDict(Dict{{"id", at::scalar_tensor(r, at::kLong)}}, {}));
+      buf.index_put_({r}, TensorDict(Dict{{"obs", at::full({8}, static_cast<float>(r))}}, {}));
+      continue;
+    }
+    TensorDict row = replay_row(r);
+    buf.index_put_({r}, row);
+    row.get("obs").fill_(-1.0f);  // the caller's tensors change at once: the queued copy must not
+    row.get("id").fill_(-1);
+  }
+  buf.flush_writes();
+  BOOST_TEST(holds_rows(buf.to_tensordict(), kN));
+}
+
 // the first error of a queued write is raised once, with its type, by the next call of the handle and by
 // flush_writes(); the rows written before it stay, and the handle works on afterwards
 BOOST_AUTO_TEST_CASE(a_failed_queued_write_is_raised_by_the_next_call_and_by_flush_writes) {
