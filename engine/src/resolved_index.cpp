@@ -59,10 +59,24 @@ at::Tensor strided_positions(const BatchSize& shape, int64_t first, int64_t coun
 //! and would stay allocated until the thread's next selection)
 constexpr int64_t kRememberedPositions = 4096;
 
+//! the last row plan of this thread (ResolvedIndex::row_plan) and the positions tensor it was computed from
+struct LastPlan {
+  at::Tensor positions;
+  BatchSize source;
+  ResolvedIndex::RowPlan plan;
+};
+LastPlan& last_plan() {
+  thread_local LastPlan last;
+  return last;
+}
+
 //! strided_positions, remembered per thread for the last arguments: a loop writing or reading the same rows
 //! (`h5td[100:356] = batch` again and again) gets the same positions tensor, hence the same row plan (row_plan
 //! remembers its last one) and the same row list, whose checks and selection layout the stores remember too.
-//! Positions are never written after they are made, so sharing them is safe.
+//! Positions are never written while anything but these two memos holds them, so sharing them is safe. Other
+//! rows of the same shape (a producer writing row after row) are written into the remembered tensor when
+//! nothing else holds it any more (the ResolvedIndex it went to is gone), and the plan remembered for it is
+//! dropped: a new positions tensor per row was a malloc and a TensorImpl (with its version counter) per row write
 at::Tensor same_strided_positions(const BatchSize& shape, int64_t first, int64_t count, int64_t stride, int64_t inner) {
   struct Last {
     BatchSize shape;
@@ -71,17 +85,29 @@ at::Tensor same_strided_positions(const BatchSize& shape, int64_t first, int64_t
   };
   thread_local Last last;
   if (count * inner > kRememberedPositions) return strided_positions(shape, first, count, stride, inner);
-  if (!(last.positions.defined() && last.first == first && last.count == count && last.stride == stride &&
-        last.inner == inner && last.shape == shape)) {
+  if (last.positions.defined() && last.first == first && last.count == count && last.stride == stride &&
+      last.inner == inner && last.shape == shape)
+    return last.positions;
+  LastPlan& plan = last_plan();
+  const bool planned = plan.positions.defined() && plan.positions.unsafeGetTensorImpl() == last.positions.unsafeGetTensorImpl();
+  if (last.positions.defined() && last.shape == shape && last.positions.use_count() == (planned ? 2 : 1) &&
+      last.positions.storage().use_count() == 1) {
+    if (planned) plan = LastPlan();
+    int64_t* p = last.positions.data_ptr<int64_t>();
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t base = first + r * stride;
+      for (int64_t i = 0; i < inner; ++i) *p++ = base + i;
+    }
+  } else {
     last.positions = at::Tensor();  // a throw below leaves no stale entry
     at::Tensor t = strided_positions(shape, first, count, stride, inner);
     last.shape = shape;
-    last.first = first;
-    last.count = count;
-    last.stride = stride;
-    last.inner = inner;
     last.positions = std::move(t);
   }
+  last.first = first;
+  last.count = count;
+  last.stride = stride;
+  last.inner = inner;
   return last.positions;
 }
 
@@ -170,12 +196,7 @@ std::optional<std::pair<int64_t, int64_t>> ResolvedIndex::row_range() const {
 ResolvedIndex::RowPlan ResolvedIndex::row_plan() const {
   // the last plan of this thread, when asked again for the same positions tensor over the same source (see
   // same_strided_positions): one row list shared by the calls, so the stores' memos (RowMemo) hold
-  struct Last {
-    at::Tensor positions;
-    BatchSize source;
-    RowPlan plan;
-  };
-  thread_local Last last;
+  LastPlan& last = last_plan();
   if (last.positions.defined() && last.positions.unsafeGetTensorImpl() == positions_.unsafeGetTensorImpl() &&
       last.source == source_) {
     return last.plan;

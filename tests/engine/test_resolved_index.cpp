@@ -4,6 +4,7 @@
 #include "tensordict/errors.hpp"
 #include "tensordict/resolved_index.hpp"
 
+#include <optional>
 #include <thread>
 
 using namespace tensordict;
@@ -154,6 +155,37 @@ BOOST_AUTO_TEST_CASE(repeated_row_selections_share_one_plan_per_thread) {
   const auto k = plan_of(bs, {at::tensor({7, 3, 7}, at::kLong)});
   BOOST_TEST(k.rows.vec() == std::vector<int64_t>({3, 7}));
   BOOST_TEST(!k.in_order);
+}
+
+BOOST_AUTO_TEST_CASE(row_after_row_reuses_positions_only_when_nothing_holds_them) {
+  // a producer's td[i] = row, row after row: the remembered positions tensor is written again for the next row
+  // once its ResolvedIndex is gone, and the plan remembered for it is dropped with it. A ResolvedIndex (or a view
+  // of its positions) still held keeps its rows.
+  const BatchSize bs{100, 3};
+  auto rows_of = [](const ResolvedIndex& r) { return r.row_plan().rows.vec(); };
+  const void* first_impl = nullptr;
+  {
+    const ResolvedIndex r = ResolvedIndex::resolve(bs, {5});
+    BOOST_TEST(rows_of(r) == std::vector<int64_t>({5}));  // its plan is remembered now
+    first_impl = r.positions().unsafeGetTensorImpl();
+  }
+  const ResolvedIndex a = ResolvedIndex::resolve(bs, {6});  // nothing holds row 5's: written again
+  BOOST_TEST(a.positions().unsafeGetTensorImpl() == first_impl);
+  BOOST_TEST(a.positions().equal(grid(bs).index({6})));
+  BOOST_TEST(rows_of(a) == std::vector<int64_t>({6}));  // not row 5's remembered plan
+  std::optional<ResolvedIndex> b = ResolvedIndex::resolve(bs, {7});  // `a` is held: new positions
+  BOOST_TEST(b->positions().unsafeGetTensorImpl() != a.positions().unsafeGetTensorImpl());
+  BOOST_TEST(a.positions().equal(grid(bs).index({6})));
+  BOOST_TEST(rows_of(a) == std::vector<int64_t>({6}));
+  BOOST_TEST(rows_of(*b) == std::vector<int64_t>({7}));
+  at::Tensor view = at::empty({0}, at::kLong);  // only b's storage held (as a tensor set_ on it holds it)
+  view.set_(b->positions().storage(), 0, {3}, {1});
+  const void* b_impl = b->positions().unsafeGetTensorImpl();
+  b.reset();
+  const ResolvedIndex c = ResolvedIndex::resolve(bs, {8});
+  BOOST_TEST(c.positions().unsafeGetTensorImpl() != b_impl);
+  BOOST_TEST(view.equal(grid(bs).index({7}).view({3})));
+  BOOST_TEST(rows_of(c) == std::vector<int64_t>({8}));
 }
 
 BOOST_AUTO_TEST_CASE(json_round_trip_and_bad_input) {
