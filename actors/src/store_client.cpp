@@ -95,6 +95,10 @@ struct StoreCallState {
   leaf_call* calls = nullptr;  //!< the registered calls (leaf_call::reg_next), failed by fail_all
   StoreClient::BatchStats stats;
 
+  ~StoreCallState() {
+    while (calls) unlink(*calls);  // what is still registered holds itself (leaf_call::self): let it go
+  }
+
   //! registers a call and gives the actor to send it to; false (and `why`) when the actor is gone
   bool begin(const leaf_call_ptr& c, std::string* why, caf::actor* to) {
     std::lock_guard<std::mutex> lock(mu);
