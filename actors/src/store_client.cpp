@@ -482,17 +482,24 @@ struct StoreClient::Impl {
   std::atomic<size_t> behind_n{0};        //!< behind.size()
   std::optional<map_detail::CarriedError> behind_error;  //!< the first error of a queued write, not raised yet
   std::atomic<bool> behind_failed{false};                //!< behind_error is set
-  //! the data copies of done queued writes, oldest first, to be written again (under behind_mu)
+  //! the data copies of done queued writes, oldest first, to be written again (under behind_mu): rows' copies
+  //! only (a large write's copy is freed at once), at most kMaxSpareBytes of them
   std::deque<std::unique_ptr<OwnedData>> spare;
-  static constexpr size_t kMaxSpare = 512;
+  size_t spare_bytes = 0;
+  static constexpr size_t kMaxSpareCopy = size_t{1} << 20, kMaxSpareBytes = size_t{32} << 20;
   //! a spare copy of at least `bytes` that nothing holds any more (its call is gone), or nullptr
   std::unique_ptr<OwnedData> take_spare(size_t bytes) {
     std::lock_guard<std::mutex> lock(behind_mu);
+    // the oldest first; one still held goes to the back (its call may be in a batch the actor has not let go
+    // of yet), so that a copy held for long does not stand in front of the others
     for (size_t i = 0; i < std::min<size_t>(spare.size(), 4); ++i) {
-      if (spare[i]->bytes < bytes || !spare[i]->unshared()) continue;
-      std::unique_ptr<OwnedData> o = std::move(spare[i]);
-      spare.erase(spare.begin() + static_cast<std::ptrdiff_t>(i));
-      return o;
+      std::unique_ptr<OwnedData> o = std::move(spare.front());
+      spare.pop_front();
+      if (o->bytes >= bytes && o->unshared()) {
+        spare_bytes -= o->bytes;
+        return o;
+      }
+      spare.push_back(std::move(o));
     }
     return nullptr;
   }
@@ -544,7 +551,10 @@ void StoreClient::Impl::reap(size_t keep) {
     behind.pop_front();
     // its data copy, for a later write once the call is gone (OwnedData::unshared; only this thread touches
     // `owned`)
-    if (c->owned && spare.size() < kMaxSpare) spare.push_back(std::move(c->owned));
+    if (c->owned && c->owned->bytes <= kMaxSpareCopy && spare_bytes + c->owned->bytes <= kMaxSpareBytes) {
+      spare_bytes += c->owned->bytes;
+      spare.push_back(std::move(c->owned));
+    }
   }
   behind_n.store(behind.size(), std::memory_order_release);
 }
