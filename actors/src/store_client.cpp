@@ -731,7 +731,8 @@ bool plain_cpu(const at::Tensor& t) {
 //! contiguous CPU leaves (a replay buffer's row) are copied into ONE buffer, each leaf a tensor over its part,
 //! made without the dispatcher: a row of 4 leaves cost 4 at::empty (15% of a producer's time, measured) + 4
 //! TensorIterator copies as clones; others are cloned (nullptr returned). A done write's copy that nothing
-//! holds any more (`take_spare(bytes)`, Impl::take_spare) is written again when it is large enough: its buffer and tensors reused
+//! holds any more (`take_spare(bytes)`, Impl::take_spare) is written again when it is large enough: its buffer
+//! and tensors are reused
 template <class TakeSpare>
 std::unique_ptr<OwnedData> own_data(std::vector<backends::LeafWrite>& writes, TakeSpare&& take_spare) {
   constexpr size_t kAlign = 64;

@@ -554,28 +554,28 @@ std::vector<std::pair<size_t, RedisReply>> RedisClient::transaction_errors(const
   RedisReply multi;
   read_reply(multi, ptrs.front(), 0);
   std::vector<std::pair<size_t, RedisReply>> refused;  // while queueing (rare: EXECABORT follows)
+  RedisReply reply;
   for (size_t i = 0; i < cmds.size(); ++i) {
     if (skip_line("+QUEUED")) continue;  // the common reply, straight from the buffer
-    read_reply(scratch_, ptrs[i + 1], 0);
-    if (scratch_.is_error()) refused.emplace_back(i, scratch_);
+    read_reply(reply, ptrs[i + 1], 0);
+    if (reply.is_error()) refused.emplace_back(i, std::move(reply));
   }
   // EXEC: an array of one reply per command. Integer replies (SETRANGE's) are checked in the buffer; the others
   // are read, and kept when they are errors
   std::vector<std::pair<size_t, RedisReply>> errors;
   const int64_t count = array_header(ptrs.back());
-  scratch_ = RedisReply();
+  RedisReply exec;
   if (count == -1) {
-    read_reply(scratch_, ptrs.back(), 0);  // not an array: an error (EXECABORT)
+    read_reply(exec, ptrs.back(), 0);  // not an array: an error (EXECABORT)
   } else if (count >= 0) {
-    scratch_.type = RedisReply::Type::Array;  // its elements are not kept: check_transaction gets their count
-    RedisReply element;
+    exec.type = RedisReply::Type::Array;  // its elements are not kept: check_transaction gets their count
     for (int64_t i = 0; i < count; ++i) {
       if (skip_integer(ptrs.back())) continue;
-      read_reply(element, ptrs.back(), 1);
-      if (element.is_error()) errors.emplace_back(static_cast<size_t>(i), std::move(element));
+      read_reply(reply, ptrs.back(), 1);
+      if (reply.is_error()) errors.emplace_back(static_cast<size_t>(i), std::move(reply));
     }
   }
-  check_transaction(multi, scratch_, static_cast<size_t>(std::max<int64_t>(count, 0)), cmds, [&](size_t i) -> const RedisReply* {
+  check_transaction(multi, exec, static_cast<size_t>(std::max<int64_t>(count, 0)), cmds, [&](size_t i) -> const RedisReply* {
     for (const auto& [at, r] : refused)
       if (at == i) return &r;
     return nullptr;

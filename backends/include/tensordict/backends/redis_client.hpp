@@ -203,7 +203,6 @@ class RedisClient {
   std::unique_ptr<char[]> wbuf_;
   size_t wcap_ = 0;
   std::vector<const RedisCommand*> ptrs_;  //!< a transaction's commands (transaction_of)
-  RedisReply scratch_;                     //!< a reply read only to be checked (transaction_errors)
   std::vector<char> rbuf_;  //!< bytes received and not yet parsed: [rpos_, rend_)
   size_t rpos_ = 0, rend_ = 0;
   int64_t connections_ = 0;
