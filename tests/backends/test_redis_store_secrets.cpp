@@ -220,6 +220,22 @@ BOOST_AUTO_TEST_CASE(a_server_speaking_garbage_is_a_protocol_error) {
       BOOST_TEST(contains(m, expect), m);
     }
   }
+  // a write transaction's replies, checked in the buffer (transaction_errors): the handshake's PONG, then MULTI's
+  // +OK, one +QUEUED and a malformed EXEC
+  const std::vector<std::pair<std::string, std::string>> tx_cases = {
+      {"*1\r\n:12x\r\n", "':12x' is not an integer reply"},
+      {"*1\r\n:\r\n", "':' is not an integer reply"},
+      {"*1x\r\n", "'*1x' is not an array length"},
+      {"*-1\r\n", "unexpected EXEC reply"},
+      {"*2\r\n:1\r\n:1\r\n", "unexpected EXEC reply"}};
+  for (const auto& [exec, expect] : tx_cases) {
+    BOOST_TEST_CONTEXT("EXEC reply " << exec) {
+      SilentListener garbage("+PONG\r\n+OK\r\n+QUEUED\r\n" + exec);
+      RedisClient c(RedisOptions().port(garbage.port()).command_timeout_ms(300).connect_options());
+      const std::string m = message_of<BackendError>([&] { c.transaction_errors({RedisCommand{"SETRANGE", "k", "0", "v"}}); });
+      BOOST_TEST(contains(m, expect), m);
+    }
+  }
   // a reply that stops halfway (the server stays connected): the reply timeout, never a short string
   SilentListener cut("$10\r\nabc");
   const std::string m = message_of<BackendError>(
