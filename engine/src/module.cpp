@@ -1,8 +1,10 @@
 // Modules and parameters: TensorDict::from_module, TensorDict::to_module, ModuleSwap (tensordict/module.hpp).
 #include "tensordict/module.hpp"
 
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
+#include "block_pool.hpp"
 #include "tensordict/backends/shape_text.hpp"
 #include "tensor_dict_internal.hpp"
 
@@ -10,14 +12,71 @@ namespace tensordict {
 
 namespace {
 
-//! a new handle on t's storage (same sizes, strides and offset) without autograd history: what detach() gives,
-//! without the dispatcher (a 100-layer swap did 600 of them: most of its time)
+//! the blocks of a leaf handle (its TensorImpl, its AutogradMeta): one size for both, 2,048 kept per thread
+constexpr std::size_t kLeafBlock = 208;
+using LeafBlocks = detail::BlockPool<kLeafBlock, 2048>;
+void* take_leaf_block(std::size_t n) { return n <= kLeafBlock ? LeafBlocks::take() : ::operator new(n); }
+void give_leaf_block(void* p, std::size_t n) noexcept {
+  if (n <= kLeafBlock) {
+    LeafBlocks::give(p);
+  } else {
+    ::operator delete(p);
+  }
+}
+
+//! the AutogradMeta of a from_module leaf that requires grad, in a LeafBlocks block
+struct LeafGradMeta final : torch::autograd::AutogradMeta {
+  using torch::autograd::AutogradMeta::AutogradMeta;
+  static void* operator new(std::size_t n) { return take_leaf_block(n); }
+  static void operator delete(void* p, std::size_t n) noexcept { give_leaf_block(p, n); }
+};
+
+//! a TensorImpl on src's storage with src's sizes, strides, offset and contiguity flags, sharing src's version
+//! counter (as detach() does: a write through it is a write of src for autograd's checks). Built without the
+//! dispatcher and without TensorImpl's general constructor, which allocates a version counter only for it to be
+//! replaced and recomputes what src already knows (a 100-layer from_module made 200 of them: a third of its
+//! time). Only for a plain strided TensorImpl (checked by alias_of); behaves as a TensorImpl in every respect
+struct AliasImpl final : c10::TensorImpl {
+  explicit AliasImpl(const c10::TensorImpl& src)
+      // the VIEW constructor takes the key set as given: without autograd keys it allocates no version counter
+      : c10::TensorImpl(c10::TensorImpl::VIEW, c10::Storage(src.storage()),
+                        src.key_set() - c10::autograd_dispatch_keyset_with_ADInplaceOrView, src.dtype()) {
+    key_set_ = src.key_set() - c10::python_ks;
+    version_counter_ = src.version_counter();
+    sizes_and_strides_.set_sizes(src.sizes());
+    sizes_and_strides_.set_strides(src.strides());
+    storage_offset_ = src.storage_offset();
+    numel_ = src.numel();
+    is_contiguous_ = src.is_contiguous_default(at::MemoryFormat::Contiguous);
+    is_channels_last_contiguous_ = src.is_contiguous_default(at::MemoryFormat::ChannelsLast);
+    is_channels_last_3d_contiguous_ = src.is_contiguous_default(at::MemoryFormat::ChannelsLast3d);
+    is_channels_last_ = src.is_strides_like_default(at::MemoryFormat::ChannelsLast);
+    is_channels_last_3d_ = src.is_strides_like_default(at::MemoryFormat::ChannelsLast3d);
+    is_non_overlapping_and_dense_ = src.is_non_overlapping_and_dense_default();
+  }
+
+  static void* operator new(std::size_t n) { return take_leaf_block(n); }
+  static void operator delete(void* p, std::size_t n) noexcept { give_leaf_block(p, n); }
+
+  //! whether src's metadata is all in its own fields (no custom or symbolic sizes and strides, no Python
+  //! dispatch, not a TensorImpl subclass of another library): what the constructor copies is then all of it
+  static bool can_alias(const c10::TensorImpl& src) {
+    const auto& type = typeid(src);
+    if (type != typeid(c10::TensorImpl) && type != typeid(AliasImpl)) return false;
+    constexpr auto policy = &AliasImpl::matches_policy;  // protected: named through this class, called on src
+    return src.has_storage() && src.layout() == c10::kStrided && !src.is_python_dispatch() &&
+           !src.has_symbolic_sizes_strides() && !(src.*policy)(SizesStridesPolicy::CustomStrides) &&
+           !src.key_set().has_any(c10::python_ks);
+  }
+};
+
+//! a new handle on t's storage (same sizes, strides and offset, the same version counter) without autograd
+//! history: what detach() gives, without the dispatcher (a 100-layer swap did 600 of them: most of its time)
 at::Tensor alias_of(const at::Tensor& t) {
-  if (!t.defined() || t.is_sparse() || t.is_quantized() || t.is_nested() || !t.has_storage()) return t.detach();
-  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
-  out.unsafeGetTensorImpl()->set_storage_offset(t.storage_offset());
-  return out;
+  if (!t.defined()) return t;
+  const c10::TensorImpl& src = *t.unsafeGetTensorImpl();
+  if (!AliasImpl::can_alias(src)) return t.detach();
+  return at::Tensor(c10::make_intrusive<AliasImpl>(src));
 }
 
 std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
@@ -57,7 +116,14 @@ const Children& children_of(const torch::nn::Module& m) { return m.*member_of(Ch
 at::Tensor leaf_of(const at::Tensor& t, const FromModuleOptions& o) {
   if (o.use_state_dict()) return o.copy() ? t.detach().clone() : alias_of(t);
   at::Tensor out = o.copy() ? t.detach().clone() : alias_of(t);  // a new handle: a later swap leaves it alone
-  if (t.requires_grad()) out.requires_grad_(true);
+  if (!t.requires_grad()) return out;
+  c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+  if (!impl->autograd_meta() && typeid(*impl) == typeid(AliasImpl) && !out.is_inference()) {
+    // what requires_grad_(true) makes for a fresh leaf, without its dispatch and checks (a floating dtype, as t's)
+    impl->set_autograd_meta(std::make_unique<LeafGradMeta>(impl, true));
+  } else {
+    out.requires_grad_(true);
+  }
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include "tensordict/module.hpp"
 
 #include <filesystem>
+#include <thread>
 
 using namespace tensordict;
 using zoo::throws_with;
@@ -218,6 +219,121 @@ BOOST_AUTO_TEST_CASE(shared_and_frozen_parameters) {
   filled(q, 1.0).to_module(*seq, ToModuleOptions().return_swap(false));
   BOOST_TEST(!seq->ptr(0)->as<torch::nn::Linear>()->weight.requires_grad());
   BOOST_TEST(seq->ptr(0)->as<torch::nn::Linear>()->bias.requires_grad());
+}
+
+BOOST_AUTO_TEST_CASE(leaves_share_the_parameters_version_counter_as_detach_does) {
+  auto seq = mlp(11);
+  auto lin0 = seq->ptr(0)->as<torch::nn::Linear>();
+  auto lin2 = seq->ptr(2)->as<torch::nn::Linear>();
+  TensorDict p = TensorDict::from_module(*seq);
+  const at::Tensor w = p.get({"0", "weight"});
+  BOOST_TEST(w.unsafeGetTensorImpl() != lin0->weight.unsafeGetTensorImpl());  // a new handle
+  BOOST_TEST(w.is_leaf());
+  BOOST_TEST(w.grad_fn() == nullptr);
+  const auto v0 = lin0->weight._version();
+  {
+    at::NoGradGuard g;
+    w.mul_(1.0);  // an in-place write through the value is a write of the parameter
+  }
+  BOOST_TEST(lin0->weight._version() == v0 + 1);
+  // so autograd sees it: a graph that saved the parameter refuses its backward after the write
+  const at::Tensor x = torch::randn({2, 4});
+  at::Tensor y = seq->forward(x).sum();
+  {
+    at::NoGradGuard g;
+    p.get({"2", "weight"}).mul_(1.0);
+  }
+  BOOST_CHECK_THROW(y.backward(), c10::Error);
+  // a value takes part in autograd as a leaf of its own (the module's parameter gets no gradient from it)
+  at::Tensor z = (p.get({"2", "weight"}) * 3.0).sum();
+  z.backward();
+  BOOST_TEST(p.get({"2", "weight"}).grad().defined());
+  BOOST_TEST(p.get({"2", "weight"}).grad().eq(3.0).all().item<bool>());
+  BOOST_TEST(!lin2->weight.grad().defined());
+}
+
+//! a module whose tensors are laid out every way a strided tensor can be
+struct LayoutsImpl : torch::nn::Module {
+  LayoutsImpl() {
+    torch::manual_seed(12);
+    conv = register_parameter("conv", torch::randn({4, 3, 5, 5}).contiguous(torch::MemoryFormat::ChannelsLast));
+    conv3d = register_parameter("conv3d", torch::randn({2, 3, 2, 4, 4}).contiguous(torch::MemoryFormat::ChannelsLast3d));
+    const at::Tensor base = torch::arange(60.0).view({10, 6});
+    register_buffer("transposed", base.t());
+    register_buffer("offset", base.narrow(0, 3, 4));
+    register_buffer("strided", base.index({at::indexing::Slice(1, at::indexing::None, 3), at::indexing::Slice(0, at::indexing::None, 2)}));
+    register_buffer("expanded", torch::ones({3, 1}).expand({3, 4}));
+    register_buffer("scalar", torch::tensor(2.5));
+    register_buffer("empty", torch::empty({0, 3}));
+    register_buffer("ints", torch::arange(6, torch::kInt32).view({2, 3}));
+  }
+  at::Tensor conv, conv3d;
+};
+TORCH_MODULE(Layouts);
+
+BOOST_AUTO_TEST_CASE(leaves_keep_every_layout_of_the_modules_tensors) {
+  Layouts m;
+  TensorDict p = TensorDict::from_module(*m);
+  std::vector<std::pair<std::string, at::Tensor>> own;
+  for (const auto& kv : m->named_parameters()) own.emplace_back(kv.key(), kv.value());
+  for (const auto& kv : m->named_buffers()) own.emplace_back(kv.key(), kv.value());
+  BOOST_TEST(own.size() == 9U);
+  for (const auto& [key, t] : own) {
+    BOOST_TEST_CONTEXT(key) {
+      const at::Tensor v = p.get(key);
+      const at::Tensor d = t.detach();  // libtorch's own handle on the same tensor: what the flags must be
+      BOOST_TEST(v.sizes() == d.sizes());
+      BOOST_TEST(v.strides() == d.strides());
+      BOOST_TEST(v.storage_offset() == d.storage_offset());
+      BOOST_TEST(v.numel() == d.numel());
+      BOOST_TEST(v.dtype() == d.dtype());
+      BOOST_TEST(v.device() == d.device());
+      BOOST_TEST(v.is_contiguous() == d.is_contiguous());
+      BOOST_TEST(v.is_contiguous(torch::MemoryFormat::ChannelsLast) == d.is_contiguous(torch::MemoryFormat::ChannelsLast));
+      BOOST_TEST(v.is_contiguous(torch::MemoryFormat::ChannelsLast3d) == d.is_contiguous(torch::MemoryFormat::ChannelsLast3d));
+      BOOST_TEST(v.is_non_overlapping_and_dense() == d.is_non_overlapping_and_dense());
+      BOOST_TEST(v.suggest_memory_format() == d.suggest_memory_format());
+      BOOST_TEST(v.requires_grad() == t.requires_grad());
+      BOOST_TEST(v.is_alias_of(t));
+      BOOST_TEST(v.equal(t));
+      // and what libtorch computes from the sizes and strides agrees: a contiguous() copy equals the value
+      BOOST_TEST(v.contiguous().equal(d.contiguous()));
+    }
+  }
+  BOOST_TEST(p.get("conv").is_contiguous(torch::MemoryFormat::ChannelsLast));  // the cases are what they claim
+  BOOST_TEST(!p.get("transposed").is_contiguous());
+  BOOST_TEST(p.get("offset").storage_offset() == 18);
+  // values made under inference mode alias too, and stay inference tensors
+  auto lin = torch::nn::Linear(2, 2);
+  {
+    c10::InferenceMode guard;
+    lin->register_buffer("frozen", torch::ones({2}));
+  }
+  TensorDict q = TensorDict::from_module(*lin);
+  BOOST_TEST(q.get("frozen").is_inference());
+  BOOST_TEST(q.get("frozen").data_ptr() == lin->named_buffers()["frozen"].data_ptr());
+  BOOST_TEST(!q.get("weight").is_inference());
+}
+
+BOOST_AUTO_TEST_CASE(leaves_made_on_one_thread_and_dropped_on_another) {
+  // a leaf's TensorImpl and AutogradMeta come from a per-thread list of blocks: a leaf dropped on a thread that
+  // then ends, and many more leaves than the list keeps, are all freed (the sanitizer build checks for leaks)
+  auto seq = mlp(13);
+  std::vector<TensorDict> made;
+  for (int r = 0; r < 40; ++r) made.push_back(TensorDict::from_module(*seq));  // 160 leaves
+  std::thread dropper([moved = std::move(made)]() mutable { moved.clear(); });
+  dropper.join();
+  std::vector<TensorDict> more;
+  std::thread maker([&] {
+    for (int r = 0; r < 1500; ++r) more.push_back(TensorDict::from_module(*seq));  // 6,000 leaves
+  });
+  maker.join();
+  bool same = true;
+  for (const auto& td : more) same = same && td.get({"0", "weight"}).equal(seq->ptr(0)->as<torch::nn::Linear>()->weight);
+  BOOST_TEST(same);
+  more.clear();  // 12,000 blocks freed here, most past what the list keeps
+  TensorDict again = TensorDict::from_module(*seq);
+  BOOST_TEST(again.get({"2", "bias"}).equal(seq->ptr(2)->as<torch::nn::Linear>()->bias));
 }
 
 BOOST_AUTO_TEST_CASE(every_mismatch_is_a_typed_error_and_changes_nothing) {
