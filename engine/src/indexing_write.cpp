@@ -573,6 +573,9 @@ struct RowCopies {
   const RowCopy* end() const { return begin() + n; }
 };
 
+//! how much of a leaf's row plan_row prefetches (a larger row streams: the hardware prefetcher follows it)
+constexpr size_t kPrefetchBytes = 1024;
+
 bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val, RowCopies& out) {
   if (dst.entries.size() != val.entries.size()) return false;
   if (dst.device != val.device && val.device) return false;
@@ -598,7 +601,12 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
       const size_t item = d->dtype().itemsize();
       const size_t bytes = static_cast<size_t>(v->numel()) * item;
       char* base = static_cast<char*>(dst_storage.data()) + d->storage_offset() * item;
-      out.push(RowCopy{base + static_cast<size_t>(row) * bytes,
+      char* to = base + static_cast<size_t>(row) * bytes;
+      // ask for the row's cache lines for writing now, while the other leaves are checked: the version bump
+      // after each memcpy is a locked add, which waits until the copy's stores have reached the cache; with
+      // the lines still in L3 (a 12.8 MB buffer) that wait was a third of a refill (perf)
+      for (size_t o = 0; o < bytes && o < kPrefetchBytes; o += 64) __builtin_prefetch(to + o, 1, 3);
+      out.push(RowCopy{to,
                        static_cast<const char*>(val_storage.data()) + v->storage_offset() * item, bytes,
                        &dt, dst_storage.data_ptr().get_deleter() == &backends::detail::unmap_context});
     } else if (de.is_tensordict() && ve.is_tensordict()) {
