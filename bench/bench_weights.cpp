@@ -57,21 +57,6 @@ std::pair<double, double> alternate(int reps, const std::function<void()>& ours,
   return {benchutil::median(a), benchutil::median(b)};
 }
 
-//! touches `bytes` of fresh anonymous memory (bounded by half the free memory), then gives it back. On a virtual
-//! machine the first touch of a guest page faults on the host too: a save whose page cache lands on never-touched
-//! guest pages ran at 250-300 MB/s, one on recycled pages at 3-4 GB/s, whichever of torch::save and ours it was
-//! (the saves of a run reach ~4 GB). Touched once here, the pages the saves take are ones the host has backed
-double warm_guest_memory(size_t bytes) {
-  const long page = ::sysconf(_SC_PAGESIZE);
-  const long avail = ::sysconf(_SC_AVPHYS_PAGES);
-  if (page > 0 && avail > 0) bytes = std::min(bytes, static_cast<size_t>(avail) * static_cast<size_t>(page) / 2);
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return 0;
-  for (size_t off = 0; off < bytes; off += static_cast<size_t>(page > 0 ? page : 4096)) static_cast<char*>(p)[off] = 1;
-  ::munmap(p, bytes);
-  return static_cast<double>(bytes) / (1 << 30);
-}
-
 void fsync_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
@@ -132,7 +117,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   // every timed save below writes new page cache: ~40 saves of the parameters, on pages the host has backed
-  const double warmed_gib = warm_guest_memory(static_cast<size_t>(params.bytes()) * 48);
+  const double warmed_gib = benchutil::warm_guest_memory(static_cast<size_t>(params.bytes()) * 48);
   // the floor of any save: the same bytes (already in one buffer) written into one new file with one write(2)
   const at::Tensor all_bytes = params.consolidate().consolidated_storage();
   auto [floor_s, tsave0_s] = alternate(
