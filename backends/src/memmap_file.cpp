@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <optional>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -115,7 +116,8 @@ int64_t checked_nbytes(at::ScalarType dtype, at::IntArrayRef shape) {
 
 //! mmaps [offset, offset + nbytes) of fd and wraps it; the fd may be closed right after.
 at::Tensor wrap_mapping(int fd, const std::string& path, at::ScalarType dtype, at::IntArrayRef shape,
-                        int64_t nbytes, int64_t offset, bool shared, bool writable, bool anonymous) {
+                        int64_t nbytes, int64_t offset, bool shared, bool writable, bool anonymous,
+                        std::optional<bool> memory_fs = std::nullopt) {
   static const int64_t page = ::sysconf(_SC_PAGESIZE);
   const int64_t aligned = offset - offset % page;
   const int64_t delta = offset - aligned;
@@ -141,7 +143,7 @@ at::Tensor wrap_mapping(int fd, const std::string& path, at::ScalarType dtype, a
   ctx->base = base;
   ctx->len = len;
   Entry e{MappingInfo{anonymous ? std::string() : path, offset, nbytes, writable, anonymous}, base, len,
-          std::make_shared<std::mutex>(), file_shared && !on_memory_fs(fd), ctx->dev, ctx->ino};
+          std::make_shared<std::mutex>(), file_shared && !(memory_fs ? *memory_fs : on_memory_fs(fd)), ctx->dev, ctx->ino};
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     registry()[data] = std::move(e);
@@ -233,9 +235,9 @@ at::Tensor bytes_of(const at::Tensor& tensor, const std::string& path) {
   return value_bytes(tensor);
 }
 
-//! creates (or truncates) `path` for writing, never through a symlink
+//! creates (or truncates) `path` for writing, never through a symlink: O_NOFOLLOW refuses one as the last component,
+//! dangling or not, with ELOOP before anything is created or truncated (an lstat first cost a path walk per leaf)
 int create_for_write(const std::string& path, int access) {
-  refuse_symlink(path);
   const int fd = ::open(path.c_str(), access | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     if (errno == ELOOP) throw ValueError("refusing to write through the symlink '" + path + "'");
@@ -245,11 +247,12 @@ int create_for_write(const std::string& path, int access) {
 }
 
 //! t's bytes into the open file fd from offset 0
-void write_bytes(int fd, const at::Tensor& t, const std::string& path) {
+//! `memory_fs`: whether fd is on tmpfs / ramfs (on_memory_fs), when the caller knows it already
+void write_bytes(int fd, const at::Tensor& t, const std::string& path, std::optional<bool> memory_fs = std::nullopt) {
   const int64_t nbytes = static_cast<int64_t>(t.nbytes());
   // the whole file's blocks in one call first (see allocate_range): 245 MB written into a fresh file 0.049 s ->
   // 0.030 s here, and a full disk fails before a byte is written
-  if (nbytes >= kAllocateMin && !on_memory_fs(fd)) reserve_blocks(fd, 0, 0, nbytes, path);
+  if (nbytes >= kAllocateMin && !(memory_fs ? *memory_fs : on_memory_fs(fd))) reserve_blocks(fd, 0, 0, nbytes, path);
   const char* p = static_cast<const char*>(t.data_ptr());
   constexpr int64_t kChunk = int64_t{1} << 30;  // pwrite moves at most ~2 GiB per call on Linux
   int64_t done = 0;
@@ -284,8 +287,10 @@ at::Tensor write_and_map(const std::string& path, const at::Tensor& tensor, bool
   // one open for the write and the mapping (a save of many small leaves paid a second open, two stats and a
   // close per leaf for map_file)
   FdGuard fd{create_for_write(path, O_RDWR)};
-  write_bytes(fd.fd, t, path);
-  return wrap_mapping(fd.fd, path, t.scalar_type(), t.sizes(), nbytes, 0, /*shared=*/true, /*writable=*/true, false);
+  const bool memory_fs = on_memory_fs(fd.fd);  // asked once for the write and the mapping
+  write_bytes(fd.fd, t, path, memory_fs);
+  return wrap_mapping(fd.fd, path, t.scalar_type(), t.sizes(), nbytes, 0, /*shared=*/true, /*writable=*/true, false,
+                      memory_fs);
 }
 
 at::Tensor create_and_map(const std::string& path, at::ScalarType dtype, at::IntArrayRef shape) {

@@ -109,6 +109,9 @@ void map_anonymous_leaves(TensorDictImpl& root, bool copy) {
 }
 
 void make_dirs(const std::string& dir) {
+  // one mkdir when the parent exists (a save makes each level's directory after its parent's): create_directories
+  // stats the path and its parent around its mkdir, four calls per level
+  if (::mkdir(dir.c_str(), 0777) == 0) return;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw BackendError("cannot create directory '" + dir + "': " + ec.message());
@@ -324,8 +327,10 @@ struct PlanVisitor : detail::tree::SavedShapeVisitor<PlanLevel> {
     PlanLevel l;
     l.dir = l.td_dir = dir;
     make_dirs(plan.at(dir));
-    if (!impl.type_repr.empty()) l.td_dir = join_path(dir, "_tensordict");  // tensorclass record
-    make_dirs(plan.at(l.td_dir));
+    if (!impl.type_repr.empty()) {  // a tensorclass record
+      l.td_dir = join_path(dir, "_tensordict");
+      make_dirs(plan.at(l.td_dir));
+    }
     l.node = std::make_shared<DirNode>();
     l.node->kind = NodeKind::TensorDict;
     l.node->type_repr = backends::type_repr::kTensorDict;
