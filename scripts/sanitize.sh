@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 kind=${1:-all}
 root=$(pwd)
 jobs=${TD_JOBS:-2}
-tsan_suites='^(engine/test_concurrent_fill|api/test_(map|map_unbind|store|loader|tensordict_store|leaf_store_client))$'
+tsan_suites='^(engine/test_(concurrent_fill|module)|api/test_(map|map_unbind|store|loader|tensordict_store|leaf_store_client))$'
 shared_args=()
 [ -n "${TD_SHARED_DIR:-}" ] && shared_args+=("-DTD_SHARED_DIR=${TD_SHARED_DIR}")
 
