@@ -8,6 +8,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/optim/sgd.h>
 
 #include "engine/zoo.hpp"
 #include "fixtures.hpp"
@@ -250,6 +251,35 @@ BOOST_AUTO_TEST_CASE(leaves_share_the_parameters_version_counter_as_detach_does)
   BOOST_TEST(p.get({"2", "weight"}).grad().defined());
   BOOST_TEST(p.get({"2", "weight"}).grad().eq(3.0).all().item<bool>());
   BOOST_TEST(!lin2->weight.grad().defined());
+}
+
+BOOST_AUTO_TEST_CASE(optimizers_step_values_and_parameters_alike) {
+  // the values are leaves of their own that alias the parameters' storage: an optimizer over the values (their
+  // gradients from a loss over them) moves the module's weights, and one over the module moves the values. (A
+  // forward of the module records its own parameters, not the values: C++ modules are not functional, see
+  // module.hpp)
+  auto seq = mlp(14);
+  TensorDict p = TensorDict::from_module(*seq);
+  std::vector<at::Tensor> values;
+  for (const auto& key : p.keys(KeysOptions().leaves_only(true).include_nested(true))) values.push_back(p.get(key));
+  BOOST_TEST_REQUIRE(values.size() == 4U);
+  auto lin0 = seq->ptr(0)->as<torch::nn::Linear>();
+  const at::Tensor w0 = lin0->weight.detach().clone();
+  torch::optim::SGD over_values(values, torch::optim::SGDOptions(0.1));
+  over_values.zero_grad();
+  at::Tensor loss = p.get({"0", "weight"}).pow(2).sum();
+  loss.backward();
+  BOOST_TEST(p.get({"0", "weight"}).grad().defined());
+  BOOST_TEST(!lin0->weight.grad().defined());
+  over_values.step();
+  BOOST_TEST(lin0->weight.allclose(w0 * 0.8));  // w - 0.1 * 2w, in the module's own storage
+  torch::optim::SGD over_module(seq->parameters(), torch::optim::SGDOptions(0.5));
+  over_module.zero_grad();
+  seq->forward(torch::ones({3, 4})).sum().backward();
+  const at::Tensor g = lin0->weight.grad().clone();
+  const at::Tensor before = p.get({"0", "weight"}).detach().clone();
+  over_module.step();
+  BOOST_TEST(p.get({"0", "weight"}).allclose(before - 0.5 * g));
 }
 
 //! a module whose tensors are laid out every way a strided tensor can be
