@@ -29,6 +29,8 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
+#include <mutex>
 
 #include <ATen/Parallel.h>
 #include <tensordict/memmap_storage.hpp>
@@ -55,16 +57,61 @@ TensorDict synth_block(int64_t start, int64_t n) {
   return TensorDict(Dict{{"image", image}, {"label", label}}, {n});
 }
 
+//! the float16 output buffers of the transforms, shared by every thread that runs one: take(n) hands out a
+//! [n, C, H, W] view of a free buffer, and the buffer comes back here when the last handle on that view is gone
+//! (map has written the chunk into `out`). warm() makes buffers ahead of the map, on a thread that would
+//! otherwise wait: on these VMs the first touch of fresh memory costs 10-40 us a 4 KiB page, and the two workers'
+//! first chunks spent 40% of a 0.3 s map faulting in the 12 MB buffers each thread used to allocate (perf)
+class HalfBuffers {
+ public:
+  static HalfBuffers& get() {
+    static HalfBuffers* pool = new HalfBuffers();  // never destroyed: a buffer may come back during exit
+    return *pool;
+  }
+  //! `count` buffers of `rows` rows, every page written
+  void warm(size_t count, int64_t rows) {
+    std::vector<at::Tensor> made;
+    for (size_t i = 0; i < count; ++i) made.push_back(at::zeros({rows, kC, kH, kW}, at::kHalf));
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& t : made) free_.push_back(std::move(t));
+  }
+  at::Tensor take(int64_t rows) {
+    at::Tensor buf;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].size(0) >= rows) {
+          buf = std::move(free_[i]);
+          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+          break;
+        }
+      }
+    }
+    if (!buf.defined()) buf = at::empty({rows, kC, kH, kW}, at::kHalf);
+    void* data = buf.data_ptr();
+    return at::from_blob(
+        data, {rows, kC, kH, kW},
+        [this, buf](void*) mutable {
+          std::lock_guard<std::mutex> g(mu_);
+          free_.push_back(std::move(buf));
+        },
+        at::TensorOptions().dtype(at::kHalf));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<at::Tensor> free_;
+};
+
 //! the transform each worker runs on its chunk: horizontal flip, (x / 255 - 0.5) / 0.25 == x * 4/255 - 2 in
 //! float32, stored as float16; labels bucketed. The same libtorch kernels as the Python job, run on `slab` rows
 //! at a time (0: the whole chunk at once, as the Python job does; the output is the same bytes): the uint8 and float32 steps of a slab of 32 rows (0.4 + 1.6 MB) stay in this core's 2 MiB L2, where the
 //! whole chunk at once (6 + 25 MB for 500 rows) streams every step through memory, and two workers share its
 //! bandwidth (examples/README.md, "preprocess"). Scratch buffers of this thread are reused chunk after
 //! chunk: fresh temporaries would cost a page fault per 4 KiB on every chunk where malloc hands back memory
-//! (DESIGN.md, "Data paths"). The result holds the float16 buffer: map writes it into `out` before this thread
-//! runs its next chunk, and the verification below compares it at once.
+//! (DESIGN.md, "Data paths"). The result is a HalfBuffers buffer, back in the pool once map has written it.
 TensorDict transform(const TensorDict& chunk, int64_t slab_rows) {
-  thread_local at::Tensor u8, f32, f16;
+  thread_local at::Tensor u8, f32;
   const at::Tensor image = chunk.get("image");
   const int64_t n = image.size(0);
   const int64_t slab = slab_rows > 0 ? std::min(slab_rows, n) : n;
@@ -72,7 +119,7 @@ TensorDict transform(const TensorDict& chunk, int64_t slab_rows) {
     u8 = at::empty({slab, kC, kH, kW}, at::kByte);
     f32 = at::empty({slab, kC, kH, kW}, at::kFloat);
   }
-  if (!f16.defined() || f16.size(0) < n) f16 = at::empty({n, kC, kH, kW}, at::kHalf);
+  const at::Tensor f16 = HalfBuffers::get().take(n);
   for (int64_t s = 0; s < n; s += slab) {
     const int64_t m = std::min(slab, n - s);
     at::Tensor a = u8.narrow(0, 0, m), f = f32.narrow(0, 0, m);
@@ -81,7 +128,7 @@ TensorDict transform(const TensorDict& chunk, int64_t slab_rows) {
     f16.narrow(0, s, m).copy_(f);
   }
   at::Tensor bucket = at::floor_divide(chunk.get("label"), kLabels / kBuckets);
-  return TensorDict(Dict{{"image", f16.narrow(0, 0, n)}, {"bucket", bucket}}, chunk.batch_size());
+  return TensorDict(Dict{{"image", f16}, {"bucket", bucket}}, chunk.batch_size());
 }
 
 //! the float16 bits of every uint8 pixel value after the transform, computed once with the libtorch kernels of
@@ -100,10 +147,9 @@ const std::array<uint16_t, 256>& half_of_pixel() {
 //! mirrored input pixel, read once and written once, with no float32 intermediate. Every output byte equals
 //! transform()'s (the table holds its results; the run verifies every row against transform() on whole blocks).
 TensorDict transform_fused(const TensorDict& chunk) {
-  thread_local at::Tensor f16;
   const at::Tensor image = chunk.get("image").contiguous();
   const int64_t n = image.size(0);
-  if (!f16.defined() || f16.size(0) < n) f16 = at::empty({n, kC, kH, kW}, at::kHalf);
+  const at::Tensor f16 = HalfBuffers::get().take(n);
   const auto& table = half_of_pixel();
   const uint8_t* src = image.data_ptr<uint8_t>();
   auto* dst = reinterpret_cast<uint16_t*>(f16.data_ptr());
@@ -113,7 +159,7 @@ TensorDict transform_fused(const TensorDict& chunk) {
     for (int64_t w = 0; w < kW; ++w) o[w] = table[in[kW - 1 - w]];
   }
   at::Tensor bucket = at::floor_divide(chunk.get("label"), kLabels / kBuckets);
-  return TensorDict(Dict{{"image", f16.narrow(0, 0, n)}, {"bucket", bucket}}, chunk.batch_size());
+  return TensorDict(Dict{{"image", f16}, {"bucket", bucket}}, chunk.batch_size());
 }
 
 int64_t arg_int(int argc, char** argv, const std::string& name, int64_t dflt) {
@@ -230,6 +276,9 @@ int main(int argc, char** argv) {
     }
     double t_build = seconds_since(t0);
     std::printf("  dataset: %.1f MB written in %.2f s\n", data.bytes() / 1e6, t_build);
+    // while the output's pages are faulted in: the transforms' output buffers (one per worker and one more, as a
+    // finished chunk waits for its write), made and touched here rather than in the map's first chunks
+    HalfBuffers::get().warm(static_cast<size_t>(std::max<int64_t>(workers, 1) + 1), std::min(chunk, rows));
     if (prefaulter.t.joinable()) {
       prefaulter.t.join();
       if (prefault_error) std::rethrow_exception(prefault_error);
@@ -266,8 +315,10 @@ int main(int argc, char** argv) {
     for (const char* name : {"out", "out-cold"}) {
       if (!cold && std::string(name) == "out-cold") continue;
       TensorDict back = TensorDict::load_memmap(dir + "/" + name, LoadOptions().writable(false));
-      for (int64_t s = 0; s < rows; s += 2000) {
-        int64_t n = std::min<int64_t>(2000, rows - s);
+      // in blocks of a chunk: a block's float32 temporaries (98 MB for 2,000 rows) exceeded what the Engine's
+      // allocator keeps for reuse, and came back as fresh memory block after block (1.9 s of a 2 s verification)
+      for (int64_t s = 0; s < rows; s += chunk) {
+        int64_t n = std::min<int64_t>(chunk, rows - s);
         TensorDict want = transform(synth_block(s, n), 0);
         TensorDict got = back.index({Slice(s, s + n)});
         if (!got.get("image").equal(want.get("image")) || !got.get("bucket").equal(want.get("bucket"))) ++bad;
