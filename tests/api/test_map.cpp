@@ -360,6 +360,33 @@ BOOST_AUTO_TEST_CASE(fn_returning_none) {
   BOOST_TEST(calls.load() == 5);
 }
 
+BOOST_AUTO_TEST_CASE(fn_writing_its_rows_of_a_memmap_out_itself) {
+  // the main job's direct path: with a memmap out, fn writes its chunk's rows of out through out's mapping (its
+  // chunk index from current_map_worker()) and returns None; map writes nothing over them, and every row is fn's
+  Engine engine;
+  fixtures::TempDir dir("map-out-direct");
+  TensorDict td({{"i", at::arange(23)}}, {23});
+  TensorDict out = TensorDict::from_schema({{"y", {{3}, at::kFloat}}}, {23}, "memmap", MemmapOptions().prefix(dir.path + "/out"));
+  const at::Tensor y = out.get("y");
+  std::atomic<int> calls{0}, wrong{0};
+  TensorDict r = td.map(
+      [&](const TensorDict& c) {
+        ++calls;
+        const MapWorkerContext* w = current_map_worker();
+        const int64_t start = w ? w->chunk * 5 : -1;
+        const int64_t n = c.batch_size()[0];
+        if (start < 0 || c.get("i")[0].item<int64_t>() != start) ++wrong;
+        if (start >= 0) y.narrow(0, start, n).copy_(c.get("i").unsqueeze(-1).to(at::kFloat).expand({n, 3}) * 2);
+        return TensorDict::undefined();
+      },
+      MapOptions().chunksize(5).num_workers(2).out(out));
+  BOOST_TEST(!r.defined());
+  BOOST_TEST(calls.load() == 5);
+  BOOST_TEST(wrong.load() == 0);
+  TensorDict back = TensorDict::load_memmap(dir.path + "/out");
+  BOOST_TEST(back.get("y").equal(at::arange(23).unsqueeze(-1).to(at::kFloat).expand({23, 3}) * 2));
+}
+
 BOOST_AUTO_TEST_CASE(worker_errors_propagate_with_type_and_message) {
   Engine engine;
   TensorDict td({{"i", at::arange(60)}}, {60});
