@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -254,7 +255,18 @@ int main(int argc, char** argv) {
     };
     TensorDict out = make_out("out");
     TensorDict out_cold = cold ? make_out("out-cold") : TensorDict::undefined();
-    int64_t prefaulted = 0;
+    // the outputs' rows in blocks, taken in turn by the prefault thread and, once the dataset is written, by the
+    // main thread too (a first run's prefault of 492 MB on fresh memory outlasted the dataset by 1.6-2 s)
+    constexpr int64_t kPrefaultRows = 1000;
+    const int64_t blocks_per_out = (rows + kPrefaultRows - 1) / kPrefaultRows;
+    std::atomic<int64_t> next_block{0}, prefaulted{0};
+    auto prefault_blocks = [&] {
+      for (int64_t b = next_block++; b < blocks_per_out * (cold ? 2 : 1); b = next_block++) {
+        const TensorDict& o = b < blocks_per_out ? out : out_cold;
+        const int64_t s = (b % blocks_per_out) * kPrefaultRows;
+        prefaulted += prefault(o.index({Slice(s, std::min(rows, s + kPrefaultRows))}));
+      }
+    };
     double t_prefault = 0;
     std::exception_ptr prefault_error;
     Joiner prefaulter;
@@ -271,7 +283,7 @@ int main(int argc, char** argv) {
       prefaulter.t = std::thread([&] {
         try {
           const auto tp = Clock::now();
-          prefaulted = prefault(out) + (cold ? prefault(out_cold) : 0);
+          prefault_blocks();
           t_prefault = seconds_since(tp);
         } catch (...) {
           prefault_error = std::current_exception();
@@ -292,10 +304,12 @@ int main(int argc, char** argv) {
     // finished chunk waits for its write), made and touched here rather than in the map's first chunks
     HalfBuffers::get().warm(static_cast<size_t>(std::max<int64_t>(workers, 1) + 1), std::min(chunk, rows));
     if (prefaulter.t.joinable()) {
+      prefault_blocks();  // the blocks the prefault thread has not taken yet, shared with it
       prefaulter.t.join();
       if (prefault_error) std::rethrow_exception(prefault_error);
-      std::printf("  prefault: %.1f MB of the output's pages faulted in on another thread in %.2f s (%.2f s after the "
-                  "dataset)\n", prefaulted / 1e6, t_prefault, seconds_since(t0) - t_build);
+      std::printf("  prefault: %.1f MB of the output's pages faulted in on another thread (with the main thread's help "
+                  "once the dataset was written) in %.2f s (%.2f s after the dataset)\n",
+                  static_cast<double>(prefaulted.load()) / 1e6, t_prefault, seconds_since(t0) - t_build);
     }
 
     // 3. map the transform into the preallocated output (workers write their chunks in place)
