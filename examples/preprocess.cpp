@@ -30,8 +30,8 @@
 #include <iostream>
 #include <string>
 #include <thread>
-#include <vector>
 #include <mutex>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <tensordict/memmap_storage.hpp>
@@ -144,11 +144,11 @@ const std::array<uint16_t, 256>& half_of_pixel() {
   return table;
 }
 
-//! the same transform fused into one pass (the default kernel): each output pixel is the table entry of the
-//! mirrored input pixel, read once and written once, with no float32 intermediate. Every output byte equals
-//! transform()'s (the table holds its results; the run verifies every row against transform() on whole blocks).
-//! the fused transform of `chunk` written into `image_out` ([n, C, H, W] float16, C-contiguous) and `bucket_out`
-//! ([n] int64): a pooled buffer's (transform_fused) or `out`'s own rows through its mapping (the map's direct fn)
+//! the same transform fused into one pass (the default kernel), written into `image_out` ([n, C, H, W] float16,
+//! C-contiguous) and `bucket_out` ([n] int64): a pooled buffer (transform_fused) or `out`'s own rows through its
+//! mapping (the map's direct fn). Each output pixel is the table entry of the mirrored input pixel, read once and
+//! written once, with no float32 intermediate. Every output byte equals transform()'s (the table holds its results;
+//! the run verifies every row against transform() on whole blocks).
 void fused_into(const TensorDict& chunk, const at::Tensor& image_out, const at::Tensor& bucket_out) {
   const at::Tensor image = chunk.get("image").contiguous();
   const int64_t n = image.size(0);
@@ -324,8 +324,9 @@ int main(int argc, char** argv) {
         const MapWorkerContext* w = current_map_worker();
         const int64_t n = c.batch_size()[0];
         const int64_t at_row = w ? w->chunk * chunk : -1;
-        const auto* expect = static_cast<const uint8_t*>(in_image.data_ptr()) + at_row * kC * kH * kW;
-        if (at_row < 0 || at_row + n > rows || c.get("image").data_ptr() != expect) return run_transform(c);
+        if (at_row < 0 || at_row + n > rows ||
+            c.get("image").data_ptr() != static_cast<const uint8_t*>(in_image.data_ptr()) + at_row * kC * kH * kW)
+          return run_transform(c);
         fused_into(c, out_image.narrow(0, at_row, n), out_bucket.narrow(0, at_row, n));
         return TensorDict::undefined();  // upstream's None: written in place
       };

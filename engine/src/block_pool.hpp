@@ -43,9 +43,6 @@ class BlockPool {
     ++l.count;
   }
 
-  //! blocks kept by the calling thread (for tests)
-  static std::uint32_t kept() { return list_.count; }
-
  private:
   //! trivially destructible: read without a guard, alive until the thread ends
   struct List {

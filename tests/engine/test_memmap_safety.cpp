@@ -423,6 +423,32 @@ BOOST_AUTO_TEST_CASE(a_row_write_that_fails_on_a_full_disk_writes_none_of_its_le
 // a threaded save of many levels (its meta.json files written in the leaves' parallel pass) that runs out of space
 // over an earlier save: the error is the full disk's, the earlier save loads as it was, and no staging directory
 // is left beside it
+BOOST_AUTO_TEST_CASE(a_save_whose_directory_is_a_file_fails_typed_and_leaves_nothing) {
+  // a level's directory is made with one mkdir when its parent exists: a regular file in the way (here the
+  // prefix's parent, and a key's directory in a memmap_ into an existing save) is an error naming it, the file is
+  // left as it was and no staging directory remains
+  fixtures::TempDir tmp("save-file-in-way");
+  const std::string blocker = tmp.path + "/not-a-dir";
+  std::ofstream(blocker) << "keep me";
+  TensorDict td(Dict{{"a", at::arange(4, at::kFloat)}}, {4});
+  td.set("sub", TensorDict(Dict{{"b", at::ones({4})}}, {4}));
+  auto names_it = [&](const Error& e) { return std::string(e.what()).find("not-a-dir") != std::string::npos; };
+  for (int threads : {0, 2}) {
+    BOOST_CHECK_EXCEPTION(td.memmap(blocker + "/td", MemmapOptions().num_threads(threads)), Error, names_it);
+    BOOST_CHECK_EXCEPTION(td.memmap(blocker, MemmapOptions().num_threads(threads)), Error, names_it);
+  }
+  std::ifstream in(blocker);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  BOOST_TEST(text == "keep me");
+  int left = 0;
+  for (const auto& e : fs::directory_iterator(tmp.path))
+    if (e.path().filename().string() != "not-a-dir") ++left;
+  BOOST_TEST(left == 0);
+  // a save whose prefix's parents are missing still makes them (the fallback of the one mkdir)
+  TensorDict saved = td.memmap(tmp.path + "/x/y/z");
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/x/y/z").get({"sub", "b"}).equal(at::ones({4})));
+}
+
 BOOST_AUTO_TEST_CASE(a_threaded_save_on_a_full_disk_keeps_the_old_save_and_leaves_nothing) {
   FullDisk r = fill_full_disk(
       "threaded-save",
