@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     const int passes = std::atoi(argv[2]);
     const auto t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < passes; ++r)
-      for (int64_t i = 0; i < kRows; ++i) pre.index_put_({i}, sample);
+      for (int64_t i = 0; i < kRows; ++i) pre.index_put_(i, sample);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("{\"refill_rows_per_s\": %.0f}\n", static_cast<double>(kRows) * passes / s);
     return 0;
@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
   TensorDict sample(sample_src);
   auto fill_td = [&] {
     TensorDict buf(BatchSize{kRows});
-    for (int64_t i = 0; i < kRows; ++i) buf.index_put_({i}, sample);
+    for (int64_t i = 0; i < kRows; ++i) buf.index_put_(i, sample);
     sink(buf);
   };
   auto fill_raw = [&] {
@@ -260,14 +260,20 @@ int main(int argc, char** argv) {
   std::vector<at::Tensor> pre_raw;
   for (int k = 0; k < kLeaves; ++k) pre_raw.push_back(at::zeros({kRows, kFeatures}));
   auto refill_td = [&] {
-    for (int64_t i = 0; i < kRows; ++i) pre.index_put_({i}, sample);
+    for (int64_t i = 0; i < kRows; ++i) pre.index_put_(i, sample);
   };
-  Result refill = measure(
-      "refill 10000 rows (preallocated, index_put_ per row)", refill_td,
+  auto refill_raw = [&] {
+    for (int64_t i = 0; i < kRows; ++i)
+      for (int k = 0; k < kLeaves; ++k) pre_raw[k].select(0, i).copy_(raw_sample[k]);
+  };
+  Result refill = measure("refill 10000 rows (preallocated, index_put_(i, row) per row)", refill_td, refill_raw);
+  // the same through an Index ({i}: a std::vector<TensorIndex> built by each call)
+  measure(
+      "refill 10000 rows (preallocated, index_put_({i}, row) per row)",
       [&] {
-        for (int64_t i = 0; i < kRows; ++i)
-          for (int k = 0; k < kLeaves; ++k) pre_raw[k].select(0, i).copy_(raw_sample[k]);
-      });
+        for (int64_t i = 0; i < kRows; ++i) pre.index_put_({i}, sample);
+      },
+      refill_raw);
 
   // the floor of a refill: the same rows' bytes, one memcpy per leaf into plain buffers (alternated with the
   // refill in measure(): the second line of the pair is the floor)

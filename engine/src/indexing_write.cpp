@@ -452,6 +452,14 @@ TensorDict& TensorDict::index_put_(const Index& index, const TensorDict& value) 
   return *this;
 }
 
+TensorDict& TensorDict::put_row(int64_t row, const TensorDict& value) {
+  if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined TensorDict");
+  detail::node_of(*this, "index_put_").put_row(*this, row, value);
+  return *this;
+}
+
+void Node::put_row(TensorDict& self, int64_t row, const TensorDict& value) { index_put_(self, Index{row}, value); }
+
 TensorDict& TensorDict::index_put_(const Index& index, const at::Tensor& value) {
   if (!value.defined()) throw TypeError("td[idx] = value: the value is an undefined tensor");
   check_index_put_dtype(*this, index, value);
@@ -573,6 +581,17 @@ struct RowCopies {
   const RowCopy* end() const { return begin() + n; }
 };
 
+//! a == b without a call to memcmp: keys are short (the call and its PLT stub were a tenth of a refill, perf)
+inline bool same_key(const std::string& a, const std::string& b) {
+  const size_t n = a.size();
+  if (n != b.size()) return false;
+  const char* x = a.data();
+  const char* y = b.data();
+  for (size_t i = 0; i < n; ++i)
+    if (x[i] != y[i]) return false;
+  return true;
+}
+
 //! how much of a leaf's row plan_row prefetches (a larger row streams: the hardware prefetcher follows it)
 constexpr size_t kPrefetchBytes = 1024;
 
@@ -582,7 +601,7 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
   for (size_t j = 0; j < dst.entries.size(); ++j) {
     const auto& [dk, de] = dst.entries[j];
     const auto& [vk, ve] = val.entries[j];
-    if (dk.size() != vk.size() || dk != vk) return false;
+    if (!same_key(dk, vk)) return false;
     if (de.is_tensor() && ve.is_tensor()) {
       const at::Tensor& dt = de.tensor();
       c10::TensorImpl* d = dt.unsafeGetTensorImpl();
@@ -625,15 +644,14 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
   return true;
 }
 
-//! td[i] = row written by plan_row's copies; false (nothing written) when the general path must do it
-bool put_row_fast(const TensorDictImpl& dst, const Index& index, const TensorDict& value) {
-  if (index.size() != 1 || !index[0].is_integer() || dst.batch_size.empty()) return false;
+//! td[row] = value written by plan_row's copies; false (nothing written) when the general path must do it
+bool put_row_fast(const TensorDictImpl& dst, int64_t row, const TensorDict& value) {
+  if (dst.batch_size.empty()) return false;
   const TensorDictImpl* val = value.node()->dense_node();
   if (!val || val->typed_parts().second) return false;
   const BatchSize& db = dst.batch_size;
   const BatchSize& vb = val->batch_size;
   if (vb.size() + 1 != db.size() || !std::equal(vb.begin(), vb.end(), db.begin() + 1)) return false;
-  int64_t row = index[0].integer();
   if (row < 0) row += db[0];
   if (row < 0 || row >= db[0]) return false;  // the general path raises upstream's IndexError
   RowCopies copies;
@@ -650,8 +668,12 @@ bool put_row_fast(const TensorDictImpl& dst, const Index& index, const TensorDic
 }
 }  // namespace
 
+void TensorDictImpl::put_row(TensorDict& self, int64_t row, const TensorDict& value) {
+  if (!put_row_fast(*this, row, value)) index_put_(self, Index{row}, value);
+}
+
 void TensorDictImpl::index_put_(TensorDict&, const Index& index, const TensorDict& value) {
-  if (put_row_fast(*this, index, value)) return;
+  if (index.size() == 1 && index[0].is_integer() && put_row_fast(*this, index[0].integer(), value)) return;
   Prepared p = prepare_write(batch_size, index);
   TensorDict v = value;
   if (device && v.device() != device) v = v.to(*device);

@@ -275,12 +275,8 @@ const char* Entry::kind_name(Kind k) {
   return "?";
 }
 
-static void wrong_kind(Entry::Kind want, Entry::Kind got) {
+void Entry::wrong_kind(Entry::Kind want, Entry::Kind got) {
   throw TypeError(std::string("expected a ") + Entry::kind_name(want) + " entry, got a " + Entry::kind_name(got));
-}
-const at::Tensor& Entry::tensor() const {
-  if (kind_ != Kind::Tensor) wrong_kind(Kind::Tensor, kind_);
-  return tensor_;
 }
 TensorDict Entry::tensordict() const {
   if (kind_ != Kind::TensorDict) wrong_kind(Kind::TensorDict, kind_);

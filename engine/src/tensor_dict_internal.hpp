@@ -97,6 +97,7 @@ struct TensorDictImpl : Node {
   TensorDict to_tensordict(const TensorDict& self) const override;
   TensorDict dense_form(const TensorDict& self) const override { return self; }
   void index_put_(TensorDict& self, const Index& index, const TensorDict& value) override;
+  void put_row(TensorDict& self, int64_t row, const TensorDict& value) override;
   void index_put_(TensorDict& self, const Index& index, const at::Tensor& value) override;
   void index_put_(TensorDict& self, const Index& index, const at::Scalar& value) override;
   void memmap_(TensorDict& self, const std::string& prefix, const MemmapOptions& options) override;

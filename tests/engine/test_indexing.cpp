@@ -1,10 +1,12 @@
 // Indexing on batch dims: td.index(idx) and td.index_put_(idx, value) against the same index on dense tensors
 // (upstream test_getitem_batch_size, test_index_none, test_masking(_set), test_setitem*, test_tensordict_indexing,
 // test_indexed_properties).
+#include <type_traits>
 #include <boost/test/unit_test.hpp>
 #include <c10/core/InferenceMode.h>
 
 #include "tensordict/index_math.hpp"
+#include "tensordict/lazy_stack.hpp"
 #include "tensordict/tensor_dict.hpp"
 #include "zoo.hpp"
 
@@ -635,7 +637,9 @@ BOOST_AUTO_TEST_CASE(one_row_reads_are_views_that_count_as_the_source) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(one_row_writes_fast_and_their_fallbacks) {
+//! every write of one_row_writes_fast_and_their_fallbacks through `put(td, row, value)`: td[row] = value
+template <class Put>
+void check_one_row_writes(Put put) {
   auto make = [] {
     TensorDict sub(Dict{{"z", at::zeros({5, 3, 2})}}, {5, 3});
     TensorDict td(Dict{{"a", at::zeros({5, 4})}, {"b", at::zeros({5}, at::kLong)}}, {5});
@@ -648,43 +652,43 @@ BOOST_AUTO_TEST_CASE(one_row_writes_fast_and_their_fallbacks) {
     return r;
   };
   TensorDict td = make();
-  td.index_put_({1}, row(1));
-  td.index_put_({-1}, row(4));  // negative: the last row
+  put(td, 1, row(1));
+  put(td, -1, row(4));  // negative: the last row
   BOOST_TEST(at::equal(td.get("a")[1], at::full({4}, 1.f)));
   BOOST_TEST(at::equal(td.get({"sub", "z"})[1], at::full({3, 2}, 1.f)));
   BOOST_TEST(td.get("b")[4].item<int64_t>() == 4);
   BOOST_TEST(at::equal(td.get({"sub", "z"})[4], at::full({3, 2}, 4.f)));
   BOOST_TEST(td.get("a").sum().item<float>() == 4.f + 16.f);
   // out of range: upstream's IndexError, nothing written
-  BOOST_CHECK_THROW(td.index_put_({5}, row(9)), IndexError);
+  BOOST_CHECK_THROW(put(td, 5, row(9)), IndexError);
   BOOST_TEST(td.get("a").sum().item<float>() == 20.f);
   // keys in another order and a key the destination lacks: the general path (by key; the new key preallocated)
   TensorDict swapped(Dict{{"b", at::scalar_tensor(int64_t{7}, at::kLong)}, {"a", at::full({4}, 7.f)}}, {});
-  td.index_put_({2}, swapped);
+  put(td, 2, swapped);
   BOOST_TEST(at::equal(td.get("a")[2], at::full({4}, 7.f)));
   BOOST_TEST(td.get("b")[2].item<int64_t>() == 7);
   TensorDict extra = row(3);
   extra.set("c", at::full({2}, 3.f));
-  td.index_put_({3}, extra);
+  put(td, 3, extra);
   BOOST_TEST(at::equal(td.get("c"), at::cat({at::zeros({3, 2}), at::full({1, 2}, 3.f), at::zeros({1, 2})})));
   // a destination leaf that requires grad: torch's copy_ (autograd records the write), as the general path does
   TensorDict g(Dict{{"w", at::zeros({3, 2}).requires_grad_(true).clone()}}, {3});
   at::Tensor src = at::ones({2}).requires_grad_(true);
-  g.index_put_({0}, TensorDict(Dict{{"w", src}}, {}));
+  put(g, 0, TensorDict(Dict{{"w", src}}, {}));
   g.get("w").sum().backward();
   BOOST_TEST(src.grad().defined());
   BOOST_TEST(at::equal(src.grad(), at::ones({2})));
   // a value with the conj bit or the neg bit (lazy views: their bytes are not their values): the general path
   TensorDict c(Dict{{"x", at::zeros({2, 2}, at::kComplexFloat)}}, {2});
-  c.index_put_({1}, TensorDict(Dict{{"x", at::complex(at::ones({2}), at::ones({2})).conj()}}, {}));
+  put(c, 1, TensorDict(Dict{{"x", at::complex(at::ones({2}), at::ones({2})).conj()}}, {}));
   BOOST_TEST(at::equal(c.get("x")[1], at::complex(at::ones({2}), -at::ones({2}))));
   TensorDict n(Dict{{"y", at::zeros({2, 2})}}, {2});
-  n.index_put_({1}, TensorDict(Dict{{"y", at::_neg_view(at::ones({2}))}}, {}));
+  put(n, 1, TensorDict(Dict{{"y", at::_neg_view(at::ones({2}))}}, {}));
   BOOST_TEST(at::equal(n.get("y")[1], -at::ones({2})));
   // a row of the destination itself (one storage): the general path
   TensorDict self = make();
-  self.index_put_({1}, row(5));
-  self.index_put_({0}, self.index({1}));
+  put(self, 1, row(5));
+  put(self, 0, self.index({1}));
   BOOST_TEST(at::equal(self.get("a")[0], at::full({4}, 5.f)));
   BOOST_TEST(at::equal(self.get({"sub", "z"})[0], at::full({3, 2}, 5.f)));
   // a row made under InferenceMode (no autograd keys: the fast path) and a ZeroTensor row (its ZeroTensor key and
@@ -692,15 +696,50 @@ BOOST_AUTO_TEST_CASE(one_row_writes_fast_and_their_fallbacks) {
   TensorDict inf(Dict{{"x", at::zeros({2, 2})}}, {2});
   {
     c10::InferenceMode guard;
-    inf.index_put_({1}, TensorDict(Dict{{"x", at::full({2}, 3.f)}}, {}));
+    put(inf, 1, TensorDict(Dict{{"x", at::full({2}, 3.f)}}, {}));
   }
   BOOST_TEST(at::equal(inf.get("x")[1], at::full({2}, 3.f)));
-  inf.index_put_({1}, TensorDict(Dict{{"x", at::_efficientzerotensor({2})}}, {}));
+  put(inf, 1, TensorDict(Dict{{"x", at::_efficientzerotensor({2})}}, {}));
   BOOST_TEST(at::equal(inf.get("x"), at::zeros({2, 2})));
   // a row of another dtype: converted by the general path
   TensorDict d(Dict{{"x", at::zeros({2, 2}, at::kDouble)}}, {2});
-  d.index_put_({1}, TensorDict(Dict{{"x", at::ones({2}, at::kFloat)}}, {}));
+  put(d, 1, TensorDict(Dict{{"x", at::ones({2}, at::kFloat)}}, {}));
   BOOST_TEST(at::equal(d.get("x")[1], at::ones({2}, at::kDouble)));
+}
+
+BOOST_AUTO_TEST_CASE(one_row_writes_fast_and_their_fallbacks) {
+  check_one_row_writes([](TensorDict& td, int64_t row, const TensorDict& v) { td.index_put_({row}, v); });
+}
+
+// the same writes through index_put_(row, value) (an integer row, no Index built): the fast path and every
+// fallback alike; a bool is not a row
+template <class T, class = void>
+struct takes_a_row : std::false_type {};
+template <class T>
+struct takes_a_row<T, std::void_t<decltype(std::declval<TensorDict&>().index_put_(std::declval<T>(),
+                                                                     std::declval<const TensorDict&>()))>>
+    : std::true_type {};
+static_assert(takes_a_row<int>::value && takes_a_row<int64_t>::value && takes_a_row<size_t>::value);
+static_assert(!takes_a_row<bool>::value);
+
+BOOST_AUTO_TEST_CASE(one_row_writes_with_an_integer_row) {
+  check_one_row_writes([](TensorDict& td, int64_t row, const TensorDict& v) { td.index_put_(row, v); });
+  // an int and a size_t row, and the version bump of an in-place write
+  TensorDict td(Dict{{"f", at::zeros({3, 2})}}, {3});
+  const int64_t version = td.get("f")._version();
+  td.index_put_(int{1}, TensorDict(Dict{{"f", at::ones({2})}}, {}));
+  td.index_put_(size_t{2}, TensorDict(Dict{{"f", at::full({2}, 2.f)}}, {}));
+  BOOST_TEST(at::equal(td.get("f"), at::tensor({0.f, 0.f, 1.f, 1.f, 2.f, 2.f}).reshape({3, 2})));
+  BOOST_TEST(td.get("f")._version() > version);
+  BOOST_CHECK_THROW(td.index_put_(-4, TensorDict(Dict{{"f", at::ones({2})}}, {})), IndexError);
+  BOOST_CHECK_THROW(td.index_put_(0, TensorDict(std::shared_ptr<TensorDictImpl>())), TypeError);  // undefined
+  // {true} stays torch's bool index (every row, the value broadcast), not row 1
+  td.index_put_({true}, TensorDict(Dict{{"f", at::full({2}, 7.f)}}, {}));
+  BOOST_TEST(at::equal(td.get("f"), at::full({3, 2}, 7.f)));
+  // a lazy stack's row: the node's own index_put_ (Node::put_row)
+  TensorDict stacked = lazy_stack({TensorDict(Dict{{"f", at::zeros({2})}}, {}), TensorDict(Dict{{"f", at::zeros({2})}}, {})});
+  stacked.index_put_(1, TensorDict(Dict{{"f", at::ones({2})}}, {}));
+  BOOST_TEST(at::equal(stacked.get("f"), at::tensor({0.f, 0.f, 1.f, 1.f}).reshape({2, 2})));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -175,6 +175,8 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual TensorDict dense_form(const TensorDict& self) const;
   //! td[index] = value (a TensorDict broadcast to the indexed batch, a tensor, a scalar)
   virtual void index_put_(TensorDict& self, const Index& index, const TensorDict& value);
+  //! td[row] = value for one integer row: index_put_(self, {row}, value) unless the node writes a row faster
+  virtual void put_row(TensorDict& self, int64_t row, const TensorDict& value);
   virtual void index_put_(TensorDict& self, const Index& index, const at::Tensor& value);
   virtual void index_put_(TensorDict& self, const Index& index, const at::Scalar& value);
   //! memmap_ / share_memory_ in place (NotImplementedError where the leaves live in a storage); memmap /

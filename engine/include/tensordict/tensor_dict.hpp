@@ -227,6 +227,13 @@ class TensorDict {
   //! td[idx] = value: broadcast on the left as upstream; missing keys are preallocated (zeros of
   //! full size) and then written; existing keys are written in place
   TensorDict& index_put_(const Index& index, const TensorDict& value);
+  //! td[row] = value for one integer row (upstream's `td[i] = row`): index_put_({row}, value) without building an
+  //! Index, the spelling for a loop filling a buffer. A bool is not a row: index_put_({true}, value) keeps torch's
+  //! meaning of a bool index, and index_put_(true, value) does not compile
+  template <class I, std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int> = 0>
+  TensorDict& index_put_(I row, const TensorDict& value) {
+    return put_row(static_cast<int64_t>(row), value);
+  }
   //! every leaf's [idx] filled with the tensor (broadcast)
   TensorDict& index_put_(const Index& index, const at::Tensor& value);
   TensorDict& index_put_(const Index& index, const at::Scalar& value);
@@ -500,6 +507,8 @@ class TensorDict {
   template <class D, class Parent>
   friend class TensorClass;
   bool is_dense() const { return dense_ != nullptr; }
+  //! index_put_(row, value) for an integer row: its node's put_row
+  TensorDict& put_row(int64_t row, const TensorDict& value);
   //! the dense node, or NotImplementedError naming `what` and the node's type
   TensorDictImpl* d(const char* what = nullptr) const;
   std::shared_ptr<Node> node_;
@@ -531,8 +540,12 @@ class Entry {
   bool is_non_tensor_stack() const { return kind_ == Kind::NonTensorStack; }
   bool is_non_tensor() const { return is_non_tensor_data() || is_non_tensor_stack(); }
   bool is_dict() const { return kind_ == Kind::Dict; }
-  //! typed access; TypeError naming the actual kind otherwise
-  const at::Tensor& tensor() const;
+  //! typed access; TypeError naming the actual kind otherwise (tensor() inline: the row paths read it per leaf)
+  const at::Tensor& tensor() const {
+    if (kind_ != Kind::Tensor) [[unlikely]]
+      wrong_kind(Kind::Tensor, kind_);
+    return tensor_;
+  }
   TensorDict tensordict() const;
   const NonTensorData& non_tensor_data() const;
   const NonTensorStack& non_tensor_stack() const;
@@ -544,6 +557,7 @@ class Entry {
   static const char* kind_name(Kind k);
 
  private:
+  [[noreturn]] static void wrong_kind(Kind want, Kind got);
   Kind kind_ = Kind::None;
   at::Tensor tensor_;
   std::shared_ptr<Node> td_;
