@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
   measure(
       "lazy_stack(100) get(key) vs dense", [&] { sink(lazy.get("leaf2")); }, [&] { sink(dense_stack.get("leaf2")); });
 
-  // ---- preallocate-and-fill: buf.index_put_({i}, sample) for every row of an empty TensorDict(BatchSize{N})
+  // ---- preallocate-and-fill: buf.index_put_(i, sample) for every row of an empty TensorDict(BatchSize{N})
   //      (the first write allocates the leaves) vs 5 x t.select(0, i).copy_(v) into fresh zeros
   Dict sample_src;
   std::vector<at::Tensor> raw_sample;
