@@ -173,12 +173,16 @@ DirEntry& DirNode::add_leaf(LeafMeta leaf) {
 }
 
 DirEntry& DirNode::add_child(const std::string& key, DirNode child, std::string type) {
+  return add_child(key, std::make_shared<DirNode>(std::move(child)), std::move(type));
+}
+
+DirEntry& DirNode::add_child(const std::string& key, std::shared_ptr<DirNode> child, std::string type) {
   DirEntry e;
   e.key = key;
   e.name = encode_key(key);
   e.is_leaf = false;
-  e.type = type.empty() ? default_child_type(child) : std::move(type);
-  e.child = std::make_shared<DirNode>(std::move(child));
+  e.type = type.empty() ? default_child_type(*child) : std::move(type);
+  e.child = std::move(child);
   entries.push_back(std::move(e));
   return entries.back();
 }

@@ -18,7 +18,15 @@ using backends::LeafMeta;
 using backends::NodeKind;
 
 inline std::string join_path(const std::string& dir, const std::string& name) {
-  return (std::filesystem::path(dir) / name).string();
+  // dir + "/" + name, what std::filesystem's operator/ gives for a relative, non-empty name below a non-empty dir,
+  // without building and splitting two paths (a third of a 200-leaf save's planning, callgrind)
+  if (dir.empty() || name.empty() || name.front() == '/') return (std::filesystem::path(dir) / name).string();
+  std::string out;
+  out.reserve(dir.size() + 1 + name.size());
+  out += dir;
+  if (dir.back() != '/') out += '/';
+  out += name;
+  return out;
 }
 
 //! the meta.json record of tensor leaf `key` (its file: the encoded key + ".memmap"; none when empty)

@@ -4,6 +4,7 @@
 // BackendError rather than a SIGBUS (15), and a durable save fsyncs in the right order (18). Children report
 // through files and exit codes; the test's thread asserts.
 #include <functional>
+#include <set>
 
 #include <boost/test/unit_test.hpp>
 
@@ -447,6 +448,37 @@ BOOST_AUTO_TEST_CASE(a_save_whose_directory_is_a_file_fails_typed_and_leaves_not
   // a save whose prefix's parents are missing still makes them (the fallback of the one mkdir)
   TensorDict saved = td.memmap(tmp.path + "/x/y/z");
   BOOST_TEST(TensorDict::load_memmap(tmp.path + "/x/y/z").get({"sub", "b"}).equal(at::ones({4})));
+}
+
+BOOST_AUTO_TEST_CASE(a_save_over_any_spelling_of_its_prefix_is_staged) {
+  // the staging directory is found from the prefix's lexically normal form (a normal prefix without normalizing
+  // each path again): every spelling of the prefix writes into the staging directory and switches it in, so a
+  // load of the old save keeps reading the old values, and nothing else is left beside it
+  fixtures::TempDir tmp("save-spellings");
+  auto make = [](float v) {
+    TensorDict td(Dict{{"a", at::full({4}, v)}}, {4});
+    td.set("sub", TensorDict(Dict{{"b", at::full({4, 2}, v)}}, {4}));
+    return td;
+  };
+  const std::vector<std::pair<std::string, std::string>> spellings = {
+      {tmp.path + "/s1", tmp.path + "/s1"},       {tmp.path + "//s2/", tmp.path + "/s2"},
+      {tmp.path + "/./s3", tmp.path + "/s3"},     {tmp.path + "/q/../s4", tmp.path + "/s4"},
+      {tmp.path + "/s5//", tmp.path + "/s5"}};
+  for (int threads : {0, 2}) {
+    for (const auto& [spelled, normal] : spellings) {
+      make(1.f).memmap(normal);
+      TensorDict old = TensorDict::load_memmap(normal);
+      make(2.f).memmap(spelled, MemmapOptions().num_threads(threads));
+      BOOST_TEST(old.get({"sub", "b"}).equal(at::full({4, 2}, 1.f)), spelled << ": the old save was written over");
+      BOOST_TEST(old.get("a").equal(at::full({4}, 1.f)), spelled);
+      TensorDict now = TensorDict::load_memmap(normal);
+      BOOST_TEST(now.get({"sub", "b"}).equal(at::full({4, 2}, 2.f)), spelled);
+      BOOST_TEST(now.get("a").equal(at::full({4}, 2.f)), spelled);
+    }
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(tmp.path)) names.insert(e.path().filename().string());
+    BOOST_TEST(names == (std::set<std::string>{"s1", "s2", "s3", "s4", "s5"}));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_threaded_save_on_a_full_disk_keeps_the_old_save_and_leaves_nothing) {

@@ -142,6 +142,8 @@ struct DirNode {
   DirEntry& add_leaf(LeafMeta leaf);
   //! Appends a child entry; `type` defaults to default_child_type(child).
   DirEntry& add_child(const std::string& key, DirNode child, std::string type = "");
+  //! the same, sharing `child` (not copied): it must not change afterwards
+  DirEntry& add_child(const std::string& key, std::shared_ptr<DirNode> child, std::string type = "");
 };
 
 //! The parent's {"type": ...} value for a child: "TensorDict", "LazyStackedTensorDict", "NonTensorData",
