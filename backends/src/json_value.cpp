@@ -308,6 +308,19 @@ void append_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
   size_t i = 0;
   while (i < s.size()) {
+    // a run of printable ASCII without a quote or a backslash is copied as it is, in one append (one append per
+    // code point was 40% of writing a save's meta.json files, callgrind)
+    size_t run = i;
+    while (run < s.size()) {
+      const unsigned char c = static_cast<unsigned char>(s[run]);
+      if (c < 0x20 || c > 0x7E || c == '"' || c == '\\') break;
+      ++run;
+    }
+    if (run > i) {
+      out.append(s, i, run - i);
+      i = run;
+      continue;
+    }
     size_t start = i;
     long cp = next_code_point(s, i);
     if (cp < 0)

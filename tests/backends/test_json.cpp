@@ -208,8 +208,12 @@ BOOST_AUTO_TEST_CASE(dump_string_escapes) {
   // keys are escaped the same way
   BOOST_TEST(JsonValue::object({{"\xc3\xa9", 1}}).dump(Style::Python) == "{\"\\u00e9\": 1}");
   // invalid UTF-8 cannot be written as JSON text
-  for (const char* bad : {"\xff", "\xc3", "\xed\xa0\x80" /* surrogate */, "\xc0\x80" /* overlong */, "\xf4\x90\x80\x80"})
-    td_test::check_throws<ValueError>([&] { JsonValue(std::string(bad)).dump(); }, {"not valid UTF-8"});
+  for (const char* bad : {"\xff", "\xc3", "\xed\xa0\x80" /* surrogate */, "\xc0\x80" /* overlong */, "\xf4\x90\x80\x80"}) {
+    for (const std::string prefix : {"", "plain text before "}) {  // after a run of plain ASCII too
+      td_test::check_throws<ValueError>([&] { JsonValue(prefix + bad).dump(); }, {"not valid UTF-8"});
+      td_test::check_throws<ValueError>([&] { JsonValue(prefix + bad).dump(Style::Python); }, {"not valid UTF-8"});
+    }
+  }
   std::ostringstream os;
   os << JsonValue(std::string("\xff"));
   BOOST_TEST(os.str() == "<JsonValue with invalid UTF-8>");
