@@ -581,7 +581,7 @@ struct RowCopies {
   const RowCopy* end() const { return begin() + n; }
 };
 
-//! a == b without a call to memcmp: keys are short (the call and its PLT stub were 8% of a refill's samples, perf)
+//! a == b without a call to memcmp: keys are short (the call and its PLT jump were 8% of a refill's samples, perf)
 inline bool same_key(const std::string& a, const std::string& b) {
   const size_t n = a.size();
   if (n != b.size()) return false;
@@ -668,16 +668,23 @@ bool put_row_fast(const TensorDictImpl& dst, int64_t row, const TensorDict& valu
 }
 }  // namespace
 
-void TensorDictImpl::put_row(TensorDict& self, int64_t row, const TensorDict& value) {
-  if (!put_row_fast(*this, row, value)) index_put_(self, Index{row}, value);
+namespace {
+//! td[index] = value through the general path (prepared index, broadcast, missing keys preallocated)
+void put_general(TensorDictImpl& dst, const Index& index, const TensorDict& value) {
+  Prepared p = prepare_write(dst.batch_size, index);
+  TensorDict v = value;
+  if (dst.device && v.device() != dst.device) v = v.to(*dst.device);
+  put_td(dst, p, p.batch, v, index);
+}
+}  // namespace
+
+void TensorDictImpl::put_row(TensorDict&, int64_t row, const TensorDict& value) {
+  if (!put_row_fast(*this, row, value)) put_general(*this, Index{row}, value);
 }
 
 void TensorDictImpl::index_put_(TensorDict&, const Index& index, const TensorDict& value) {
   if (index.size() == 1 && index[0].is_integer() && put_row_fast(*this, index[0].integer(), value)) return;
-  Prepared p = prepare_write(batch_size, index);
-  TensorDict v = value;
-  if (device && v.device() != device) v = v.to(*device);
-  put_td(*this, p, p.batch, v, index);
+  put_general(*this, index, value);
 }
 
 void TensorDictImpl::index_put_(TensorDict&, const Index& index, const at::Tensor& value) {
