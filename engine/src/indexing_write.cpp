@@ -581,12 +581,30 @@ struct RowCopies {
   const RowCopy* end() const { return begin() + n; }
 };
 
-//! a == b without a call to memcmp: keys are short (the call and its PLT jump were 8% of a refill's samples, perf)
+//! the `W` bytes at p as one word (an unaligned load)
+template <class W>
+inline W load_word(const char* p) {
+  W w;
+  std::memcpy(&w, p, sizeof(W));
+  return w;
+}
+
+//! a == b without a call to memcmp: keys are short (the call and its PLT jump were 8% of a refill's samples, perf).
+//! Keys of 4 bytes or more compare by words, the last one overlapping its predecessor (a byte loop was 8% of
+//! plan_row's samples, perf); every load stays inside both keys
 inline bool same_key(const std::string& a, const std::string& b) {
   const size_t n = a.size();
   if (n != b.size()) return false;
   const char* x = a.data();
   const char* y = b.data();
+  if (n >= 8) {
+    for (size_t i = 0; i + 8 < n; i += 8)
+      if (load_word<uint64_t>(x + i) != load_word<uint64_t>(y + i)) return false;
+    return load_word<uint64_t>(x + n - 8) == load_word<uint64_t>(y + n - 8);
+  }
+  if (n >= 4)
+    return load_word<uint32_t>(x) == load_word<uint32_t>(y) &&
+           load_word<uint32_t>(x + n - 4) == load_word<uint32_t>(y + n - 4);
   for (size_t i = 0; i < n; ++i)
     if (x[i] != y[i]) return false;
   return true;

@@ -742,4 +742,29 @@ BOOST_AUTO_TEST_CASE(one_row_writes_with_an_integer_row) {
   BOOST_TEST(at::equal(stacked.get("f"), at::tensor({0.f, 0.f, 1.f, 1.f}).reshape({2, 2})));
 }
 
+// the one-row path matches the value's keys to the destination's by position, comparing them by words: a key of
+// any length that differs from the destination's in any one byte is another key (the general path then writes it
+// under its own name, the destination's leaf keeps its row), and the same key of any length is written in place
+BOOST_AUTO_TEST_CASE(one_row_writes_tell_keys_apart_by_every_byte) {
+  int wrong_leaf = 0, wrong_new_key = 0, wrong_same_key = 0;
+  for (size_t len = 1; len <= 40; ++len) {
+    std::string key;
+    for (size_t i = 0; i < len; ++i) key.push_back(static_cast<char>('a' + i % 26));
+    TensorDict same(Dict{{key, at::zeros({3, 2})}}, {3});
+    same.index_put_(1, TensorDict(Dict{{key, at::ones({2})}}, {}));
+    if (!at::equal(same.get(key), at::tensor({0.f, 0.f, 1.f, 1.f, 0.f, 0.f}).reshape({3, 2}))) ++wrong_same_key;
+    for (size_t at_byte = 0; at_byte < len; ++at_byte) {
+      std::string other = key;
+      other[at_byte] = 'Z';
+      TensorDict td(Dict{{key, at::zeros({3, 2})}}, {3});
+      td.index_put_(1, TensorDict(Dict{{other, at::ones({2})}}, {}));
+      if (!at::equal(td.get(key), at::zeros({3, 2}))) ++wrong_leaf;
+      if (!td.contains(other) || !at::equal(td.get(other)[1], at::ones({2}))) ++wrong_new_key;
+    }
+  }
+  BOOST_TEST(wrong_same_key == 0);
+  BOOST_TEST(wrong_leaf == 0);
+  BOOST_TEST(wrong_new_key == 0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
