@@ -93,18 +93,21 @@ std::vector<std::string> leaf_names() {
 int main(int argc, char** argv) {
   at::manual_seed(0);
   const auto names = leaf_names();
-  if (argc > 2 && std::string(argv[1]) == "--refill-only") {  // for a profiler: the refill loop alone, N passes
+  // for a profiler: the refill loop alone, N passes over a buffer of ROWS rows (kRows; kBigRows for the refill
+  // larger than the caches), after one untimed pass that faults the buffer in
+  if (argc > 2 && std::string(argv[1]) == "--refill-only") {
     Dict src;
     for (const auto& n : names) src.emplace_back(n, at::randn({kFeatures}));
     const TensorDict sample(src);
-    TensorDict pre(BatchSize{kRows});
-    pre.index_put_({0}, sample);
+    const int64_t rows = argc > 3 ? std::atoll(argv[3]) : kRows;
+    TensorDict pre(BatchSize{rows});
+    for (int64_t i = 0; i < rows; ++i) pre.index_put_(i, sample);
     const int passes = std::atoi(argv[2]);
     const auto t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < passes; ++r)
-      for (int64_t i = 0; i < kRows; ++i) pre.index_put_(i, sample);
+      for (int64_t i = 0; i < rows; ++i) pre.index_put_(i, sample);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("{\"refill_rows_per_s\": %.0f}\n", static_cast<double>(kRows) * passes / s);
+    std::printf("{\"refill_rows_per_s\": %.0f}\n", static_cast<double>(rows) * passes / s);
     return 0;
   }
 

@@ -641,8 +641,10 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
       char* to = base + static_cast<size_t>(row) * bytes;
       // ask for the row's cache lines for writing now, while the other leaves are checked: the version bump
       // after each memcpy is a locked add, which waits until the copy's stores have reached the cache; with
-      // the lines still in L3 (a 12.8 MB buffer) that wait was a third of a refill (perf)
-      for (size_t o = 0; o < bytes && o < kPrefetchBytes; o += 64) __builtin_prefetch(to + o, 1, 3);
+      // the lines still in L3 (a 12.8 MB buffer) that wait was a third of a refill (perf). One bound for the loop:
+      // testing both bytes and kPrefetchBytes per line was 26 instructions a leaf (callgrind), 12% of plan_row's
+      const size_t ahead = std::min(bytes, kPrefetchBytes);
+      for (size_t o = 0; o < ahead; o += 64) __builtin_prefetch(to + o, 1, 3);
       out.push(RowCopy{to,
                        static_cast<const char*>(val_storage.data()) + v->storage_offset() * item, bytes,
                        &dt, dst_storage.data_ptr().get_deleter() == &backends::detail::unmap_context});
