@@ -90,6 +90,26 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // for a profiler: the 10-chunk identity call over 10,000 rows, N calls (`loop`: the plain loop instead; `one`:
+  // map with one worker)
+  if (argc > 2 && std::string(argv[1]) == "--identity-only") {
+    const int calls = std::atoi(argv[2]);
+    const std::string how = argc > 3 ? argv[3] : "";
+    const bool loop = how == "loop", one = how == "one";
+    std::vector<double> us;
+    for (int i = 0; i < calls; ++i) {
+      const auto t0 = clk::now();
+      if (loop) {
+        plain_loop(td, id, 1000);
+      } else {
+        td.map(id, MapOptions().chunksize(1000).num_workers(one ? 1 : 2));
+      }
+      us.push_back(us_since(t0));
+    }
+    std::printf("{\"identity_10_chunks_median_us\": %.1f}\n", median(us));
+    return 0;
+  }
+
   // ---- fixed cost: 10 chunks, identity fn, 2 workers
   const Medians fixed_small =
       alternate(50, 400, [&] { small.map(id, MapOptions().chunksize(10).num_workers(2)); },
