@@ -767,4 +767,30 @@ BOOST_AUTO_TEST_CASE(one_row_writes_tell_keys_apart_by_every_byte) {
   BOOST_TEST(wrong_new_key == 0);
 }
 
+// a row of more leaves than the one-row path keeps on the stack (16), nested and flat: every leaf written
+BOOST_AUTO_TEST_CASE(one_row_writes_of_many_leaves) {
+  for (int leaves : {15, 16, 17, 40}) {
+    Dict dst_leaves, row_leaves, sub_dst, sub_row;
+    for (int k = 0; k < leaves; ++k) {
+      dst_leaves.emplace_back("k" + std::to_string(k), at::zeros({4, 3}));
+      row_leaves.emplace_back("k" + std::to_string(k), at::full({3}, static_cast<float>(k + 1)));
+      sub_dst.emplace_back("s" + std::to_string(k), at::zeros({4}, at::kLong));
+      sub_row.emplace_back("s" + std::to_string(k), at::scalar_tensor(int64_t{k + 100}, at::kLong));
+    }
+    TensorDict td(dst_leaves, {4});
+    td.set("sub", TensorDict(sub_dst, {4}));
+    TensorDict row(row_leaves, {});
+    row.set("sub", TensorDict(sub_row, {}));
+    td.index_put_(2, row);
+    int wrong = 0;
+    for (int k = 0; k < leaves; ++k) {
+      const at::Tensor f = td.get("k" + std::to_string(k));
+      if (!at::equal(f[2], at::full({3}, static_cast<float>(k + 1))) || f.sum().item<float>() != 3.f * (k + 1)) ++wrong;
+      const at::Tensor s = td.get({"sub", "s" + std::to_string(k)});
+      if (s[2].item<int64_t>() != k + 100 || s.sum().item<int64_t>() != k + 100) ++wrong;
+    }
+    BOOST_TEST(wrong == 0, leaves << " leaves: " << wrong << " wrong");
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
