@@ -105,8 +105,11 @@ at::Tensor checked_rows(const at::Tensor& t, int64_t size) {
 
 at::Tensor select_row(const at::Tensor& t, int64_t i) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (impl->key_set() != kPlainCpu || impl->dim() == 0 || c10::InferenceMode::is_enabled() ||
-      (impl->autograd_meta() != nullptr && impl->requires_grad()) || !impl->unsafe_storage())
+  // i was checked against the batch size; a leaf resized or set_ to fewer rows behind the TensorDict's back is
+  // checked against its own: torch's select raises its IndexError
+  if (impl->key_set() != kPlainCpu || impl->dim() == 0 || i < 0 || i >= impl->sizes()[0] ||
+      c10::InferenceMode::is_enabled() || (impl->autograd_meta() != nullptr && impl->requires_grad()) ||
+      !impl->unsafe_storage())
     return t.select(0, i);
   at::Tensor out =
       at::detail::make_tensor<c10::TensorImpl>(c10::Storage(impl->unsafe_storage()), impl->key_set(), impl->dtype());

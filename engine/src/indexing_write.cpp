@@ -54,13 +54,16 @@ bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) 
   int64_t rows = 1;
   int64_t start = p.i;
   int64_t step = 1;
+  // the rows are bounded by the leaf's own first dimension, not only by the batch size the index was prepared
+  // against: a leaf resized or set_ to fewer rows behind the TensorDict's back takes torch's path (IndexError)
   if (p.kind == Prepared::Kind::Int) {
-    if (!vs.equals(row_shape)) return false;
+    if (!vs.equals(row_shape) || p.i < 0 || p.i >= ds[0]) return false;
   } else {
     if (vs.size() != ds.size() || vs[0] != p.sl.length || !vs.slice(1).equals(row_shape)) return false;
     rows = p.sl.length;
     start = p.sl.start;
     step = p.sl.step;
+    if (rows > 0 && (start < 0 || step < 1 || start + (rows - 1) * step >= ds[0])) return false;
   }
   if (v.is_alias_of(dst)) return false;  // possible overlap: let torch sort it out
   const size_t esize = dst.element_size();
@@ -625,11 +628,20 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
       if (d->dtype() != v->dtype() || !plain_contiguous(d) || !plain_contiguous(v) ||
           c10::isQIntType(at::typeMetaToScalarType(d->dtype())))
         return false;
+      // the leaf's own rows bound the write: a leaf resized or set_ to fewer rows behind the TensorDict's back
+      // (its batch size still says more) takes the general path, which raises torch's IndexError
       const auto ds = d->sizes();
-      const auto vs = v->sizes();
-      if (ds.size() != vs.size() + 1) return false;
-      for (size_t k = 0; k < vs.size(); ++k)
-        if (ds[k + 1] != vs[k]) return false;
+      if (ds.empty() || row >= ds[0]) return false;
+      // the row's shape: a value of one dimension is its numel (no sizes() call: most rows are vectors)
+      const auto vdim = static_cast<size_t>(v->dim());
+      if (ds.size() != vdim + 1) return false;
+      if (vdim == 1) {
+        if (ds[1] != v->numel()) return false;
+      } else if (vdim > 1) {
+        const auto vs = v->sizes();
+        for (size_t k = 0; k < vdim; ++k)
+          if (ds[k + 1] != vs[k]) return false;
+      }
       const c10::Storage& dst_storage = d->unsafe_storage();
       const c10::Storage& val_storage = v->unsafe_storage();
       if (dst_storage.unsafeGetStorageImpl() == val_storage.unsafeGetStorageImpl()) return false;

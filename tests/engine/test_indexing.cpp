@@ -767,6 +767,38 @@ BOOST_AUTO_TEST_CASE(one_row_writes_tell_keys_apart_by_every_byte) {
   BOOST_TEST(wrong_new_key == 0);
 }
 
+// a leaf set_ to fewer rows behind the TensorDict's back (its batch size still says 5): a row past the leaf's own
+// is an error, read or written, by the one-row paths and the general path's memcpy alike, and nothing past the
+// leaf's rows is written (its storage is the first two rows of a buffer whose other rows are sentinels)
+BOOST_AUTO_TEST_CASE(rows_past_a_leaf_shrunk_behind_the_tensordicts_back) {
+  at::Tensor backing = at::full({5, 4}, 7.f);
+  auto make = [&] {
+    backing.fill_(7.f);
+    TensorDict td(Dict{{"a", at::zeros({5, 4})}}, {5});
+    td.get("a").set_(backing.storage(), 0, {2, 4}, {4, 1});
+    return td;
+  };
+  auto sentinels_kept = [&] { return at::equal(backing.index({Slice(2, None)}), at::full({3, 4}, 7.f)); };
+  const TensorDict row(Dict{{"a", at::ones({4})}}, {});
+  BOOST_CHECK_THROW(make().index_put_(4, row), IndexError);
+  BOOST_TEST(sentinels_kept());
+  BOOST_CHECK_THROW(make().index_put_({4}, row), IndexError);
+  BOOST_TEST(sentinels_kept());
+  BOOST_CHECK_THROW(make().index_put_({Slice(3, 5)}, TensorDict(Dict{{"a", at::ones({2, 4})}}, {2})), Error);
+  BOOST_TEST(sentinels_kept());
+  BOOST_CHECK_THROW(make().index_put_({Slice(0, 5, 2)}, TensorDict(Dict{{"a", at::ones({3, 4})}}, {3})), Error);
+  BOOST_TEST(sentinels_kept());
+  BOOST_CHECK_THROW(make().index_put_({4}, at::ones({4})), IndexError);
+  BOOST_TEST(sentinels_kept());
+  BOOST_CHECK_THROW(make().index({4}), IndexError);
+  // the leaf's own rows still take the fast paths
+  TensorDict td = make();
+  td.index_put_(1, row);
+  BOOST_TEST(at::equal(td.index({1}).get("a"), at::ones({4})));
+  BOOST_TEST(at::equal(backing[1], at::ones({4})));
+  BOOST_TEST(sentinels_kept());
+}
+
 // a row of more leaves than the one-row path keeps on the stack (16), nested and flat: every leaf written
 BOOST_AUTO_TEST_CASE(one_row_writes_of_many_leaves) {
   for (int leaves : {15, 16, 17, 40}) {
