@@ -559,11 +559,29 @@ struct RowCopy {
 //! storage through unsafe_storage(): storage() is virtual in libtorch 1.13 and was a third of this check's cost
 //! (a tensor whose storage access throws has none here: a null StorageImpl, refused below). The dtype is not
 //! checked here: plan_row compares the two sides' dtypes and refuses quantized ones once
+//! TensorImpl::autograd_meta_, read in place: autograd_meta() is out of line in libc10, a call through the PLT for
+//! each side of each leaf of a row. The member is private; a private member is named the one way the language
+//! allows without its class's consent, as an argument of an explicit template instantiation (not access-checked,
+//! [temp.spec]; module.cpp names Module's members so)
+struct AutogradMetaTag {
+  using type = std::unique_ptr<c10::AutogradMetaInterface> c10::TensorImpl::*;
+  friend type member_of(AutogradMetaTag);
+};
+template <class Tag, typename Tag::type M>
+struct PrivateMember {
+  friend typename Tag::type member_of(Tag) { return M; }
+};
+template struct PrivateMember<AutogradMetaTag, &c10::TensorImpl::autograd_meta_>;
+inline const c10::AutogradMetaInterface* autograd_meta_of(const c10::TensorImpl* t) {
+  return (t->*member_of(AutogradMetaTag{})).get();
+}
+
 inline bool plain_contiguous(const c10::TensorImpl* t) {
   if (!plain_keys(t->key_set())) return false;
   const c10::StorageImpl* st = t->unsafe_storage().unsafeGetStorageImpl();
-  return t->is_contiguous() && st != nullptr && st->data() != nullptr &&
-         (t->autograd_meta() == nullptr || !t->requires_grad());
+  if (!t->is_contiguous() || st == nullptr || st->data() == nullptr) return false;
+  const c10::AutogradMetaInterface* meta = autograd_meta_of(t);
+  return meta == nullptr || !meta->requires_grad();
 }
 
 //! the leaves' copies of one row, on the stack for up to 16 leaves

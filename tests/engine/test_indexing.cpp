@@ -678,6 +678,14 @@ void check_one_row_writes(Put put) {
   g.get("w").sum().backward();
   BOOST_TEST(src.grad().defined());
   BOOST_TEST(at::equal(src.grad(), at::ones({2})));
+  // a value that requires grad into a plain destination: torch's copy_ too (the destination joins the graph)
+  TensorDict plain(Dict{{"w", at::zeros({3, 2})}}, {3});
+  at::Tensor src2 = at::full({2}, 2.f).requires_grad_(true);
+  put(plain, 1, TensorDict(Dict{{"w", src2}}, {}));
+  BOOST_TEST(plain.get("w").requires_grad());
+  (plain.get("w") * 3).sum().backward();
+  BOOST_TEST(src2.grad().defined());
+  if (src2.grad().defined()) BOOST_TEST(at::equal(src2.grad(), at::full({2}, 3.f)));
   // a value with the conj bit or the neg bit (lazy views: their bytes are not their values): the general path
   TensorDict c(Dict{{"x", at::zeros({2, 2}, at::kComplexFloat)}}, {2});
   put(c, 1, TensorDict(Dict{{"x", at::complex(at::ones({2}), at::ones({2})).conj()}}, {}));
