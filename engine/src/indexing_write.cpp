@@ -562,7 +562,8 @@ struct RowCopy {
 //! TensorImpl::autograd_meta_, read in place: autograd_meta() is out of line in libc10, a call through the PLT for
 //! each side of each leaf of a row. The member is private; a private member is named the one way the language
 //! allows without its class's consent, as an argument of an explicit template instantiation (not access-checked,
-//! [temp.spec]; module.cpp names Module's members so)
+//! [temp.spec]; module.cpp names Module's members so: the tag, the template and its instantiation must share one
+//! namespace, the anonymous one of each file). 1,522 -> 1,461 instructions a row (callgrind)
 struct AutogradMetaTag {
   using type = std::unique_ptr<c10::AutogradMetaInterface> c10::TensorImpl::*;
   friend type member_of(AutogradMetaTag);
