@@ -700,7 +700,7 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
 }
 
 //! td[row] = value written by plan_row's copies; false (nothing written) when the general path must do it
-bool put_row_fast(const TensorDictImpl& dst, int64_t row, const TensorDict& value) {
+[[gnu::always_inline]] inline bool put_row_fast(const TensorDictImpl& dst, int64_t row, const TensorDict& value) {
   if (dst.batch_size.empty()) return false;
   const TensorDictImpl* val = value.node()->dense_node();
   if (!val || val->typed_parts().second) return false;
