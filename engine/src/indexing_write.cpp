@@ -555,10 +555,6 @@ struct RowCopy {
   bool mapped;
 };
 
-//! a plain strided CPU tensor without autograd, conj or neg bits, of one contiguous layout, with storage. Its
-//! storage through unsafe_storage(): storage() is virtual in libtorch 1.13 and was a third of this check's cost
-//! (a tensor whose storage access throws has none here: a null StorageImpl, refused below). The dtype is not
-//! checked here: plan_row compares the two sides' dtypes and refuses quantized ones once
 //! TensorImpl::autograd_meta_, read in place: autograd_meta() is out of line in libc10, a call through the PLT for
 //! each side of each leaf of a row. The member is private; a private member is named the one way the language
 //! allows without its class's consent, as an argument of an explicit template instantiation (not access-checked,
@@ -577,6 +573,10 @@ inline const c10::AutogradMetaInterface* autograd_meta_of(const c10::TensorImpl*
   return (t->*member_of(AutogradMetaTag{})).get();
 }
 
+//! a plain strided CPU tensor without autograd, conj or neg bits, of one contiguous layout, with storage. Its
+//! storage through unsafe_storage(): storage() is virtual in libtorch 1.13 and was a third of this check's cost
+//! (a tensor whose storage access throws has none here: a null StorageImpl, refused below). The dtype is not
+//! checked here: plan_row compares the two sides' dtypes and refuses quantized ones once
 inline bool plain_contiguous(const c10::TensorImpl* t) {
   if (!plain_keys(t->key_set())) return false;
   const c10::StorageImpl* st = t->unsafe_storage().unsafeGetStorageImpl();
