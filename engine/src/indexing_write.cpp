@@ -4,6 +4,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <ATen/MemoryOverlap.h>
 
 #include "indexing_internal.hpp"
 #include "lazy_stack_node.hpp"
@@ -11,6 +17,9 @@
 #include "tree_visitor.hpp"
 
 namespace tensordict {
+
+void check_index_put_dtype(const TensorDict& td, const Index& index, const at::Tensor& value);
+
 namespace {
 
 using namespace detail::idx;
@@ -39,9 +48,9 @@ void copy_in_pieces(char* dst, const char* src, size_t n) {
   for (size_t done = 0; done < n; done += kPiece) std::memcpy(dst + done, src + done, std::min(kPiece, n - done));
 }
 
-//! dst[row(s)] = v as memcpy when both are contiguous CPU tensors of one dtype and v has exactly the
-//! indexed shape; false when the general path must do it
-bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
+//! dst[row(s)] = v can be a memcpy: both are contiguous CPU tensors of one dtype, v has exactly the indexed
+//! shape, the rows lie in the leaf. Such a write cannot fail (past the reservation of file blocks).
+bool memcpy_ok(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
   if (p.kind != Prepared::Kind::Int && p.kind != Prepared::Kind::Slice) return false;
   // dense strided CPU tensors without a lazy bit (conj, neg, a ZeroTensor without bytes): their bytes are values
   if (!plain_keys(dst.key_set()) || !plain_keys(v.key_set())) return false;
@@ -51,24 +60,28 @@ bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) 
   const auto ds = dst.sizes();
   const auto vs = v.sizes();
   const auto row_shape = ds.slice(1);
-  int64_t rows = 1;
-  int64_t start = p.i;
-  int64_t step = 1;
   // the rows are bounded by the leaf's own first dimension, not only by the batch size the index was prepared
   // against: a leaf resized or set_ to fewer rows behind the TensorDict's back takes torch's path (IndexError)
   if (p.kind == Prepared::Kind::Int) {
     if (!vs.equals(row_shape) || p.i < 0 || p.i >= ds[0]) return false;
   } else {
     if (vs.size() != ds.size() || vs[0] != p.sl.length || !vs.slice(1).equals(row_shape)) return false;
-    rows = p.sl.length;
-    start = p.sl.start;
-    step = p.sl.step;
-    if (rows > 0 && (start < 0 || step < 1 || start + (rows - 1) * step >= ds[0])) return false;
+    const int64_t rows = p.sl.length;
+    if (rows > 0 && (p.sl.start < 0 || p.sl.step < 1 || p.sl.start + (rows - 1) * p.sl.step >= ds[0])) return false;
   }
-  if (v.is_alias_of(dst)) return false;  // possible overlap: let torch sort it out
+  return !v.is_alias_of(dst);  // possible overlap: let torch sort it out
+}
+
+//! dst[row(s)] = v as memcpy when memcpy_ok; false when the general path must do it
+bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
+  if (!memcpy_ok(dst, v, p)) return false;
+  const bool one = p.kind == Prepared::Kind::Int;
+  const int64_t rows = one ? 1 : p.sl.length;
+  const int64_t start = one ? p.i : p.sl.start;
+  const int64_t step = one ? 1 : p.sl.step;
   const size_t esize = dst.element_size();
   int64_t row_numel = 1;
-  for (auto s : row_shape) row_numel *= s;
+  for (auto s : dst.sizes().slice(1)) row_numel *= s;
   const size_t row_bytes = static_cast<size_t>(row_numel) * esize;
   if (rows > 0 && row_bytes > 0) {
     const size_t stride_bytes = static_cast<size_t>(dst.stride(0)) * esize;
@@ -169,13 +182,176 @@ void assign_stack(NonTensorStack& s, const Prepared& p, const Entry& value) {
   }
 }
 
-void put_non_tensor(const TensorDictImpl& dst, Entry& de, const std::string& key, const Entry& ve, const Prepared& p,
-                    const BatchSize& ibs) {
+// ------------------------------------------------------------------------ a write planned in full
+// td[idx] = value writes many leaves; a write that fails on one of them must leave every leaf as it was (the
+// project's rule: nothing half-written survives a failure). Upstream's __setitem__ writes leaf by leaf and
+// leaves the leaves before a failing one written. Here the whole write is planned first: keys resolved,
+// values broadcast, non-tensor entries computed, new keys made (not yet attached), and each leaf write sorted
+// by what can be known of it before it runs:
+//  - safe: it cannot fail (the memcpy conditions, or the same rules torch applies, checked here, or a dry run
+//    of the same copy on meta tensors of the same sizes and strides);
+//  - fresh: into a key this write adds (nothing of the TensorDict changes if it fails: it is not attached);
+//  - risky: neither (a general index, a leaf that requires grad, a write into another node kind). When more
+//    than one write is risky, each but the last keeps a copy of the rows it overwrites, put back if a later
+//    one fails.
+// Then the reservations of file blocks (a full disk fails here), the fresh writes, the risky ones, the safe
+// ones, the non-tensor entries, and last the new keys.
+
+struct LeafWrite {
+  at::Tensor dst;
+  at::Tensor v;  //!< undefined for a scalar fill
+  std::string key;
+};
+
+//! a sub-TensorDict of another node kind (a lazy stack or a store below a dense TensorDict): it writes itself
+struct OtherWrite {
+  TensorDict sub;
+  std::optional<TensorDict> value;
+  at::Tensor tensor;  //!< td[idx] = tensor (neither: the plan's scalar)
+};
+
+struct WritePlan {
+  const Prepared& p;
+  const at::Scalar* scalar = nullptr;  //!< td[idx] = scalar: every leaf write fills with it
+  std::vector<LeafWrite> safe, fresh, unverified;
+  std::vector<OtherWrite> others;
+  std::vector<std::pair<Entry*, Entry>> assigns;                  //!< non-tensor entries, replaced
+  std::vector<std::tuple<TensorDictImpl*, std::string, Entry>> attaches;  //!< keys this write adds
+  std::vector<TensorDict> values;  //!< broadcast values the plan points into (kept alive)
+  int64_t take_max = -2;           //!< Take: the largest row (-1: none), computed once
+
+  explicit WritePlan(const Prepared& prepared) : p(prepared) {}
+
+  int64_t max_take_row() {
+    if (take_max == -2) take_max = p.take.numel() == 0 ? -1 : p.take.max().item<int64_t>();
+    return take_max;
+  }
+
+  void add_leaf(const at::Tensor& dst, const at::Tensor& v, const std::string& key) {
+    LeafWrite w{dst, v, key};
+    (verified(w) ? safe : unverified).push_back(std::move(w));
+  }
+
+  void add_fill(const TensorDictImpl& sub, const at::Tensor* tensor);
+  void plan_td(TensorDictImpl& dst, const BatchSize& ibs, const TensorDict& value_in, const Index& orig);
+  void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, const BatchSize& ibs,
+                   const Index& orig);
+  void run();
+
+ private:
+  bool verified(const LeafWrite& w);
+  bool dry_run(const LeafWrite& w) const;
+  void put(const LeafWrite& w) const;
+};
+
+bool writable_in_place(const at::Tensor& t) {
+  return !t.requires_grad() && !(t.is_inference() && !c10::InferenceMode::is_enabled());
+}
+
+//! what torch's index_put_ of a Take index checks before it writes, checked here: dtype, the value's shape
+//! (leading 1s dropped) broadcast to the indexed shape, the leaf's rows, no overlap
+bool take_write_checks(const at::Tensor& t, const at::Tensor* v, int64_t rows, int64_t take_max) {
+  if (t.dim() == 0 || take_max >= t.size(0) || at::has_internal_overlap(t) != at::MemOverlap::No) return false;
+  if (!v) return true;
+  if (v->scalar_type() != t.scalar_type() || v->is_alias_of(t)) return false;
+  auto vs = v->sizes();
+  while (!vs.empty() && vs.front() == 1) vs = vs.slice(1);
+  std::vector<int64_t> target{rows};
+  target.insert(target.end(), t.sizes().begin() + 1, t.sizes().end());
+  return at::is_expandable_to(vs, target);
+}
+
+//! a scalar converts to dtype without overflow (fill_'s own check), asked once per dtype
+bool scalar_fits(const at::Scalar& s, at::ScalarType dtype) {
+  try {
+    (void)at::scalar_tensor(s, at::TensorOptions().dtype(dtype));
+    return true;
+  } catch (const std::exception&) {  // c10::Error, or checked_convert's std::runtime_error
+    return false;
+  }
+}
+
+bool WritePlan::verified(const LeafWrite& w) {
+  const at::Tensor& t = w.dst;
+  if (scalar) {
+    if (!writable_in_place(t) || !scalar_fits(*scalar, t.scalar_type())) return false;
+    if (at::has_internal_overlap(t) != at::MemOverlap::No) return false;
+    switch (p.kind) {
+      case Prepared::Kind::Identity: return true;
+      case Prepared::Kind::Int: return t.dim() > 0 && p.i < t.size(0);
+      case Prepared::Kind::Slice: return t.dim() > 0;
+      case Prepared::Kind::Take: return take_write_checks(t, nullptr, 0, max_take_row());
+      case Prepared::Kind::General: return false;
+    }
+    return false;
+  }
+  if (memcpy_ok(t, w.v, p)) return true;
+  if (p.kind == Prepared::Kind::Take && writable_in_place(t))
+    return take_write_checks(t, &w.v, p.take.numel(), max_take_row());
+  return false;
+}
+
+at::Tensor meta_like(const at::Tensor& t) {
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+}
+
+//! the copy of a basic index (an int, a slice, all rows) run on meta tensors of the same sizes, strides and
+//! dtypes: torch's own shape, broadcast, bounds and overlap checks, no bytes. False when it cannot stand in
+//! for the write (autograd or inference rules, a value sharing the leaf's memory, another index); torch's
+//! error, wrapped as the write wraps it, when the write would fail
+bool WritePlan::dry_run(const LeafWrite& w) const {
+  const at::Tensor& t = w.dst;
+  if (scalar || !writable_in_place(t) || w.v.is_alias_of(t)) return false;
+  if (p.kind != Prepared::Kind::Identity && p.kind != Prepared::Kind::Int && p.kind != Prepared::Kind::Slice)
+    return false;
+  try {
+    const at::Tensor m = meta_like(t);
+    const at::Tensor mv = meta_like(w.v);
+    switch (p.kind) {
+      case Prepared::Kind::Identity: at::indexing::copy_to(m, mv); break;
+      case Prepared::Kind::Int: at::indexing::copy_to(m.select(0, p.i), mv); break;
+      default: at::indexing::copy_to(m.slice(0, p.sl.start, p.sl.stop, p.sl.step), mv); break;
+    }
+  } catch (const c10::Error& e) {
+    detail::rethrow_torch_error(e, "td[idx] = value: cannot write a value of shape " + shape_str(w.v.sizes()) +
+                                       " into key '" + w.key + "' of shape " + shape_str(t.sizes()));
+  }
+  return true;
+}
+
+void WritePlan::put(const LeafWrite& w) const {
+  if (!scalar) return put_leaf(w.dst, w.v, p, w.key);
+  try {
+    p.fill(w.dst, *scalar);
+  } catch (const c10::Error& e) {
+    detail::rethrow_torch_error(e, "td[idx] = scalar: cannot fill key '" + w.key + "'");
+  } catch (const std::runtime_error& e) {  // c10::checked_convert: "value cannot be converted to type ..."
+    throw RuntimeError("td[idx] = scalar: cannot fill key '" + w.key + "': " + e.what());
+  }
+}
+
+//! every tensor leaf of the dense levels of `sub` gets `*tensor` (or the plan's scalar); a sub-TensorDict
+//! of another node kind writes itself
+void WritePlan::add_fill(const TensorDictImpl& sub, const at::Tensor* tensor) {
+  detail::tree::for_each_leaf(
+      sub,
+      [&](const detail::tree::KeyPath& kp, const Entry& e) {
+        if (!e.is_tensor()) return;
+        LeafWrite w{e.tensor(), tensor ? *tensor : at::Tensor(), kp.name()};
+        (verified(w) ? safe : unverified).push_back(std::move(w));
+      },
+      [&](const detail::tree::KeyPath&, const TensorDict& other) { others.push_back({other, std::nullopt, tensor ? *tensor : at::Tensor()}); },
+      detail::tree::Descend::DenseOnly);
+}
+
+//! the new value of a non-tensor entry `de` (upstream: a NonTensorData written elsewhere becomes a stack)
+std::optional<Entry> non_tensor_value(const TensorDictImpl& dst, const Entry& de, const std::string& key,
+                                      const Entry& ve, const Prepared& p, const BatchSize& ibs) {
   if (!ve.is_non_tensor()) {
     throw TypeError(std::string("td[idx] = value: key '") + key + "' holds a " + Entry::kind_name(de.kind()) +
                     " but the value holds a " + Entry::kind_name(ve.kind()));
   }
-  if (detail::prod(ibs) == 0) return;  // nothing selected
+  if (detail::prod(ibs) == 0) return std::nullopt;  // nothing selected
   if (de.is_non_tensor_data()) {
     const JsonValue& cur = de.non_tensor_data().value();
     bool differs = false;
@@ -184,25 +360,22 @@ void put_non_tensor(const TensorDictImpl& dst, Entry& de, const std::string& key
     } else {
       for (const auto& x : ve.non_tensor_stack().values()) differs = differs || x != cur;
     }
-    if (!differs) return;
+    if (!differs) return std::nullopt;
     if (dst.is_shared || dst.is_memmap) throw RuntimeError(kSharedInplaceError);
     // a NonTensorData that receives another value somewhere becomes a stack (even when locked, as upstream)
     NonTensorStack s = NonTensorStack::filled(cur, de.non_tensor_data().batch_size());
     assign_stack(s, p, ve);
-    de = Entry(std::move(s));
-  } else {
-    NonTensorStack s = de.non_tensor_stack();
-    assign_stack(s, p, ve);
-    de = Entry(std::move(s));
+    return Entry(std::move(s));
   }
+  NonTensorStack s = de.non_tensor_stack();
+  assign_stack(s, p, ve);
+  return Entry(std::move(s));
 }
 
-void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const TensorDict& value_in,
-            const Index& orig);
-
-//! a key of the value that dst lacks: zeros of the full size (upstream _SubTensorDict._set_str), then written
-void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, const Prepared& p, const BatchSize& ibs,
-                 const Index& orig) {
+//! a key of the value that dst lacks: zeros of the full size (upstream _SubTensorDict._set_str), written and
+//! attached when the plan runs
+void WritePlan::preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, const BatchSize& ibs,
+                            const Index& orig) {
   if (dst.locked) detail::check_unlocked(dst, "td[idx] = value would add the key '" + key + "'");
   const size_t ni = ibs.size();
   switch (ve.kind()) {
@@ -210,21 +383,22 @@ void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, c
       const at::Tensor& v = ve.tensor();
       BatchSize shape = sub_batch(dst.batch_size, BatchSize(v.sizes().begin(), v.sizes().end()), ni);
       at::Tensor t = prealloc_zeros(shape, v.options().device(dst.device ? *dst.device : v.device()));
-      dst.entries.emplace_back(key, Entry(t));
-      put_leaf(t, v, p, key);
+      fresh.push_back({t, v, key});
+      attaches.emplace_back(&dst, key, Entry(t));
       return;
     }
     case Entry::Kind::TensorDict: {
       TensorDict vs = ve.tensordict();
       TensorDict sub = detail::make_empty(dst, sub_batch(dst.batch_size, vs.batch_size(), ni));
-      dst.entries.emplace_back(key, Entry(sub));
-      put_td(*detail::impl_of(sub), p, sub_batch(ibs, vs.batch_size(), ni), vs, orig);
+      plan_td(*detail::impl_of(sub), sub_batch(ibs, vs.batch_size(), ni), vs, orig);
+      attaches.emplace_back(&dst, key, Entry(sub));
       return;
     }
     case Entry::Kind::NonTensorData: {
       // expanded: every slot gets the value
       const auto& d = ve.non_tensor_data();
-      dst.entries.emplace_back(key, Entry(NonTensorData(d.value(), sub_batch(dst.batch_size, d.batch_size(), ni))));
+      attaches.emplace_back(&dst, key,
+                            Entry(NonTensorData(d.value(), sub_batch(dst.batch_size, d.batch_size(), ni))));
       return;
     }
     case Entry::Kind::NonTensorStack: {
@@ -232,7 +406,7 @@ void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, c
       NonTensorStack s =
           NonTensorStack::filled(JsonValue(), sub_batch(dst.batch_size, ve.non_tensor_stack().batch_size(), ni));
       assign_stack(s, p, ve);
-      dst.entries.emplace_back(key, Entry(std::move(s)));
+      attaches.emplace_back(&dst, key, Entry(std::move(s)));
       return;
     }
     default:
@@ -241,9 +415,9 @@ void preallocate(TensorDictImpl& dst, const std::string& key, const Entry& ve, c
   }
 }
 
-void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const TensorDict& value_in,
-            const Index& orig) {
-  TensorDict value = broadcast_value(dst, ibs, value_in.node()->dense_form(value_in), orig);
+void WritePlan::plan_td(TensorDictImpl& dst, const BatchSize& ibs, const TensorDict& value_in, const Index& orig) {
+  values.push_back(broadcast_value(dst, ibs, value_in.node()->dense_form(value_in), orig));
+  const TensorDict& value = values.back();
   const TensorDictImpl& vimpl = *detail::impl_of(value);
   const size_t n = vimpl.entries.size();
   for (size_t j = 0; j < n; ++j) {
@@ -252,7 +426,7 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
     // same key order is the common case: try the same position first
     Entry* de = (j < dst.entries.size() && dst.entries[j].first == key) ? &dst.entries[j].second : dst.find(key);
     if (!de) {
-      preallocate(dst, key, ve, p, ibs, orig);
+      preallocate(dst, key, ve, ibs, orig);
       continue;
     }
     switch (de->kind()) {
@@ -261,30 +435,34 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
           throw TypeError("td[idx] = value: key '" + key + "' holds a Tensor but the value holds a " +
                           Entry::kind_name(ve.kind()));
         }
-        put_leaf(de->tensor(), ve.tensor(), p, key);
+        add_leaf(de->tensor(), ve.tensor(), key);
         break;
       case Entry::Kind::TensorDict: {
+        TensorDict sub = de->tensordict();
         if (ve.is_tensor()) {
           // upstream _set_at_str: sub_td[idx] = tensor, i.e. every leaf of the sub-TensorDict filled with it
-          TensorDict sub = de->tensordict();
-          sub.index_put_(p.as_index(), ve.tensor());
+          if (!sub.node()->dense_node()) {
+            others.push_back({sub, std::nullopt, ve.tensor()});
+            break;
+          }
+          check_index_put_dtype(sub, p.as_index(), ve.tensor());
+          add_fill(*detail::impl_of(sub), &ve.tensor());
           break;
         }
         if (!ve.is_tensordict()) {
           throw TypeError("td[idx] = value: key '" + key + "' holds a TensorDict but the value holds a " +
                           Entry::kind_name(ve.kind()));
         }
-        TensorDict sub = de->tensordict();
         if (!sub.node()->dense_node()) {  // another node kind writes itself
-          sub.index_put_(p.as_index(), ve.tensordict());
+          others.push_back({sub, ve.tensordict(), at::Tensor()});
           break;
         }
-        put_td(*detail::impl_of(sub), p, sub_batch(p.batch, sub.batch_size(), p.src_dims), ve.tensordict(), orig);
+        plan_td(*detail::impl_of(sub), sub_batch(p.batch, sub.batch_size(), p.src_dims), ve.tensordict(), orig);
         break;
       }
       case Entry::Kind::NonTensorData:
       case Entry::Kind::NonTensorStack:
-        put_non_tensor(dst, *de, key, ve, p, ibs);
+        if (std::optional<Entry> e = non_tensor_value(dst, *de, key, ve, p, ibs)) assigns.emplace_back(de, std::move(*e));
         break;
       default:
         break;
@@ -292,20 +470,70 @@ void put_td(TensorDictImpl& dst, const Prepared& p, const BatchSize& ibs, const 
   }
 }
 
-//! fn(key, leaf) for every tensor leaf of the dense levels; other(sub) for a sub-TensorDict of another node
-//! kind (a lazy stack below a dense TensorDict), which writes itself
-template <class F, class G>
-void for_each_tensor_leaf(const TensorDictImpl& impl, const F& fn, const G& other) {
-  detail::tree::for_each_leaf(
-      impl,
-      [&](const detail::tree::KeyPath& p, const Entry& e) {
-        if (e.is_tensor()) fn(p.name(), e.tensor());
-      },
-      [&](const detail::tree::KeyPath&, const TensorDict& sub) {
-        TensorDict s = sub;
-        other(s);
-      },
-      detail::tree::Descend::DenseOnly);
+void WritePlan::run() {
+  // a leaf that cannot be verified by the cheap checks is dry-run when another risky write could follow it
+  if (unverified.size() + others.size() > 1) {
+    std::vector<LeafWrite> still;
+    for (auto& w : unverified) (dry_run(w) ? safe : still).push_back(std::move(w));
+    unverified = std::move(still);
+  }
+  // Take rows past a leaf shrunk behind the TensorDict's back: torch checks them while it writes
+  if (p.kind == Prepared::Kind::Take) {
+    for (const auto* list : {&safe, &unverified}) {
+      for (const auto& w : *list) {
+        if (w.dst.dim() > 0 && max_take_row() >= w.dst.size(0)) {
+          throw IndexError("td[idx] = value: index " + std::to_string(max_take_row()) +
+                           " is out of bounds for dimension 0 with size " + std::to_string(w.dst.size(0)) +
+                           " (key '" + w.key + "')");
+        }
+      }
+    }
+  }
+  for (const auto* list : {&safe, &unverified}) {
+    for (const auto& w : *list) p.reserve(w.dst);
+  }
+  for (const auto& w : fresh) put(w);
+
+  // the risky writes, each but the last keeping the rows it overwrites
+  const size_t risky = unverified.size() + others.size();
+  std::vector<std::function<void()>> undo;
+  const Index index = p.as_index();
+  try {
+    size_t k = 0;
+    for (const auto& w : unverified) {
+      if (++k < risky) {
+        at::Tensor saved = p.get(w.dst).clone();
+        undo.emplace_back([this, &w, saved] { p.put(w.dst, saved); });
+      }
+      put(w);
+    }
+    for (auto& o : others) {
+      if (++k < risky) {
+        TensorDict saved = o.sub.index(index).clone();
+        undo.emplace_back([&o, index, saved] { o.sub.index_put_(index, saved); });
+      }
+      if (o.value) {
+        o.sub.index_put_(index, *o.value);
+      } else if (o.tensor.defined()) {
+        o.sub.index_put_(index, o.tensor);
+      } else {
+        o.sub.index_put_(index, *scalar);
+      }
+    }
+  } catch (...) {
+    // the writes before the failing one put back, last first (the failing one wrote nothing: torch checks
+    // before it writes, and the Take rows are checked above)
+    for (size_t u = undo.size(); u-- > 0;) {
+      try {
+        undo[u]();
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  for (const auto& w : safe) put(w);
+  for (auto& [de, e] : assigns) *de = std::move(e);
+  for (auto& [impl, key, e] : attaches) impl->entries.emplace_back(std::move(key), std::move(e));
 }
 
 }  // namespace
@@ -724,12 +952,15 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
 }  // namespace
 
 namespace {
-//! td[index] = value through the general path (prepared index, broadcast, missing keys preallocated)
+//! td[index] = value through the general path (prepared index, broadcast, missing keys preallocated), planned
+//! in full before anything is written
 void put_general(TensorDictImpl& dst, const Index& index, const TensorDict& value) {
   Prepared p = prepare_write(dst.batch_size, index);
   TensorDict v = value;
   if (dst.device && v.device() != dst.device) v = v.to(*dst.device);
-  put_td(dst, p, p.batch, v, index);
+  WritePlan plan(p);
+  plan.plan_td(dst, p.batch, v, index);
+  plan.run();
 }
 }  // namespace
 
@@ -742,25 +973,20 @@ void TensorDictImpl::index_put_(TensorDict&, const Index& index, const TensorDic
   put_general(*this, index, value);
 }
 
+// td[idx] = tensor / scalar: every tensor leaf of the dense levels gets it, planned as a TensorDict value is
 void TensorDictImpl::index_put_(TensorDict&, const Index& index, const at::Tensor& value) {
   Prepared p = prepare_write(batch_size, index);
-  for_each_tensor_leaf(
-      *this, [&](const std::string& key, const at::Tensor& t) { put_leaf(t, value, p, key); },
-      [&](TensorDict& sub) { sub.index_put_(p.as_index(), value); });
+  WritePlan plan(p);
+  plan.add_fill(*this, &value);
+  plan.run();
 }
 
 void TensorDictImpl::index_put_(TensorDict&, const Index& index, const at::Scalar& value) {
   Prepared p = prepare_write(batch_size, index);
-  for_each_tensor_leaf(
-      *this,
-      [&](const std::string& key, const at::Tensor& t) {
-        try {
-          p.fill(t, value);
-        } catch (const c10::Error& e) {
-          detail::rethrow_torch_error(e, "td[idx] = scalar: cannot fill key '" + key + "'");
-        }
-      },
-      [&](TensorDict& sub) { sub.index_put_(p.as_index(), value); });
+  WritePlan plan(p);
+  plan.scalar = &value;
+  plan.add_fill(*this, nullptr);
+  plan.run();
 }
 
 }  // namespace tensordict

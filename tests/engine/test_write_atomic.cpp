@@ -1,0 +1,180 @@
+// td[idx] = value (a TensorDict, a tensor, a scalar) that fails on one leaf leaves every leaf, key and
+// non-tensor entry as it was: the write is planned in full before anything is written (indexing_write.cpp,
+// WritePlan). Each case writes into leaves filled with sentinels and checks them all after the failure.
+#include <boost/test/unit_test.hpp>
+
+#include "tensordict/lazy_stack.hpp"
+#include "tensordict/tensor_dict.hpp"
+#include "zoo.hpp"
+
+using namespace tensordict;
+using at::indexing::None;
+using at::indexing::Slice;
+
+namespace {
+
+constexpr float kSentinel = 7.f;
+
+//! a [5] TensorDict: a [5, 4] and b [5, 4] float, i [5, 4] uint8, n {x [5, 2]}, s a NonTensorData; every
+//! number a sentinel
+TensorDict sentinel_td() {
+  TensorDict td(Dict{{"a", at::full({5, 4}, kSentinel)}, {"b", at::full({5, 4}, kSentinel)},
+                     {"i", at::full({5, 4}, 7, at::kByte)}},
+                {5});
+  td.set("n", TensorDict(Dict{{"x", at::full({5, 2}, kSentinel)}}, {5}));
+  td.set_non_tensor("s", JsonValue("kept"));
+  return td;
+}
+
+//! every leaf still all sentinels, no key added, the non-tensor entry unchanged; the first difference
+std::string unchanged(const TensorDict& td) {
+  for (const char* k : {"a", "b"})
+    if (!at::equal(td.get(k), at::full({5, 4}, kSentinel))) return std::string("leaf ") + k + " written";
+  if (!at::equal(td.get("i"), at::full({5, 4}, 7, at::kByte))) return "leaf i written";
+  if (!at::equal(td.get({"n", "x"}), at::full({5, 2}, kSentinel))) return "leaf n.x written";
+  if (td.keys().size() != 5 || td.get_td("n").keys().size() != 1) return "a key was added";
+  if (td.get_non_tensor("s") != JsonValue("kept")) return "the non-tensor entry changed";
+  return "";
+}
+
+TensorDict row_of(std::initializer_list<std::pair<const char*, at::Tensor>> leaves, BatchSize batch) {
+  Dict d;
+  for (const auto& [k, t] : leaves) d.emplace_back(k, t);
+  return TensorDict(d, std::move(batch));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(write_atomic)
+
+// the value's last leaf does not fit: the leaves before it keep their rows (one row, the general path after the
+// one-row path refuses; a slice; rows by an index tensor; a new key before and after the failing one)
+BOOST_AUTO_TEST_CASE(a_value_leaf_that_does_not_fit_writes_nothing) {
+  struct Case {
+    const char* what;
+    Index index;
+    TensorDict value;
+  };
+  const at::Tensor rows = at::tensor({0, 2}, at::kLong);
+  std::vector<Case> cases{
+      {"int, b of another shape", {4}, row_of({{"a", at::ones({4})}, {"b", at::ones({3})}}, {})},
+      {"int, new key first", {4}, row_of({{"c", at::ones({4})}, {"a", at::ones({4})}, {"b", at::ones({3})}}, {})},
+      {"int, new key after", {4}, row_of({{"a", at::ones({4})}, {"b", at::ones({3})}, {"c", at::ones({4})}}, {})},
+      {"slice", {Slice(1, 3)}, row_of({{"a", at::ones({2, 4})}, {"b", at::ones({2, 3})}}, {2})},
+      {"slice, a converted", {Slice(1, 3)}, row_of({{"a", at::ones({2, 4}, at::kDouble)}, {"b", at::ones({2, 3})}}, {2})},
+      {"slice, a broadcast", {Slice(1, 3)}, row_of({{"a", at::ones({2, 1})}, {"b", at::ones({2, 3})}}, {2})},
+      {"take, b of another dtype", {rows}, row_of({{"a", at::ones({2, 4})}, {"b", at::ones({2, 4}, at::kLong)}}, {2})},
+      {"take, b of another shape", {rows}, row_of({{"a", at::ones({2, 4})}, {"b", at::ones({2, 3})}}, {2})},
+      {"take, a converted first", {rows}, row_of({{"i", at::ones({2, 4})}, {"b", at::ones({2, 3})}}, {2})},
+      {"int, nested leaf", {4}, [] {
+         TensorDict v = row_of({{"a", at::ones({4})}}, {});
+         v.set("n", row_of({{"x", at::ones({3})}}, {}));
+         return v;
+       }()},
+      {"int, non-tensor before", {4}, [] {
+         TensorDict v = row_of({{"a", at::ones({4})}}, {});
+         v.set_non_tensor("s", JsonValue("changed"));
+         v.set("b", at::ones({3}));
+         return v;
+       }()},
+  };
+  for (const auto& c : cases) {
+    TensorDict td = sentinel_td();
+    bool threw = false;
+    try {
+      td.index_put_(c.index, c.value);
+    } catch (const Error&) {
+      threw = true;
+    }
+    BOOST_TEST(threw, c.what);
+    BOOST_TEST(unchanged(td) == "", c.what << ": " << unchanged(td));
+  }
+}
+
+// two writes that cannot be checked before they run (several index tensors: a general index): the first is put
+// back when the second fails
+BOOST_AUTO_TEST_CASE(a_general_index_puts_back_what_it_wrote) {
+  TensorDict td(Dict{{"a", at::full({5, 2, 4}, kSentinel)}, {"b", at::full({5, 2, 4}, kSentinel)}}, {5, 2});
+  const Index index{at::tensor({0, 3}, at::kLong), at::tensor({1, 0}, at::kLong)};
+  TensorDict value = row_of({{"a", at::ones({2, 4})}, {"b", at::ones({2, 4}, at::kLong)}}, {2});
+  BOOST_CHECK_THROW(td.index_put_(index, value), Error);
+  BOOST_TEST(at::equal(td.get("a"), at::full({5, 2, 4}, kSentinel)));
+  BOOST_TEST(at::equal(td.get("b"), at::full({5, 2, 4}, kSentinel)));
+  // and the same write with a fitting value lands in both
+  td.index_put_(index, row_of({{"a", at::ones({2, 4})}, {"b", at::ones({2, 4})}}, {2}));
+  BOOST_TEST(td.get("a").sum().item<float>() == kSentinel * 40 + 2 * 4 * (1 - kSentinel));
+  BOOST_TEST(at::equal(td.get("b")[3][0], at::ones({4})));
+}
+
+// a leaf that requires grad refuses an in-place write (autograd's rule, which no check can stand in for): the
+// other leaves are not written
+BOOST_AUTO_TEST_CASE(a_leaf_that_refuses_in_place_writes_nothing) {
+  TensorDict td = sentinel_td();
+  td.set("b", at::full({5, 4}, kSentinel).requires_grad_());
+  BOOST_CHECK_THROW(td.index_put_({Slice(1, 3)}, row_of({{"a", at::ones({2, 4})}, {"b", at::ones({2, 4})}}, {2})),
+                    Error);
+  BOOST_TEST(at::equal(td.get("a"), at::full({5, 4}, kSentinel)));
+  BOOST_CHECK_THROW(td.index_put_({at::tensor({1, 2}, at::kLong)}, row_of({{"a", at::ones({2, 4})}, {"b", at::ones({2, 4})}}, {2})),
+                    Error);
+  BOOST_TEST(at::equal(td.get("a"), at::full({5, 4}, kSentinel)));
+}
+
+// a leaf shrunk behind the TensorDict's back (set_ to two rows): rows past it fail before any leaf is written
+BOOST_AUTO_TEST_CASE(a_shrunk_leaf_fails_before_any_write) {
+  for (int kind = 0; kind < 3; ++kind) {
+    // (no uint8 leaf when a float tensor fills rows by an index tensor: torch's dtype rule refuses it first)
+    TensorDict td = kind == 2 ? TensorDict(Dict{{"a", at::full({5, 4}, kSentinel)}, {"b", at::zeros({5, 4})}}, {5})
+                              : sentinel_td();
+    at::Tensor backing = at::full({5, 4}, kSentinel);
+    td.get("b").set_(backing.storage(), 0, {2, 4}, {4, 1});
+    const TensorDict one = row_of({{"a", at::ones({4})}, {"b", at::ones({4})}}, {});
+    const TensorDict two = row_of({{"a", at::ones({2, 4})}, {"b", at::ones({2, 4})}}, {2});
+    if (kind == 0) BOOST_CHECK_THROW(td.index_put_(4, one), IndexError);
+    if (kind == 1) BOOST_CHECK_THROW(td.index_put_({at::tensor({1, 4}, at::kLong)}, two), IndexError);
+    if (kind == 2) BOOST_CHECK_THROW(td.index_put_({at::tensor({1, 4}, at::kLong)}, at::ones({4})), IndexError);
+    BOOST_TEST(at::equal(td.get("a"), at::full({5, 4}, kSentinel)), "kind " << kind);
+    BOOST_TEST(at::equal(backing, at::full({5, 4}, kSentinel)), "kind " << kind);
+  }
+}
+
+// td[idx] = tensor and td[idx] = scalar fill every leaf: one that refuses leaves the others as they were
+BOOST_AUTO_TEST_CASE(a_fill_that_one_leaf_refuses_writes_nothing) {
+  TensorDict td = sentinel_td();
+  td.set("b", at::full({5, 3}, kSentinel));  // a row of 3: a row of 4 does not fit
+  BOOST_CHECK_THROW(td.index_put_({0}, at::ones({4})), Error);
+  BOOST_TEST(at::equal(td.get("a"), at::full({5, 4}, kSentinel)));
+  BOOST_TEST(at::equal(td.get({"n", "x"}), at::full({5, 2}, kSentinel)));
+  BOOST_CHECK_THROW(td.index_put_({Slice(0, 2)}, at::ones({2, 4})), Error);
+  BOOST_TEST(at::equal(td.get("a"), at::full({5, 4}, kSentinel)));
+  // 300 does not fit the uint8 leaf i (fill_'s overflow check)
+  TensorDict u = sentinel_td();
+  BOOST_CHECK_THROW(u.index_put_({Slice(0, 2)}, at::Scalar(300)), Error);
+  BOOST_CHECK_THROW(u.index_put_({at::tensor({0, 1}, at::kLong)}, at::Scalar(300)), Error);
+  BOOST_TEST(unchanged(u) == "", unchanged(u));
+  // what fits is written everywhere
+  u.index_put_({Slice(0, 2)}, at::Scalar(3));
+  BOOST_TEST(at::equal(u.get("i")[1], at::full({4}, 3, at::kByte)));
+  BOOST_TEST(at::equal(u.get({"n", "x"})[0], at::full({2}, 3.f)));
+}
+
+// a lazy stack below a dense TensorDict writes itself: when a later one refuses, the first is put back
+BOOST_AUTO_TEST_CASE(a_lazy_stack_below_puts_back_what_it_wrote) {
+  auto member = [] { return TensorDict(Dict{{"f", at::full({2}, kSentinel)}}, {}); };
+  TensorDict td(Dict{{"a", at::full({2, 4}, kSentinel)}}, {2});
+  td.set("l1", lazy_stack({member(), member()}));
+  td.set("l2", lazy_stack({member(), member()}));
+  TensorDict value = row_of({{"a", at::ones({4})}}, {});
+  value.set("l1", row_of({{"f", at::ones({2})}}, {}));
+  value.set("l2", row_of({{"f", at::ones({3})}}, {}));
+  BOOST_CHECK_THROW(td.index_put_({1}, value), Error);
+  BOOST_TEST(at::equal(td.get("a"), at::full({2, 4}, kSentinel)));
+  BOOST_TEST(at::equal(td.get({"l1", "f"}), at::full({2, 2}, kSentinel)));
+  BOOST_TEST(at::equal(td.get({"l2", "f"}), at::full({2, 2}, kSentinel)));
+  value.set("l2", row_of({{"f", at::ones({2})}}, {}));
+  td.index_put_({1}, value);
+  BOOST_TEST(at::equal(td.get({"l1", "f"})[1], at::ones({2})));
+  BOOST_TEST(at::equal(td.get({"l2", "f"})[1], at::ones({2})));
+  BOOST_TEST(at::equal(td.get("a")[1], at::ones({4})));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
