@@ -432,6 +432,9 @@ Reducible reducible(const Leaf& l, dist::ReduceOp op, bool writes, const std::st
 
 Pending make_pending(std::vector<PendingOp> ops, std::optional<int64_t> tag, std::shared_ptr<Group> g) {
   auto st = std::make_unique<Pending::State>();
+  for (PendingOp& op : ops)
+    for (const at::Tensor& t : op.keep)
+      if (t.defined() && t.has_storage()) op.storages.push_back(t.storage());
   st->ops = std::move(ops);
   st->tag = tag;
   st->group = std::move(g);

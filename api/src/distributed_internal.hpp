@@ -37,6 +37,10 @@ struct Group::Impl {
 struct PendingOp {
   c10::intrusive_ptr<c10d::Work> work;
   std::vector<at::Tensor> keep;
+  //! the storages gloo reads or writes: a leaf set_ to another storage before wait() must not free the one
+  //! gloo holds a pointer into (a resize_ that reallocates cannot be guarded: as in torch, a tensor in flight
+  //! must not be resized)
+  std::vector<c10::Storage> storages;
   std::function<void()> on_done;
   std::string what;  //!< "recv of 'a.b' (tag 3) from rank 1", for messages
   bool returned = false;

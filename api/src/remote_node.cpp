@@ -151,7 +151,12 @@ Entry RemoteNode::read_non_tensor(const LeafPath& path) const {
   }
   at::Tensor pos = idx->positions().reshape({-1}).contiguous();
   const int64_t* p = pos.data_ptr<int64_t>();
-  for (int64_t i = 0; i < pos.numel(); ++i) values.push_back(rows[static_cast<size_t>(p[i] / per_row)]);
+  for (int64_t i = 0; i < pos.numel(); ++i) {
+    // positions are a tensor anyone holding the index can change: checked before they index the rows
+    if (p[i] < 0 || static_cast<size_t>(p[i] / per_row) >= rows.size())
+      throw IndexError("index " + std::to_string(p[i]) + " is out of bounds for the non-tensor " + path_str(path));
+    values.push_back(rows[static_cast<size_t>(p[i] / per_row)]);
+  }
   return Entry(NonTensorStack(std::move(values), idx->result_batch()));
 }
 
@@ -279,8 +284,17 @@ std::optional<ResolvedIndex> RemoteNode::resolve(const Index& index) const {
   return index_ ? index_->compose(index) : ResolvedIndex::resolve(tree_->batch_of(path_), index);
 }
 
+// a resolved index handed to index_at / write_at is one over this level's whole batch (what resolve() makes)
+void check_source(const ResolvedIndex& index, const BatchSize& level, const std::string& what) {
+  if (index.source_batch() != level) {
+    throw ValueError(what + ": the index was resolved over a batch of " + shape_str(index.source_batch()) +
+                     ", not over this store level's " + shape_str(level));
+  }
+}
+
 std::shared_ptr<Node> RemoteNode::index_at(const ResolvedIndex& index) const {
   if (dense_) return dense_level().node()->index_at(index);  // views of the storage, as the snapshot's
+  check_source(index, tree_->batch_of(path_), "index_at");
   auto n = std::make_shared<RemoteNode>(tree_, path_, index);
   n->locked = locked;
   return n;

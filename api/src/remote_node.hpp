@@ -158,5 +158,8 @@ TensorDict make_remote(std::shared_ptr<RemoteTree> tree, const LeafPath& path = 
 //! the RemoteNode behind td (nullptr for other nodes)
 RemoteNode* remote_node_of(const TensorDict& td);
 
+//! ValueError unless `index` was resolved over `level` (a resolved index handed to index_at / write_at)
+void check_source(const ResolvedIndex& index, const BatchSize& level, const std::string& what);
+
 }  // namespace remote
 }  // namespace tensordict

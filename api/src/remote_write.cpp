@@ -224,6 +224,7 @@ void RemoteNode::write_at(const ResolvedIndex& sel, const TensorDict& value_in) 
   if (dense_) return dense_level().node()->write_at(sel, value_in);
   auto snap = tree_->snapshot();  // taken again after new keys are created below
   const BatchSize level_batch = snap->batch_of(path_);
+  check_source(sel, level_batch, "td[idx] = value");
   const BatchSize rb = sel.result_batch();
   TensorDict value = value_in.node()->dense_form(value_in);
   if (value.batch_size() != rb) value = value.expand(rb);  // torch's broadcasting rules and errors
@@ -341,6 +342,8 @@ void RemoteNode::write_at(const ResolvedIndex& sel, const TensorDict& value_in) 
       rows.resize(static_cast<size_t>(lb[0]));
       at::Tensor pos = ls.positions().reshape({-1}).contiguous();
       const int64_t* p = pos.data_ptr<int64_t>();
+      for (int64_t i = 0; i < pos.numel(); ++i)  // positions anyone holding the index can change: checked first
+        if (p[i] < 0 || p[i] >= lb[0]) throw IndexError("index " + std::to_string(p[i]) + " is out of bounds for dimension 0 with size " + std::to_string(lb[0]));
       for (int64_t i = 0; i < pos.numel(); ++i) {
         const JsonValue& v = nt.second.is_non_tensor_data() ? nt.second.non_tensor_data().value()
                                                              : nt.second.non_tensor_stack().at(i);

@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 //! Internal to engine/: an index prepared once per call against a batch size (indexing.cpp), which the reads
 //! (indexing.cpp) and the writes (indexing_write.cpp) of td[idx] apply to every leaf.
 #include <string>
@@ -31,6 +32,19 @@ inline const c10::DispatchKeySet kPlainCpuInference =
 inline const c10::DispatchKeySet kPlainCpu =
     kPlainCpuInference | c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
 inline bool plain_keys(c10::DispatchKeySet ks) { return ks == kPlainCpu || ks == kPlainCpuInference; }
+
+//! the elements t's sizes and strides reach lie inside its storage. torch 1.13's set_(source) with a source of
+//! another dtype keeps t's dtype over the source's storage: a double [5, 4] over the 80 bytes of a float [5, 4],
+//! whose last rows lie past the storage. Raw writes check this; torch's own copy_ does not
+inline bool within_storage(const c10::TensorImpl* t) {
+  if (t->numel() == 0) return true;
+  int64_t last = t->storage_offset();
+  const auto sizes = t->sizes();
+  const auto strides = t->strides();
+  for (size_t d = 0; d < sizes.size(); ++d) last += (sizes[d] - 1) * std::max<int64_t>(strides[d], 0);
+  const c10::StorageImpl* st = t->unsafe_storage().unsafeGetStorageImpl();
+  return st != nullptr && static_cast<size_t>(last + 1) * t->dtype().itemsize() <= st->nbytes();
+}
 
 //! t.select(0, i) for i in [0, t.size(0)), made without the dispatcher when t is a normal (not inference) dense
 //! CPU tensor that does not require grad and InferenceMode is off: a new TensorImpl over t's storage that shares

@@ -69,6 +69,7 @@ bool memcpy_ok(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
     const int64_t rows = p.sl.length;
     if (rows > 0 && (p.sl.start < 0 || p.sl.step < 1 || p.sl.start + (rows - 1) * p.sl.step >= ds[0])) return false;
   }
+  if (!within_storage(dst.unsafeGetTensorImpl()) || !within_storage(v.unsafeGetTensorImpl())) return false;
   return !v.is_alias_of(dst);  // possible overlap: let torch sort it out
 }
 
@@ -273,6 +274,15 @@ bool scalar_fits(const at::Scalar& s, at::ScalarType dtype) {
 
 bool WritePlan::verified(const LeafWrite& w) {
   const at::Tensor& t = w.dst;
+  // torch's copy_ would write (or read) past the storage: refused before anything is written
+  for (const at::Tensor* x : {&w.dst, &w.v}) {
+    if (x->defined() && !within_storage(x->unsafeGetTensorImpl())) {
+      throw RuntimeError("td[idx] = value: " + std::string(x == &w.dst ? "key '" : "the value of key '") + w.key +
+                         "' reaches past its storage (" + std::to_string(x->unsafeGetTensorImpl()->unsafe_storage().nbytes()) +
+                         " bytes for a " + std::string(c10::toString(x->scalar_type())) + " tensor of shape " +
+                         shape_str(x->sizes()) + "): was it set_ to a storage of another dtype?");
+    }
+  }
   if (scalar) {
     if (!writable_in_place(t) || !scalar_fits(*scalar, t.scalar_type())) return false;
     if (at::has_internal_overlap(t) != at::MemOverlap::No) return false;
@@ -381,6 +391,8 @@ void WritePlan::preallocate(TensorDictImpl& dst, const std::string& key, const E
   switch (ve.kind()) {
     case Entry::Kind::Tensor: {
       const at::Tensor& v = ve.tensor();
+      if (!within_storage(v.unsafeGetTensorImpl()))
+        throw RuntimeError("td[idx] = value: the value of key '" + key + "' reaches past its storage");
       BatchSize shape = sub_batch(dst.batch_size, BatchSize(v.sizes().begin(), v.sizes().end()), ni);
       at::Tensor t = prealloc_zeros(shape, v.options().device(dst.device ? *dst.device : v.device()));
       fresh.push_back({t, v, key});
@@ -894,6 +906,11 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
       if (dst_storage.unsafeGetStorageImpl() == val_storage.unsafeGetStorageImpl()) return false;
       const size_t item = d->dtype().itemsize();
       const size_t bytes = static_cast<size_t>(v->numel()) * item;
+      // both contiguous: the row and the value lie inside their storages (a leaf set_ to a storage of another
+      // dtype does not: within_storage)
+      if ((static_cast<size_t>(d->storage_offset()) * item + static_cast<size_t>(row + 1) * bytes > dst_storage.nbytes()) ||
+          (static_cast<size_t>(v->storage_offset()) * item + bytes > val_storage.nbytes()))
+        return false;
       char* base = static_cast<char*>(dst_storage.data()) + d->storage_offset() * item;
       char* to = base + static_cast<size_t>(row) * bytes;
       // ask for the row's cache lines for writing now, while the other leaves are checked: the version bump

@@ -328,13 +328,15 @@ Plan plan_slots(const TensorDict& td, const torch::nn::Module& module, const ToM
   return plan;
 }
 
-//! what a module tensor held before a swap: its storage, offset and strides (no new tensor: a swap of 200
-//! leaves made 200 of them); a tensor where that cannot be restored alone (a copy-in's clone, a tensor whose
-//! metadata cannot change)
+//! what a module tensor held before a swap: its storage, offset, sizes and strides (no new tensor: a swap of
+//! 200 leaves made 200 of them); a tensor where that cannot be restored alone (a copy-in's clone, a tensor
+//! whose metadata cannot change). The sizes too: the user may resize_ or t_() the module's tensor during the
+//! swap, and the old storage under the new sizes would be read past its end
 struct Held {
   at::Tensor tensor;
   c10::Storage storage;
   int64_t offset = 0;
+  c10::SmallVector<int64_t, 5> sizes;
   c10::SmallVector<int64_t, 5> strides;
 };
 
@@ -345,6 +347,7 @@ Held hold(const at::Tensor& target, bool copy_in) {
   } else if (plain_strided(target)) {
     h.storage = target.storage();
     h.offset = target.storage_offset();
+    h.sizes.assign(target.sizes().begin(), target.sizes().end());
     h.strides.assign(target.strides().begin(), target.strides().end());
   } else {
     h.tensor = alias_of(target);
@@ -352,7 +355,7 @@ Held hold(const at::Tensor& target, bool copy_in) {
   return h;
 }
 
-//! puts back what `target` held (its sizes never changed: a swap checks them equal)
+//! puts back what `target` held, sizes included
 void give_back(const at::Tensor& target, const Held& h, bool copy_in) {
   if (h.tensor.defined()) {
     if (copy_in) {
@@ -364,7 +367,8 @@ void give_back(const at::Tensor& target, const Held& h, bool copy_in) {
   }
   c10::TensorImpl* impl = target.unsafeGetTensorImpl();
   impl->set_storage_keep_dtype(h.storage);
-  if (target.strides() != c10::IntArrayRef(h.strides)) impl->set_sizes_and_strides(target.sizes(), h.strides);
+  if (target.sizes() != c10::IntArrayRef(h.sizes) || target.strides() != c10::IntArrayRef(h.strides))
+    impl->set_sizes_and_strides(h.sizes, h.strides);
   impl->set_storage_offset(h.offset);
   impl->bump_version();
 }
@@ -373,7 +377,7 @@ void give_back(const at::Tensor& target, const Held& h, bool copy_in) {
 at::Tensor held_tensor(const at::Tensor& target, const Held& h) {
   if (h.tensor.defined()) return h.tensor;
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(h.storage), target.key_set(), target.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(target.sizes(), h.strides);
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(h.sizes, h.strides);
   out.unsafeGetTensorImpl()->set_storage_offset(h.offset);
   return out;
 }

@@ -77,6 +77,15 @@ LastPlan& last_plan() {
 //! rows of the same shape (a producer writing row after row) are written into the remembered tensor when
 //! nothing else holds it any more (the ResolvedIndex it went to is gone), and the plan remembered for it is
 //! dropped: a new positions tensor per row was a malloc and a TensorImpl (with its version counter) per row write
+//! the remembered tensor is still what strided_positions made for `shape`: handed out through positions(), it
+//! may have been set_ or resize_d by whoever held it before letting it go, and the rows are written through
+//! its data pointer
+bool fits_in_place(const at::Tensor& t, const BatchSize& shape) {
+  const int64_t n = detail::prod(shape);
+  return t.scalar_type() == at::kLong && t.sizes().equals(shape) && t.is_contiguous() &&
+         static_cast<size_t>(t.storage_offset() + n) * sizeof(int64_t) <= t.storage().nbytes();
+}
+
 at::Tensor same_strided_positions(const BatchSize& shape, int64_t first, int64_t count, int64_t stride, int64_t inner) {
   struct Last {
     BatchSize shape;
@@ -91,7 +100,7 @@ at::Tensor same_strided_positions(const BatchSize& shape, int64_t first, int64_t
   LastPlan& plan = last_plan();
   const bool planned = plan.positions.defined() && plan.positions.unsafeGetTensorImpl() == last.positions.unsafeGetTensorImpl();
   if (last.positions.defined() && last.shape == shape && last.positions.use_count() == (planned ? 2 : 1) &&
-      last.positions.storage().use_count() == 1) {
+      last.positions.storage().use_count() == 1 && fits_in_place(last.positions, shape)) {
     if (planned) plan = LastPlan();
     int64_t* p = last.positions.data_ptr<int64_t>();
     for (int64_t r = 0; r < count; ++r) {

@@ -207,6 +207,28 @@ BOOST_AUTO_TEST_CASE(isend_irecv_and_completion_order) {
   DIST_CHECK_ALL(rs);
 }
 
+// a leaf set_ to another storage while its irecv is in flight: gloo still writes into the storage it was given,
+// which the pending operation keeps alive (under ASan a freed one is a heap-use-after-free); the leaf holds its
+// new storage, untouched
+BOOST_AUTO_TEST_CASE(a_leaf_set_elsewhere_during_irecv_frees_nothing_gloo_writes) {
+  auto rs = run_ranks(2, [&](int rank, const GroupOptions& o) {
+    join(o);
+    if (rank == 0) {
+      TensorDict td(BatchSize{4});
+      td.set("x", at::full({4, 1 << 14}, 5.f));
+      td.isend(1).wait_all();
+    } else {
+      TensorDict td(BatchSize{4});
+      td.set("x", at::zeros({4, 1 << 14}));
+      dist::Pending p = td.irecv(0);
+      td.get("x").set_(at::full({4, 1 << 14}, 2.f));  // the only other holder of the old storage lets it go
+      p.wait_all();
+      expect(at::equal(td.get("x"), at::full({4, 1 << 14}, 2.f)), "the leaf keeps its new storage");
+    }
+  });
+  DIST_CHECK_ALL(rs);
+}
+
 BOOST_AUTO_TEST_CASE(init_remote_then_consolidated_sends) {
   for (bool pickle : {false, true}) {
     auto rs = run_ranks(2, [&](int rank, const GroupOptions& o) {

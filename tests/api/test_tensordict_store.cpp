@@ -415,6 +415,32 @@ BOOST_AUTO_TEST_CASE(non_tensors_whole_per_row_and_refused) {
   BOOST_CHECK_THROW(TensorDictStore::from_tensordict(two, o), NotImplementedError);
 }
 
+// a resolved index handed to the store's node directly: one over another batch is refused, and positions changed
+// in place past the store's rows are refused before the per-row non-tensor values are indexed (read and write);
+// the store keeps what it held
+BOOST_AUTO_TEST_CASE(resolved_indices_from_elsewhere_are_refused) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  TensorDict td({{"a", at::arange(12).reshape({4, 3})}}, {4});
+  const std::vector<JsonValue> names{JsonValue("w"), JsonValue("x"), JsonValue("y"), JsonValue("z")};
+  td.set("s", Entry(NonTensorStack(names, {4})));
+  TensorDictStore s = TensorDictStore::from_tensordict(td, o);
+  TensorDict row(BatchSize{1});
+  row.set("s", Entry(NonTensorStack({JsonValue("new")}, {1})));
+  const ResolvedIndex other = ResolvedIndex::resolve({1000}, {at::indexing::Slice(999, 1000)});
+  BOOST_CHECK_THROW(s.node()->write_at(other, row), ValueError);
+  BOOST_CHECK_THROW(s.node()->index_at(other), ValueError);
+  std::optional<ResolvedIndex> own = s.node()->resolve({at::indexing::Slice(1, 2)});
+  BOOST_REQUIRE(own.has_value());
+  own->positions().fill_(999);
+  BOOST_CHECK_THROW(s.node()->write_at(*own, row), IndexError);
+  BOOST_CHECK_THROW(TensorDict(s.node()->index_at(*own)).get_entry("s"), IndexError);
+  const Entry e = s.get_entry("s");
+  BOOST_REQUIRE(e.is_non_tensor_stack());
+  BOOST_TEST(e.non_tensor_stack().values() == names);
+  BOOST_TEST(s.get("a").equal(at::arange(12).reshape({4, 3})));
+}
+
 // issue 35 item 7: Python's TensorDictStore.from_tensordict stores a NonTensorStack as ONE json blob of its
 // tolist() (encoding "json"); it reads back as a NonTensorStack with one value per row, both ways
 BOOST_AUTO_TEST_CASE(non_tensor_stacks_use_the_python_layout_both_ways) {

@@ -151,6 +151,33 @@ BOOST_AUTO_TEST_CASE(module_swap_restores_on_scope_exit_and_on_exceptions) {
   }
 }
 
+// the module's tensors resized or transposed by the user while a swap holds: the restore gives back their own
+// sizes with their own storage (restoring the storage under the new sizes read past its end), and previous()
+// shows what they held
+BOOST_AUTO_TEST_CASE(a_swap_restores_sizes_changed_while_it_holds) {
+  auto bn = torch::nn::BatchNorm1d(4);
+  bn->running_mean.copy_(at::arange(4, at::kFloat));
+  auto seq = mlp(7);
+  auto* lin = seq->ptr(0)->as<torch::nn::Linear>();
+  const at::Tensor w_before = lin->weight.detach().clone();
+  TensorDict params = TensorDict::from_module(*bn).clone();
+  TensorDict other = TensorDict::from_module(*seq, FromModuleOptions().copy(true));
+  {
+    ModuleSwap swap(params, *bn);
+    bn->running_mean.resize_({1 << 16});
+    BOOST_TEST(swap.previous().get("running_mean").sizes().vec() == std::vector<int64_t>{4});
+  }
+  BOOST_TEST(bn->running_mean.sizes().vec() == std::vector<int64_t>{4});
+  BOOST_TEST(bn->running_mean.equal(at::arange(4, at::kFloat)));
+  {
+    ModuleSwap swap(other, *seq);
+    at::NoGradGuard no_grad;
+    lin->weight.t_();
+  }
+  BOOST_TEST(lin->weight.sizes().vec() == w_before.sizes().vec());
+  BOOST_TEST(lin->weight.equal(w_before));
+}
+
 // a value with other strides (a transposed view) swaps in as it is, and the restore gives the module back its own
 // storage, offset and strides; previous() is built from what was recorded
 BOOST_AUTO_TEST_CASE(a_swap_of_a_strided_view_restores_strides_and_offset) {

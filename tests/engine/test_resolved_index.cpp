@@ -250,4 +250,19 @@ BOOST_AUTO_TEST_CASE(take_and_put_equal_indexing_the_leaf) {
   BOOST_TEST(one.eq(1).all().item<bool>());
 }
 
+// a row's positions are written into the tensor remembered for the last row of the same shape once nothing holds
+// it; a holder that set_ or resize_d it before letting it go leaves a tensor that is not reused (the rows were
+// written through its data pointer: 64 bytes into 8)
+BOOST_AUTO_TEST_CASE(remembered_positions_changed_by_their_holder_are_not_reused) {
+  for (int how = 0; how < 2; ++how) {
+    ResolvedIndex r = ResolvedIndex::resolve({100, 8}, {3});
+    if (how == 0) r.positions().set_(at::empty({1}, at::kLong));
+    if (how == 1) r.positions().resize_({2});
+    r = ResolvedIndex::identity({1});
+    const ResolvedIndex next = ResolvedIndex::resolve({100, 8}, {4});
+    BOOST_TEST(next.positions().sizes().vec() == std::vector<int64_t>{8}, "how " << how);
+    BOOST_TEST(next.positions().equal(at::arange(32, 40, at::kLong)), "how " << how);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

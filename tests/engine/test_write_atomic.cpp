@@ -177,4 +177,26 @@ BOOST_AUTO_TEST_CASE(a_lazy_stack_below_puts_back_what_it_wrote) {
   BOOST_TEST(at::equal(td.get("a")[1], at::ones({4})));
 }
 
+// torch 1.13's set_(source) of another dtype keeps the leaf's dtype over the source's storage: a double [5, 4]
+// over the 80 bytes of a float [5, 4]. A write into its last rows is refused before anything is written (the
+// one-row path's memcpy, and torch's copy_ after it, wrote past the storage)
+BOOST_AUTO_TEST_CASE(a_leaf_over_a_storage_too_small_for_it_is_refused) {
+  TensorDict td(Dict{{"a", at::full({5, 4}, kSentinel)}, {"d", at::zeros({5, 4}, at::kDouble)}}, {5});
+  td.get("d").set_(at::zeros({5, 4}));
+  BOOST_REQUIRE(td.get("d").scalar_type() == at::kDouble);  // the torch behaviour this guards against
+  BOOST_REQUIRE(td.get("d").storage().nbytes() == 80);
+  const TensorDict row = row_of({{"a", at::ones({4})}, {"d", at::ones({4}, at::kDouble)}}, {});
+  BOOST_CHECK_THROW(td.index_put_(4, row), RuntimeError);
+  BOOST_CHECK_THROW(td.index_put_({Slice(3, 5)}, row_of({{"a", at::ones({2, 4})}, {"d", at::ones({2, 4}, at::kDouble)}}, {2})),
+                    RuntimeError);
+  BOOST_CHECK_THROW(td.index_put_({4}, at::Scalar(1.5)), RuntimeError);
+  BOOST_TEST(at::equal(td.get("a"), at::full({5, 4}, kSentinel)));
+  // a value over a storage too small for it is refused as well
+  TensorDict ok(Dict{{"a", at::full({5, 4}, kSentinel)}}, {5});
+  at::Tensor bad = at::zeros({4}, at::kDouble);
+  bad.set_(at::zeros({4}));
+  BOOST_CHECK_THROW(ok.index_put_(1, row_of({{"a", bad}}, {})), RuntimeError);
+  BOOST_TEST(at::equal(ok.get("a"), at::full({5, 4}, kSentinel)));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
