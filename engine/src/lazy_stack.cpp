@@ -454,8 +454,56 @@ namespace {
 //! several index tensors, ...): the selected elements as positions of the batch (torch's own indexing of an
 //! arange, so the order and the indexed shape are torch's), each member's share as coordinates in its batch,
 //! written with the member's own index_put_ (one index tensor per member batch dim).
+//! the member writes of one td[idx] = value on a lazy stack. A member that refuses its part (a shape only it
+//! has, a dtype, a locked member) must leave the members written before it as they were (the project's rule:
+//! nothing half-written survives a failure; upstream writes member by member and keeps them). Each write but the
+//! last keeps a copy of the member's rows it overwrites and the member's keys; rollback() puts the rows back and
+//! removes the keys the write added, last member first
+class MemberWrites {
+ public:
+  explicit MemberWrites(size_t writes) : left_(writes) {}
+
+  template <class V>
+  void put(const TensorDict& member, const Index& idx, const V& value) {
+    TensorDict target = member;
+    if (left_ > 1) {
+      Saved s{target, idx, target.index(idx).clone(), {}};
+      for (const auto& k : target.keys(KeysOptions().include_nested(true).non_tensor_leaves(true))) s.keys.insert(k.repr());
+      saved_.push_back(std::move(s));
+    }
+    if (left_ > 0) --left_;
+    target.index_put_(idx, value);
+  }
+
+  void rollback() noexcept {
+    for (size_t i = saved_.size(); i-- > 0;) {
+      Saved& s = saved_[i];
+      try {
+        std::vector<NestedKey> added;  // a new sub-TensorDict goes with its keys
+        for (const auto& k : s.member.keys(KeysOptions().include_nested(true).non_tensor_leaves(true)))
+          if (!s.keys.count(k.repr())) added.push_back(k);
+        for (const auto& k : added)
+          if (s.member.contains(k)) s.member.del(k);
+        s.member.index_put_(s.idx, s.rows);
+      } catch (...) {
+        // the member refuses its own rows back (it was closed or locked meanwhile): nothing more to do
+      }
+    }
+  }
+
+ private:
+  struct Saved {
+    TensorDict member;
+    Index idx;
+    TensorDict rows;
+    std::set<std::string> keys;
+  };
+  std::vector<Saved> saved_;
+  size_t left_;  //!< writes still to come, this one included (the last keeps no copy)
+};
+
 void put_by_positions(const LazyStackNode& node, const Index& index, const TensorDict* td_value,
-                      const at::Tensor* tensor_value, const at::Scalar* scalar_value) {
+                      const at::Tensor* tensor_value, const at::Scalar* scalar_value, MemberWrites& writes) {
   const BatchSize& batch = node.batch_size;
   for (int64_t s : batch) {
     if (s < 0) {
@@ -499,18 +547,18 @@ void put_by_positions(const LazyStackNode& node, const Index& index, const Tenso
     if (at_member.empty()) {  // 0-dim members: the (last) row for that member is the whole member
       const int64_t last = which[-1].item<int64_t>();
       if (scalar_value) {
-        member.index_put_({at::indexing::Ellipsis}, *scalar_value);
+        writes.put(member, {at::indexing::Ellipsis}, *scalar_value);
       } else if (rows) {
-        member.index_put_({at::indexing::Ellipsis}, rows->index({last}));
+        writes.put(member, {at::indexing::Ellipsis}, rows->index({last}));
       } else {
-        member.index_put_({at::indexing::Ellipsis}, tensor_value->expand(selected).reshape({count}).index({last}));
+        writes.put(member, {at::indexing::Ellipsis}, tensor_value->expand(selected).reshape({count}).index({last}));
       }
       continue;
     }
     if (scalar_value) {
-      member.index_put_(at_member, *scalar_value);
+      writes.put(member, at_member, *scalar_value);
     } else if (rows) {
-      member.index_put_(at_member, rows->index({which}));
+      writes.put(member, at_member, rows->index({which}));
     } else {
       // a tensor: broadcast to each leaf's indexed shape (selected batch + the leaf's own dims), as torch's
       // tensor[index] = value does per leaf, then the member's rows of it
@@ -529,24 +577,25 @@ void put_by_positions(const LazyStackNode& node, const Index& index, const Tenso
         flat_shape.insert(flat_shape.end(), shape.begin() + static_cast<long>(selected.size()), shape.end());
         part.set(kv.first, v.reshape(flat_shape).index({which}));
       }
-      member.index_put_(at_member, part);
+      writes.put(member, at_member, part);
     }
   }
 }
 }  // namespace
 
-void LazyStackNode::index_put(const Index& index, const TensorDict* td_value, const at::Tensor* tensor_value,
-                              const at::Scalar* scalar_value) {
-  Plan p = plan_index(*this, index);
+namespace {
+//! td[idx] = value on a lazy stack, member by member through `writes`
+void put_members(LazyStackNode& node, const Plan& p, const Index& index, const TensorDict* td_value,
+                 const at::Tensor* tensor_value, const at::Scalar* scalar_value, MemberWrites& writes) {
+  auto& members = node.members;
   auto put = [&](const TensorDict& m, const Index& idx, const TensorDict* v) {
-    TensorDict target = m;
     const Index full = idx.empty() ? Index{at::indexing::Ellipsis} : idx;
     if (v) {
-      target.index_put_(full, *v);
+      writes.put(m, full, *v);
     } else if (tensor_value) {
-      target.index_put_(full, *tensor_value);
+      writes.put(m, full, *tensor_value);
     } else {
-      target.index_put_(full, *scalar_value);
+      writes.put(m, full, *scalar_value);
     }
   };
   switch (p.kind) {
@@ -563,7 +612,7 @@ void LazyStackNode::index_put(const Index& index, const TensorDict* td_value, co
       const int64_t want = static_cast<int64_t>(p.sel.size());
       const int64_t out_dims = v.batch_dims();
       if (out_dims <= p.out_dim || v.batch_size()[static_cast<size_t>(p.out_dim)] != want) {
-        TensorDict probe = TensorDict(std::const_pointer_cast<Node>(shared_from_this())).index(index);
+        TensorDict probe = TensorDict(std::const_pointer_cast<Node>(node.shared_from_this())).index(index);
         BatchSize target = probe.batch_size();
         if (std::find(target.begin(), target.end(), -1) != target.end()) {
           throw BatchSizeError("LazyStackedTensorDict: cannot broadcast a value of batch " +
@@ -591,8 +640,24 @@ void LazyStackNode::index_put(const Index& index, const TensorDict* td_value, co
       return;
     }
     case Plan::Dense:
-      put_by_positions(*this, index, td_value, tensor_value, scalar_value);
+      put_by_positions(node, index, td_value, tensor_value, scalar_value, writes);
       return;
+  }
+}
+}  // namespace
+
+void LazyStackNode::index_put(const Index& index, const TensorDict* td_value, const at::Tensor* tensor_value,
+                              const at::Scalar* scalar_value) {
+  Plan p = plan_index(*this, index);
+  const size_t count = p.kind == Plan::Member ? 1
+                       : p.kind == Plan::List ? p.sel.size()
+                                              : members.size();  // Cat; Dense: the members it reaches, at most
+  MemberWrites writes(count);
+  try {
+    put_members(*this, p, index, td_value, tensor_value, scalar_value, writes);
+  } catch (...) {
+    writes.rollback();
+    throw;
   }
 }
 

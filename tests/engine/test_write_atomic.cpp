@@ -199,4 +199,37 @@ BOOST_AUTO_TEST_CASE(a_leaf_over_a_storage_too_small_for_it_is_refused) {
   BOOST_TEST(at::equal(ok.get("a"), at::full({5, 4}, kSentinel)));
 }
 
+// a lazy stack writes member by member: a member that refuses its part (a row of 3 where the others hold rows
+// of 4) leaves the members written before it as they were, and a key the write added to them is removed
+BOOST_AUTO_TEST_CASE(a_lazy_stack_member_that_refuses_leaves_the_others_as_they_were) {
+  auto member = [](int64_t f) { return TensorDict(Dict{{"x", at::full({2, f}, kSentinel)}}, {2}); };
+  for (int how = 0; how < 4; ++how) {
+    LazyStackedTensorDict ls = lazy_stack({member(4), member(4), member(3)}, 0);
+    TensorDict value(Dict{{"x", at::ones({3, 4})}}, {3});
+    if (how == 1) value.set("y", at::ones({3, 2}));  // a new key: added to members 0 and 1 before 2 refuses
+    if (how == 2) value.set("n", TensorDict(Dict{{"z", at::ones({3})}}, {3}));  // a new sub-TensorDict
+    bool threw = false;
+    try {
+      if (how == 3) {
+        ls.index_put_({Slice(), 0}, at::ones({4}));  // a tensor broadcast to every member's row
+      } else {
+        ls.index_put_({Slice(), 0}, value);
+      }
+    } catch (const Error&) {
+      threw = true;
+    }
+    BOOST_TEST(threw, "how " << how);
+    for (int64_t i = 0; i < 3; ++i) {
+      const TensorDict m = ls.member(i);
+      BOOST_TEST(at::equal(m.get("x"), at::full({2, i < 2 ? 4 : 3}, kSentinel)), "how " << how << " member " << i);
+      BOOST_TEST(m.keys().size() == 1u, "how " << how << " member " << i << " keys " << m.keys().size());
+    }
+  }
+  // what fits every member is written into each
+  LazyStackedTensorDict ok = lazy_stack({member(4), member(4)}, 0);
+  ok.index_put_({Slice(), 1}, TensorDict(Dict{{"x", at::ones({2, 4})}}, {2}));
+  BOOST_TEST(at::equal(ok.member(1).get("x")[1], at::ones({4})));
+  BOOST_TEST(at::equal(ok.member(0).get("x")[0], at::full({4}, kSentinel)));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
