@@ -381,6 +381,15 @@ TensorDict level_of(BatchSize batch, std::optional<at::Device> device, std::vect
 //! the source's structure with every tensor leaf replaced by its view into `storage` (insertion order kept)
 TensorDict views_like(const TensorDict& src, const at::Tensor& storage, const std::vector<Slot>& slots, size_t& next) {
   auto view_of = [&](const at::Tensor& t) {
+    // the slots were planned from an earlier read of the source: a store another handle changed in between
+    // (a key added, a leaf replaced) no longer matches them, and a view past its slot would reach past the storage
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    if (next >= slots.size() || slots[next].nbytes != bytes ||
+        slots[next].start + bytes > storage.numel()) {
+      throw RuntimeError("consolidate: the source changed while it was consolidated (a leaf of " +
+                         std::to_string(bytes) + " bytes where the plan holds " +
+                         (next < slots.size() ? std::to_string(slots[next].nbytes) : std::string("none")) + ")");
+    }
     const Slot& s = slots[next++];
     return view_bytes(storage, s.start, t.scalar_type(), t.sizes());
   };

@@ -59,6 +59,24 @@ class Forwarding : public Node {
   bool stack_;
 };
 
+//! a node whose leaf "a" grows by one element at every read: a store another handle writes between two reads
+class Growing : public Forwarding {
+ public:
+  using Forwarding::Forwarding;
+  std::optional<Entry> read(const std::string& key) const override {
+    if (key != "a") return Forwarding::read(key);
+    return Entry(at::ones({++elements_}));
+  }
+  std::vector<Entry> read(const std::vector<std::string>& keys, const Index&) const override {
+    std::vector<Entry> out;
+    for (const auto& k : keys) out.push_back(*read(k));
+    return out;
+  }
+
+ private:
+  mutable int64_t elements_ = 3;
+};
+
 TensorDict forwarding(const TensorDict& td, std::shared_ptr<std::atomic<int64_t>> reads, bool stack = false) {
   return TensorDict(std::shared_ptr<Node>(std::make_shared<Forwarding>(td.node(), std::move(reads), stack)));
 }
@@ -175,6 +193,15 @@ BOOST_AUTO_TEST_CASE(a_node_answering_stack_members_is_a_stack_to_the_algorithms
   // without the capability the same forwarding node is no stack: its repr says so
   const TensorDict plain = forwarding(lazy, reads, /*stack=*/false);
   BOOST_TEST(repr(plain).find("exclusive_fields") == std::string::npos);
+}
+
+// consolidate plans the layout from one read of the source and builds the views from another: a source that
+// changed in between (a leaf grown by another handle) is refused, not viewed past the consolidated storage
+BOOST_AUTO_TEST_CASE(consolidate_refuses_a_source_changed_between_its_reads) {
+  auto reads = std::make_shared<std::atomic<int64_t>>(0);
+  const TensorDict base({{"a", at::ones({3})}, {"b", at::zeros({2})}}, BatchSize{});
+  const TensorDict td(std::shared_ptr<Node>(std::make_shared<Growing>(base.node(), reads)));
+  BOOST_CHECK_THROW(td.consolidate(), RuntimeError);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
