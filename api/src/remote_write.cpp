@@ -56,10 +56,32 @@ bool flat_writes(const RemoteTree::Level& top, const ResolvedIndex& sel, size_t 
   return true;
 }
 
-//! uploads a whole value at path (a new or replaced key of an unindexed level): one request
+void upload_new(backends::LeafStore& s, const LeafPath& path, const Entry& value, const backends::CreateOptions& opts);
+
+//! uploads a whole value at path (a new or replaced key of an unindexed level): one request. A replaced key is
+//! written under a staging name beside it and moved over the old one once complete: a value the store refuses
+//! part-way (a dtype it cannot hold, a non-tensor it has no layout for, a full disk) leaves the old one as it was
+//! and removes what it half-made (the old key was erased first, then the new one made: the data was lost)
 void upload(backends::LeafStore& s, const LeafPath& path, const Entry& value, bool replace,
             const backends::CreateOptions& opts) {
-  if (replace) s.erase(path);
+  if (!replace) return upload_new(s, path, value, opts);
+  LeafPath staged = path;
+  staged.back() = "__td_replacing_" + staged.back();
+  s.erase(staged);  // left by a process killed mid-replacement
+  try {
+    upload_new(s, staged, value, opts);
+  } catch (...) {
+    try {
+      s.erase(staged);
+    } catch (...) {
+    }
+    throw;
+  }
+  s.erase(path);
+  s.move(staged, path);
+}
+
+void upload_new(backends::LeafStore& s, const LeafPath& path, const Entry& value, const backends::CreateOptions& opts) {
   if (value.is_tensor()) {
     at::Tensor t = value.tensor().detach().cpu().contiguous();
     s.create(path, t.scalar_type(), sizes_of(t), t, opts);
@@ -67,7 +89,7 @@ void upload(backends::LeafStore& s, const LeafPath& path, const Entry& value, bo
     TensorDict td = value.tensordict();
     td = td.node()->dense_form(td);
     s.create_group(path);
-    for (const auto& k : td.keys()) upload(s, concat_path(path, k[0]), td.get_entry(k), false, opts);
+    for (const auto& k : td.keys()) upload_new(s, concat_path(path, k[0]), td.get_entry(k), opts);
   } else if (value.is_non_tensor_data()) {
     s.write_non_tensor(path, backends::NonTensorValue{value.non_tensor_data().value(), false});
   } else if (value.is_non_tensor_stack()) {
@@ -366,7 +388,7 @@ void upload_all(RemoteTree& tree, const LeafPath& path, const TensorDict& td_in)
   }
   const backends::CreateOptions opts = tree.create_options;
   tree.client()->run([&](backends::LeafStore& s) {
-    for (const auto& k : td.keys()) upload(s, concat_path(path, k[0]), td.get_entry(k), false, opts);
+    for (const auto& k : td.keys()) upload_new(s, concat_path(path, k[0]), td.get_entry(k), opts);
   });
   tree.reload();
 }

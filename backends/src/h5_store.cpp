@@ -91,6 +91,21 @@ bool H5Store::erase(const LeafPath& path) {
   return true;
 }
 
+void H5Store::move(const LeafPath& from, const LeafPath& to) {
+  LibraryGuard g;
+  ensure_open();
+  ensure_writable("move " + join_path(from));
+  check_path(from, describe());
+  check_path(to, describe());
+  if (from.empty() || to.empty()) throw ValueError(describe() + ": cannot move the root group");
+  if (!link_exists(from)) throw KeyError(where(from) + ": not found");
+  if (link_exists(to)) throw KeyError(where(to) + ": already exists");
+  forget_all();
+  StructureChange change(*this);
+  if (H5Lmove(root_.get(), rel_path(from).c_str(), root_.get(), rel_path(to).c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
+    fail<BackendError>(from, "cannot move to " + join_path(to));
+}
+
 void H5Store::flush() {
   LibraryGuard g;
   ensure_open();

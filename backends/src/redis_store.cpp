@@ -274,6 +274,44 @@ bool RedisStore::erase(const LeafPath& path) {
   return true;
 }
 
+void RedisStore::move(const LeafPath& from, const LeafPath& to) {
+  check_leaf_path(to);
+  const std::string jf = redis_join_path(from), jt = redis_join_path(to);
+  std::vector<std::string> targets;
+  for (const std::string& k : members()) {
+    if (k == jt || (k.size() > jt.size() && k.compare(0, jt.size() + 1, jt + ".") == 0))
+      throw KeyError("key '" + jt + "' already exists in " + describe());
+    if (k == jf || (k.size() > jf.size() && k.compare(0, jf.size() + 1, jf + ".") == 0)) targets.push_back(k);
+  }
+  if (targets.empty()) throw KeyError("key '" + jf + "' not found in " + describe());
+  // RENAME fails on a missing key: the lazy-stack offset tables (d:<key>:idx) that exist, asked first
+  std::vector<RedisCommand> exists;
+  for (const auto& k : targets) exists.push_back(RedisCommand{"EXISTS", key("d:" + k + ":idx")});
+  std::vector<RedisReply> has_idx = client().pipeline(exists);
+  std::vector<RedisCommand> cmds;
+  RedisCommand srem{"SREM", key("__keys__")};
+  RedisCommand sadd{"SADD", key("__keys__")};
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const std::string& k = targets[i];
+    const std::string nk = jt + k.substr(jf.size());
+    cmds.push_back(RedisCommand{"RENAME", key("d:" + k), key("d:" + nk)});
+    cmds.push_back(RedisCommand{"RENAME", key("m:" + k), key("m:" + nk)});
+    if (has_idx[i].is_integer() && has_idx[i].integer == 1)
+      cmds.push_back(RedisCommand{"RENAME", key("d:" + k + ":idx"), key("d:" + nk + ":idx")});
+    srem.arg(k);
+    sadd.arg(nk);
+    meta_cache_.erase(k);
+    meta_cache_.erase(nk);
+    length_checked_.erase(k);
+    length_checked_.erase(nk);
+  }
+  cmds.push_back(std::move(srem));
+  cmds.push_back(std::move(sadd));
+  std::vector<RedisReply> replies = client().transaction(cmds);
+  for (const auto& r : replies)
+    if (r.is_error()) redis_reply_error(r, key("d:" + jf));
+}
+
 void RedisStore::clear() {
   RedisCommand del{"DEL", key("__batch_size__"), key("__device__"), key("__keys__")};
   for (const std::string& k : members()) del.arg(key("d:" + k)).arg(key("m:" + k)).arg(key("d:" + k + ":idx"));

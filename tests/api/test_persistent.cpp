@@ -209,6 +209,39 @@ BOOST_AUTO_TEST_CASE(new_keys_nested_groups_and_non_tensors) {
   BOOST_TEST(given.get_non_tensor("name").as_string() == "a string!");
 }
 
+// set over an existing key with a value of another shape or dtype replaces the dataset: the new one is written under
+// a staging name and moved over the old one when complete, so a value the file refuses part-way (bfloat16, which
+// HDF5 cannot hold, here as a leaf of a sub-TensorDict after one it takes) leaves the old key as it was
+BOOST_AUTO_TEST_CASE(a_refused_replacement_leaves_the_old_key) {
+  TempDir dir("persistent");
+  const std::string file = dir.path + "/replace.h5";
+  TensorDict ref({{"obs", at::arange(4, at::kFloat)}}, {4});
+  ref.set("sub", TensorDict({{"x", at::full({4, 2}, 3.f)}}, {4}));
+  {
+    PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, file, H5Options().mode("w"));
+    BOOST_CHECK_THROW(h5.set("obs", at::zeros({4}, at::kBFloat16)), TypeError);
+    TensorDict bad({{"x", at::zeros({4, 3})}, {"y", at::zeros({4}, at::kBFloat16)}}, {4});
+    BOOST_CHECK_THROW(h5.set("sub", bad), TypeError);
+    BOOST_TEST(h5.get("obs").equal(at::arange(4, at::kFloat)));
+    BOOST_TEST(h5.get({"sub", "x"}).equal(at::full({4, 2}, 3.f)));
+    BOOST_TEST(h5.keys(KeysOptions().include_nested(true)).size() == 3u);
+    // set_ writes in place as a dense leaf's copy_: another shape is refused (it replaced the dataset), a value
+    // that broadcasts is broadcast and converted to the dataset's dtype
+    BOOST_CHECK_THROW(h5.set_("obs", at::zeros({4, 7})), BatchSizeError);
+    BOOST_CHECK_THROW(h5.set_("obs", TensorDict({{"q", at::zeros({4})}}, {4})), TypeError);
+    h5.set_("obs", at::full({1}, 2.0, at::kDouble));
+    BOOST_TEST(h5.get("obs").equal(at::full({4}, 2.f)));
+    h5.set_("obs", at::arange(4, at::kFloat));
+    // a replacement the file takes lands whole
+    h5.set("obs", at::ones({4, 2}, at::kDouble));
+    h5.set("sub", TensorDict({{"z", at::ones({4})}}, {4}));
+  }
+  PersistentTensorDict h5 = PersistentTensorDict::from_h5(file);
+  BOOST_TEST(h5.get("obs").equal(at::ones({4, 2}, at::kDouble)));
+  BOOST_TEST(h5.get({"sub", "z"}).equal(at::ones({4})));
+  BOOST_TEST(h5.keys(KeysOptions().include_nested(true)).size() == 3u);  // obs, sub, sub.z: nothing staged left
+}
+
 BOOST_AUTO_TEST_CASE(from_schema_creates_datasets_without_writing) {
   TempDir dir("persistent");
   const std::string file = dir.path + "/s.h5";

@@ -441,6 +441,28 @@ BOOST_AUTO_TEST_CASE(resolved_indices_from_elsewhere_are_refused) {
   BOOST_TEST(s.get("a").equal(at::arange(12).reshape({4, 3})));
 }
 
+// set over an existing key with another shape or kind replaces it through a staging key moved over the old one:
+// a sub-TensorDict the store refuses part-way (a NonTensorStack over two batch dims after a leaf it takes) leaves
+// the old sub-TensorDict as it was; one it takes lands whole, nothing staged left
+BOOST_AUTO_TEST_CASE(a_refused_replacement_leaves_the_old_key) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  TensorDict td({{"obs", at::arange(4, at::kFloat)}}, {4});
+  td.set("sub", TensorDict({{"x", at::full({4, 2}, 3.f)}}, {4}));
+  TensorDictStore s = TensorDictStore::from_tensordict(td, o);
+  TensorDict bad({{"x", at::zeros({4, 2, 3})}}, {4, 2});
+  bad.set("s", Entry(NonTensorStack(std::vector<JsonValue>(8, JsonValue("v")), {4, 2})));
+  BOOST_CHECK_THROW(s.set("sub", bad), NotImplementedError);
+  BOOST_TEST(s.get({"sub", "x"}).equal(at::full({4, 2}, 3.f)));
+  BOOST_TEST(s.keys(KeysOptions().include_nested(true)).size() == 3u);
+  s.set("sub", TensorDict({{"z", at::ones({4})}}, {4}));
+  s.set("obs", at::ones({4, 2}, at::kDouble));
+  TensorDictStore again = TensorDictStore::from_store(s.td_id(), o);
+  BOOST_TEST(again.get({"sub", "z"}).equal(at::ones({4})));
+  BOOST_TEST(again.get("obs").equal(at::ones({4, 2}, at::kDouble)));
+  BOOST_TEST(again.keys(KeysOptions().include_nested(true)).size() == 3u);
+}
+
 // issue 35 item 7: Python's TensorDictStore.from_tensordict stores a NonTensorStack as ONE json blob of its
 // tolist() (encoding "json"); it reads back as a NonTensorStack with one value per row, both ways
 BOOST_AUTO_TEST_CASE(non_tensor_stacks_use_the_python_layout_both_ways) {

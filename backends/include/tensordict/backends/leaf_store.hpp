@@ -114,6 +114,14 @@ class LeafStore {
   virtual void create_group(const LeafPath& path) = 0;
   //! removes a leaf or a whole group; false when missing
   virtual bool erase(const LeafPath& path) = 0;
+  //! moves a leaf or a whole group to `to` (missing: a KeyError; `to` must not exist). A replaced key is written
+  //! under a staging name and moved over the old one only once it is complete (RemoteNode::put): a value the
+  //! store refuses part-way leaves the old one as it was. NotImplementedError for a store that cannot
+  virtual void move(const LeafPath& from, const LeafPath& to) {
+    (void)from;
+    (void)to;
+    throw NotImplementedError(describe() + " cannot move a key");
+  }
 
   virtual NonTensorValue read_non_tensor(const LeafPath& path) = 0;
   //! writes (creating or replacing) a non-tensor leaf

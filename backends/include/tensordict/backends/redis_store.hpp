@@ -112,6 +112,8 @@ class RedisStore : public LeafStore {
               const CreateOptions& options) override;
   void create_group(const LeafPath&) override {}
   bool erase(const LeafPath& path) override;
+  //! RENAME of every key of the leaves under `from` and the key set updated, in one transaction
+  void move(const LeafPath& from, const LeafPath& to) override;
   NonTensorValue read_non_tensor(const LeafPath& path) override;
   void write_non_tensor(const LeafPath& path, const NonTensorValue& value) override;
   void flush() override {}
