@@ -2,7 +2,12 @@
 // exclude, split_keys, flatten_keys, empty), clone / to, lock. Each operation reaches its node (node.hpp);
 // the dense node's forms are here.
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/ExpandUtils.h>
 
 #include "lazy_stack_node.hpp"
 #include "tensor_dict_internal.hpp"
@@ -163,7 +168,35 @@ TensorDict& TensorDict::set_non_tensor(const NestedKey& key, const JsonValue& va
   return set(key, Entry(value));
 }
 
-static void update_impl(TensorDict& self, const TensorDict& other, const UpdateOptions& o, const NestedKey& prefix) {
+//! what update() replaced or added in dense levels, to put back when a later key is refused (a batch size that
+//! does not fit, a locked sub-TensorDict): the entries themselves, no data copied (set replaces an entry)
+struct UpdateUndo {
+  struct Step {
+    std::shared_ptr<Node> level;
+    std::string key;
+    std::optional<Entry> previous;
+  };
+  std::vector<Step> steps;
+
+  void record(const TensorDict& level, const std::string& key, const std::optional<Entry>& previous) {
+    if (level.node()->dense_node()) steps.push_back({level.node(), key, previous});
+  }
+  void rollback() noexcept {
+    for (size_t i = steps.size(); i-- > 0;) {
+      auto* impl = const_cast<TensorDictImpl*>(steps[i].level->dense_node());
+      if (Entry* e = impl->find(steps[i].key)) {
+        if (steps[i].previous) {
+          *e = *steps[i].previous;
+        } else {
+          impl->erase_entry(steps[i].key);
+        }
+      }
+    }
+  }
+};
+
+static void update_impl(TensorDict& self, const TensorDict& other, const UpdateOptions& o, const NestedKey& prefix,
+                        UpdateUndo& undo) {
   const std::vector<std::pair<std::string, Entry>> theirs = other.node()->read_all();
   for (const auto& kv : theirs) {
     NestedKey k(kv.first);
@@ -179,7 +212,7 @@ static void update_impl(TensorDict& self, const TensorDict& other, const UpdateO
     std::optional<Entry> mine = self.node()->read(kv.first);
     if (kv.second.is_tensordict() && mine && mine->is_tensordict()) {
       TensorDict sub = mine->tensordict();
-      update_impl(sub, kv.second.tensordict(), o, full);
+      update_impl(sub, kv.second.tensordict(), o, full, undo);
       continue;
     }
     Entry v = kv.second;
@@ -189,7 +222,10 @@ static void update_impl(TensorDict& self, const TensorDict& other, const UpdateO
     }
     if (o.inplace() && mine) {
       self.set(k, v, SetOptions().inplace(true));
-    } else if (o.ignore_lock()) {
+      continue;
+    }
+    undo.record(self, kv.first, mine);
+    if (o.ignore_lock()) {
       bool was = self.node()->locked;
       self.node()->locked = false;
       try {
@@ -207,8 +243,46 @@ static void update_impl(TensorDict& self, const TensorDict& other, const UpdateO
 
 TensorDict& TensorDict::update(const TensorDict& other, const UpdateOptions& options) {
   if (other.is_same(*this)) return *this;
-  update_impl(*this, other, options, NestedKey());
+  UpdateUndo undo;
+  try {
+    update_impl(*this, other, options, NestedKey(), undo);
+  } catch (...) {
+    undo.rollback();
+    throw;
+  }
   return *this;
+}
+
+//! every value of an in-place update fits its key before any is written (the project's rule: a later key that
+//! does not fit left the earlier ones written): a tensor into a tensor, broadcast to its shape as copy_ does; a
+//! non-tensor into a non-tensor. From the keys' metadata (no read)
+static void check_in_place_values(const TensorDict& self, const std::vector<std::pair<NestedKey, Entry>>& items) {
+  std::unordered_map<std::string, EntryMeta> metas;
+  for (auto& [k, m] : detail::key_metas(self, KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true)))
+    metas.emplace(k.repr(), std::move(m));
+  for (const auto& [k, v] : items) {
+    const auto it = metas.find(k.repr());
+    if (it == metas.end()) continue;  // the write reports it
+    const EntryMeta& m = it->second;
+    if (m.kind == EntryMeta::Kind::Tensor) {
+      if (!v.is_tensor()) {
+        throw TypeError("in-place write of a " + std::string(Entry::kind_name(v.kind())) + " into tensor " + k.repr());
+      }
+      const at::IntArrayRef vs = v.tensor().sizes();
+      const BatchSize& batch = self.batch_size();
+      if (vs.size() < batch.size() || !std::equal(batch.begin(), batch.end(), vs.begin())) {  // set_'s own rule
+        throw BatchSizeError("batch dimension mismatch, got self.batch_size=" + shape_str(batch) +
+                             " and value.shape=" + shape_str(vs) + " (key " + k.repr() + ")");
+      }
+      if (std::find(m.shape.begin(), m.shape.end(), -1) == m.shape.end() &&
+          !at::is_expandable_to(v.tensor().sizes(), m.shape)) {
+        throw BatchSizeError("cannot copy a value of shape " + shape_str(v.tensor().sizes()) + " into " + k.repr() +
+                             " of shape " + shape_str(m.shape));
+      }
+    } else if (m.kind == EntryMeta::Kind::NonTensor && !v.is_non_tensor()) {
+      throw TypeError("in-place write of a tensor into non-tensor " + k.repr());
+    }
+  }
 }
 
 static void check_all_exist(const TensorDict& self, const TensorDict& other) {
@@ -222,9 +296,9 @@ static void check_all_exist(const TensorDict& self, const TensorDict& other) {
 TensorDict& TensorDict::update_(const TensorDict& other) {
   if (other.is_same(*this)) return *this;
   check_all_exist(*this, other);
-  for (const auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true))) {
-    set_(kv.first, kv.second);
-  }
+  const auto items = other.items(KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true));
+  check_in_place_values(*this, items);
+  for (const auto& kv : items) set_(kv.first, kv.second);
   return *this;
 }
 
@@ -244,6 +318,7 @@ TensorDict& TensorDict::update_(const TensorDict& other, const std::vector<Neste
     }
     items.push_back(std::move(kv));
   }
+  check_in_place_values(*this, items);
   for (const auto& kv : items) set_(kv.first, kv.second);
   return *this;
 }
@@ -305,9 +380,24 @@ void TensorDictImpl::rename_key(TensorDict& self, const NestedKey& old_key, cons
   Entry e = self.get_entry(old_key);
   TensorDictImpl* op = detail::walk(this, old_key, false);
   check_unlocked(*op, "rename_key_");
-  // upstream: the renamed key is popped and set again, so it moves to the end of its level
+  // upstream: the renamed key is set under its new name, then the old one deleted, so it moves to the end of its
+  // level. A new name that cannot be set (it runs through a leaf, its level is locked, another batch size) leaves
+  // the old key as it was. One name inside the other: the old key goes first, and comes back if the new is refused
+  const size_t common = std::min(old_key.size(), new_key.size());
+  const bool nested = std::equal(old_key.parts().begin(), old_key.parts().begin() + static_cast<long>(common),
+                                 new_key.parts().begin());
+  if (!nested) {
+    self.set(new_key, e);
+    self.del(old_key);
+    return;
+  }
   self.del(old_key);
-  self.set(new_key, e);
+  try {
+    self.set(new_key, e);
+  } catch (...) {
+    self.set(old_key, e);
+    throw;
+  }
 }
 
 Entry TensorDict::setdefault(const NestedKey& key, const Entry& default_value) {

@@ -232,4 +232,68 @@ BOOST_AUTO_TEST_CASE(a_lazy_stack_member_that_refuses_leaves_the_others_as_they_
   BOOST_TEST(at::equal(ok.member(0).get("x")[0], at::full({4}, kSentinel)));
 }
 
+// update_ / update_(keys) check every value against its key before writing any: a later key of another shape or
+// kind leaves the earlier ones as they were
+BOOST_AUTO_TEST_CASE(an_in_place_update_that_one_key_refuses_writes_nothing) {
+  TensorDict td = sentinel_td();
+  TensorDict other(Dict{{"a", at::ones({5, 4})}, {"b", at::ones({5, 3})}}, {5});
+  BOOST_CHECK_THROW(td.update_(other), BatchSizeError);
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
+  BOOST_CHECK_THROW(td.update_(other, {NestedKey("a"), NestedKey("b")}), BatchSizeError);
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
+  TensorDict kinds(Dict{{"a", at::ones({5, 4})}}, {5});
+  kinds.set_non_tensor("s", JsonValue("new"));
+  kinds.set({"n", "x"}, at::ones({5, 2}));
+  kinds.set("b", TensorDict(BatchSize{5}));  // an empty level: nothing of it is a leaf
+  kinds.set_non_tensor("i", JsonValue(1));  // a non-tensor into a tensor
+  BOOST_CHECK_THROW(td.update_(kinds), TypeError);
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
+  // what fits is written, broadcast as copy_ does
+  td.update_(TensorDict(Dict{{"a", at::ones({5, 1})}}, {5}));
+  BOOST_TEST(at::equal(td.get("a"), at::ones({5, 4})));
+  // a value whose leading dims are not the batch size is refused before any key is written
+  TensorDict rows(Dict{{"a", at::ones({5, 4})}, {"b", at::ones({4})}}, {});
+  BOOST_CHECK_THROW(td.update_(rows), BatchSizeError);
+  BOOST_TEST(at::equal(td.get("b"), at::full({5, 4}, kSentinel)));
+}
+
+// update (not in place) replaces entries key by key: a later key that does not fit (another batch size, a locked
+// sub-TensorDict) puts back every entry it replaced and removes the keys it added, nested levels included
+BOOST_AUTO_TEST_CASE(an_update_that_one_key_refuses_changes_nothing) {
+  TensorDict td = sentinel_td();
+  const at::Tensor a_before = td.get("a");
+  TensorDict other(Dict{{"a", at::ones({5, 4})}, {"new", at::ones({5})}}, {});
+  other.set({"n", "x"}, at::ones({5, 2}));
+  other.set({"n", "y"}, at::ones({5, 3}));
+  other.set("bad", at::ones({3}));  // td's batch [5] refuses a leaf of 3 rows
+  BOOST_CHECK_THROW(td.update(other), Error);
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
+  BOOST_TEST(td.get("a").is_same(a_before));
+  BOOST_TEST(!td.contains("new"));
+  BOOST_TEST(!td.contains(NestedKey({"n", "y"})));
+  // a locked sub-TensorDict refuses its new key after the top level took its own
+  TensorDict locked = sentinel_td();
+  locked.get_td("n").lock_();
+  TensorDict into_locked(Dict{{"a", at::ones({5, 4})}}, {5});
+  into_locked.set({"n", "z"}, at::ones({5}));
+  BOOST_CHECK_THROW(locked.update(into_locked), Error);
+  BOOST_TEST(at::equal(locked.get("a"), at::full({5, 4}, kSentinel)));
+  // what fits lands
+  td.update(TensorDict(Dict{{"a", at::ones({5, 4})}, {"new", at::ones({5})}}, {5}));
+  BOOST_TEST(at::equal(td.get("a"), at::ones({5, 4})));
+  BOOST_TEST(td.contains("new"));
+}
+
+// rename_key_ sets the new name before it deletes the old one: a new name that cannot be set (it runs through a
+// leaf) leaves the old key where it was
+BOOST_AUTO_TEST_CASE(a_refused_rename_keeps_the_old_key) {
+  TensorDict td = sentinel_td();
+  BOOST_CHECK_THROW(td.rename_key_("a", NestedKey({"b", "c"})), Error);
+  BOOST_TEST(td.contains("a"));
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
+  td.rename_key_("a", "z");
+  BOOST_TEST(!td.contains("a"));
+  BOOST_TEST(at::equal(td.get("z"), at::full({5, 4}, kSentinel)));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
