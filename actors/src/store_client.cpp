@@ -579,6 +579,7 @@ std::shared_ptr<StoreClient> StoreClient::spawn(std::shared_ptr<Runtime> rt, std
   c->driver_ = store->driver();
   c->spec_fields_ = store->spec_fields();
   c->writable_ = store->writable();
+  c->non_tensor_rows_ = store->holds_non_tensor_rows();
   c->dense_ = dense;
   c->token_ = std::move(token);
   c->impl_ = std::make_shared<Impl>();

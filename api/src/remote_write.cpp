@@ -2,6 +2,8 @@
 // (td[idx] = value: ONE request for every leaf), set_at (one leaf's selected rows), upload_all.
 #include <algorithm>
 
+#include <ATen/ExpandUtils.h>
+
 #include "remote_internal.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/index_math.hpp"
@@ -280,25 +282,72 @@ void RemoteNode::write_at(const ResolvedIndex& sel, const TensorDict& value_in) 
   auto level_sel = [&](const LeafPath& level) {
     return level == path_ ? sel : sel.extend(tail(snap->batch_of(level), level_batch.size()));
   };
+  // everything the store would refuse is refused before any key is made or any row written (the project's rule;
+  // keys were made, then a value that did not broadcast, or a per-row non-tensor the store has no layout for, was
+  // refused after the tensor rows were written): the values of existing leaves broadcast to their regions, and
+  // the non-tensors written at a selection of rows have a layout
+  for (const auto& it : tensors) {
+    const backends::LeafInfo* info = snap->leaf(it.path);
+    if (!info) continue;
+    if (info->kind != backends::LeafKind::Tensor) {
+      throw TypeError("td[idx] = value: key " + path_str(it.path) + " holds a non-tensor in " +
+                      tree_->client()->describe() + " but the value holds a Tensor");
+    }
+    const LeafPath lv = parent_of(it.path);
+    const BatchSize target = concat(level_sel(lv).result_batch(), tail(info->shape, snap->batch_of(lv).size()));
+    if (!at::is_expandable_to(it.data.sizes(), target)) {
+      throw RuntimeError("td[idx] = value: the value of " + path_str(it.path) + " has shape " +
+                         shape_str(sizes_of(it.data)) + ", which cannot be broadcast to the indexed region " +
+                         shape_str(target));
+    }
+  }
+  for (const auto& nt : non_tensors) {
+    const LeafPath lv = parent_of(nt.first);
+    const BatchSize lb = snap->batch_of(lv);
+    const ResolvedIndex ls = level_sel(lv);
+    const std::optional<ResolvedIndex::RowPlan> plan = lb.empty() ? std::nullopt : std::optional(ls.row_plan());
+    if (!plan || (plan->all && plan->in_order)) continue;  // written whole
+    if (plan->per_row != 1) {
+      throw NotImplementedError("writing the non-tensor " + path_str(nt.first) + " at an index of a store with " +
+                                std::to_string(lb.size()) + " batch dims (one value per row along dim 0 only)");
+    }
+    if (!tree_->client()->holds_non_tensor_rows()) {
+      throw NotImplementedError(tree_->client()->describe() + ": the non-tensor " + path_str(nt.first) +
+                                " written at a selection of rows needs one value per row, which this store cannot hold");
+    }
+  }
   // keys the store lacks: preallocated zero-filled at the full batch size, as upstream's first indexed write
   std::vector<std::pair<LeafPath, std::pair<at::ScalarType, BatchSize>>> missing;
   for (const auto& it : tensors) {
-    if (const backends::LeafInfo* info = snap->leaf(it.path)) {
-      if (info->kind != backends::LeafKind::Tensor) {
-        throw TypeError("td[idx] = value: key " + path_str(it.path) + " holds a non-tensor in " +
-                        tree_->client()->describe() + " but the value holds a Tensor");
-      }
-      continue;
-    }
+    if (snap->leaf(it.path)) continue;
     if (!tree_->client()->writable()) continue;  // the write below reports the read-only store
     const LeafPath lv = parent_of(it.path);
     const BatchSize lrb = level_sel(lv).result_batch();
     BatchSize shape = concat(snap->batch_of(lv), tail(sizes_of(it.data), lrb.size()));
     missing.emplace_back(it.path, std::make_pair(it.data.scalar_type(), shape));
   }
+  // the keys made here are removed again when the write fails after them (a lost connection, a full disk)
+  struct MadeKeys {
+    RemoteTree* tree;
+    std::vector<LeafPath> paths;
+    bool kept = false;
+    ~MadeKeys() {
+      if (kept || paths.empty()) return;
+      try {
+        tree->client()->run([&](backends::LeafStore& s) {
+          for (const auto& p : paths) s.erase(p);
+        });
+        tree->reload();
+      } catch (...) {  // the store is gone: nothing more to remove
+      }
+    }
+  } made{tree_.get(), {}};
   if (!missing.empty()) {
     tree_->client()->run([&](backends::LeafStore& s) {
-      for (const auto& m : missing) s.create(m.first, m.second.first, m.second.second, at::Tensor(), tree_->create_options);
+      for (const auto& m : missing) {
+        s.create(m.first, m.second.first, m.second.second, at::Tensor(), tree_->create_options);
+        made.paths.push_back(m.first);
+      }
     });
     tree_->reload();
     snap = tree_->snapshot();
@@ -375,6 +424,7 @@ void RemoteNode::write_at(const ResolvedIndex& sel, const TensorDict& value_in) 
     });
     if (!info) tree_->reload();
   }
+  made.kept = true;
 }
 
 void upload_all(RemoteTree& tree, const LeafPath& path, const TensorDict& td_in) {

@@ -144,6 +144,7 @@ class H5Store final : public LeafStore {
               const CreateOptions& options) override;
   void create_group(const LeafPath& path) override;
   bool erase(const LeafPath& path) override;
+  bool holds_non_tensor_rows() const override { return false; }
   //! H5Lmove of the link (a dataset or a whole group)
   void move(const LeafPath& from, const LeafPath& to) override;
   NonTensorValue read_non_tensor(const LeafPath& path) override;

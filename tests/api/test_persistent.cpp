@@ -242,6 +242,29 @@ BOOST_AUTO_TEST_CASE(a_refused_replacement_leaves_the_old_key) {
   BOOST_TEST(h5.keys(KeysOptions().include_nested(true)).size() == 3u);  // obs, sub, sub.z: nothing staged left
 }
 
+// td[idx] = value on a file checks what the file would refuse before it makes a key or writes a row: a value that
+// does not broadcast to its region, a non-tensor written at a selection of rows (HDF5 holds one value per
+// dataset). The new key of the same value is not made, the existing rows keep their values
+BOOST_AUTO_TEST_CASE(a_refused_indexed_write_makes_no_key_and_writes_no_row) {
+  TempDir dir("persistent");
+  TensorDict ref({{"obs", at::zeros({4, 2})}}, {4});
+  ref.set_non_tensor("s", JsonValue("all"));
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, dir.path + "/idx.h5", H5Options().mode("w"));
+  TensorDict wide({{"obs", at::ones({3})}, {"newk", at::ones({3})}}, {});
+  BOOST_CHECK_THROW(h5.index_put_({1}, wide), RuntimeError);
+  TensorDict with_text({{"obs", at::ones({2})}, {"newk", at::ones({3})}}, {});
+  with_text.set_non_tensor("s", JsonValue("one"));
+  BOOST_CHECK_THROW(h5.index_put_({1}, with_text), NotImplementedError);
+  BOOST_TEST(!h5.contains("newk"));
+  BOOST_TEST(h5.get("obs").equal(at::zeros({4, 2})));
+  BOOST_TEST(h5.get_non_tensor("s").as_string() == "all");
+  // what the file takes lands, the new key made at the full batch size
+  TensorDict fits({{"obs", at::ones({2})}, {"newk", at::ones({3})}}, {});
+  h5.index_put_({1}, fits);
+  BOOST_TEST(h5.get("obs")[1].equal(at::ones({2})));
+  BOOST_TEST(h5.get("newk").sizes().vec() == std::vector<int64_t>({4, 3}));
+}
+
 BOOST_AUTO_TEST_CASE(from_schema_creates_datasets_without_writing) {
   TempDir dir("persistent");
   const std::string file = dir.path + "/s.h5";

@@ -180,6 +180,8 @@ class StoreClient {
   const std::string& driver() const { return driver_; }
   const JsonValue& spec_fields() const { return spec_fields_; }
   bool writable() const { return writable_; }
+  //! the store's holds_non_tensor_rows() (fixed at open: no request)
+  bool holds_non_tensor_rows() const { return non_tensor_rows_; }
 
   // ---- dense stores (memmap, shared); ValueError for the others where noted
   //! the dense store, or nullptr (HDF5, Redis)
@@ -220,6 +222,7 @@ class StoreClient {
   std::string describe_, driver_, token_;
   JsonValue spec_fields_;
   bool writable_ = false;
+  bool non_tensor_rows_ = true;
   std::mutex mu_;  // publish / close
   std::vector<uint16_t> ports_;
 };

@@ -139,6 +139,8 @@ class LeafStore {
   //! list of the stack's values, and reads it back as a stack (redis: Python's json blob); false (the default) when
   //! it is written one value per row (h5 refuses that: one value per dataset)
   virtual bool stack_as_one_value() const { return false; }
+  //! a non-tensor can hold one value per row (written at a selection of rows); HDF5 holds one value per dataset
+  virtual bool holds_non_tensor_rows() const { return true; }
   //! removes every leaf and group; a store with records of its own removes those too (redis: __batch_size__,
   //! __device__, __keys__, as upstream's clear_redis; __tensorclass__ stays, as there)
   virtual void clear() {
