@@ -75,6 +75,25 @@ std::string field(const JsonValue& f, const char* name) {
   return "";
 }
 
+//! fills a store just created: a fill that fails part-way (a leaf the store refuses, a lost connection) clears the
+//! store again when it held no key before, as a file from_dict made is removed (persistent.cpp): no half-made
+//! store under the id is left for a reader to open
+template <class F>
+void fill_new(remote::RemoteTree& tree, F fill) {
+  const bool was_empty = tree.client()->run([](backends::LeafStore& s) { return s.list().empty(); });
+  try {
+    fill();
+  } catch (...) {
+    if (was_empty) {
+      try {
+        tree.client()->run([](backends::LeafStore& s) { s.clear(); });
+      } catch (...) {  // the server is gone: nothing more to clear
+      }
+    }
+    throw;
+  }
+}
+
 void create_schema(remote::RemoteTree& tree, const Schema& schema, const BatchSize& batch) {
   tree.client()->run([&](backends::LeafStore& s) {
     for (const auto& kv : schema) {
@@ -236,11 +255,14 @@ TensorDictStore TensorDictStore::from_tensordict(const TensorDict& td, const Red
   auto tree = create(td.batch_size(), options);
   // a NonTensorStack (one value per row along dim 0) goes in as upstream's from_tensordict stores it: ONE json
   // blob of its tolist() (LeafStore::stack_as_one_value), which Python and this library read back as a stack
-  remote::upload_all(*tree, {}, td);
-  TensorDictStore out(remote::make_remote(tree));
-  // a TensorClass's TensorDict: its class path, as Python's from_tensordict(tc) stores it
-  if (td.typed_schema() && td.typed_schema()->tensorclass) out.set_tensorclass(td.typed_schema()->class_path);
-  return out;
+  std::optional<TensorDictStore> out;
+  fill_new(*tree, [&] {
+    remote::upload_all(*tree, {}, td);
+    out.emplace(remote::make_remote(tree));
+    // a TensorClass's TensorDict: its class path, as Python's from_tensordict(tc) stores it
+    if (td.typed_schema() && td.typed_schema()->tensorclass) out->set_tensorclass(td.typed_schema()->class_path);
+  });
+  return std::move(*out);
 }
 
 std::string TensorDictStore::tensorclass() const {
@@ -256,7 +278,7 @@ void TensorDictStore::set_tensorclass(const std::string& class_path) const {
 TensorDictStore TensorDictStore::from_schema(const Schema& schema, const BatchSize& batch_size,
                                              const RedisOptions& options) {
   auto tree = create(batch_size, options);
-  create_schema(*tree, schema, batch_size);
+  fill_new(*tree, [&] { create_schema(*tree, schema, batch_size); });
   return TensorDictStore(remote::make_remote(tree));
 }
 

@@ -413,6 +413,10 @@ BOOST_AUTO_TEST_CASE(non_tensors_whole_per_row_and_refused) {
   TensorDict two({{"x", at::zeros({2, 2})}}, {2, 2});
   two.set("s", Entry(NonTensorStack({JsonValue("a"), JsonValue("b"), JsonValue("c"), JsonValue("d")}, {2, 2})));
   BOOST_CHECK_THROW(TensorDictStore::from_tensordict(two, o), NotImplementedError);
+  // the store it made for that TensorDict (its leaf x written before s was refused) is cleared again: nothing
+  // under the id for another process to open
+  BOOST_CHECK_THROW(TensorDictStore::from_tensordict(two, RedisOptions(o).td_id("half-made")), NotImplementedError);
+  BOOST_CHECK_THROW(TensorDictStore::from_store("half-made", o), KeyError);
 }
 
 // a resolved index handed to the store's node directly: one over another batch is refused, and positions changed
