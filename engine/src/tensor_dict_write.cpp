@@ -87,28 +87,54 @@ static void copy_into(Entry& dest, const Entry& value, const NestedKey& key) {
   }
 }
 
+//! the first parent level of `key` that does not exist yet in the dense levels from `root` (the level holding it
+//! and its name); nothing when every parent exists (or the walk leaves the dense levels)
+static std::optional<std::pair<TensorDictImpl*, std::string>> first_missing_level(TensorDictImpl* root,
+                                                                                 const NestedKey& key) {
+  TensorDictImpl* cur = root;
+  for (size_t i = 0; cur && i + 1 < key.size(); ++i) {
+    Entry* e = cur->find(key[i]);
+    if (!e) return std::make_pair(cur, key[i]);
+    if (!e->is_tensordict()) return std::nullopt;
+    cur = detail::tree::dense_root(e->tensordict());
+  }
+  return std::nullopt;
+}
+
 TensorDict& TensorDict::set(const NestedKey& key, const Entry& value, const SetOptions& options) {
-  const bool inplace = options.inplace();
-  if (key.empty()) throw KeyError("empty key");
-  if (inplace) leaf_on_path_as(*this, key, ErrorCode::Key);  // a locked node does not create: its walk reads
-  TensorDictImpl* p = nullptr;
-  if (!dense_walk(dense_, key, /*create=*/dense_ && (!dense_->locked || !inplace), &p)) {
-    if (!node_) d("set");
-    TensorDict parent = parent_of(*this, key, /*create=*/!is_locked() || !inplace);
-    if (!parent.defined()) missing_in_node(key, *this);
-    parent.node()->set_entry(key, value, inplace);
+  auto walked = [&]() -> TensorDict& {
+    const bool inplace = options.inplace();
+    if (key.empty()) throw KeyError("empty key");
+    if (inplace) leaf_on_path_as(*this, key, ErrorCode::Key);  // a locked node does not create: its walk reads
+    TensorDictImpl* p = nullptr;
+    if (!dense_walk(dense_, key, /*create=*/dense_ && (!dense_->locked || !inplace), &p)) {
+      if (!node_) d("set");
+      TensorDict parent = parent_of(*this, key, /*create=*/!is_locked() || !inplace);
+      if (!parent.defined()) missing_in_node(key, *this);
+      parent.node()->set_entry(key, value, inplace);
+      return *this;
+    }
+    if (!p) throw_missing_key(key, *d());
+    Entry* existing = p->find(key.back());
+    if (existing && inplace) {
+      copy_into(*existing, prepare_value(*p, key.back(), value), key);
+      return *this;
+    }
+    if (p->locked) check_unlocked(*p, "set " + key.repr());
+    Entry v = prepare_value(*p, key.back(), value);
+    p->put(key.back(), std::move(v));
     return *this;
+  };
+  // the levels a nested key's walk creates are removed again when the value is refused (a batch size that does not
+  // fit left empty levels behind)
+  const auto made = key.size() > 1 && dense_ ? first_missing_level(dense_, key) : std::nullopt;
+  if (!made) return walked();
+  try {
+    return walked();
+  } catch (...) {
+    made->first->erase_entry(made->second);
+    throw;
   }
-  if (!p) throw_missing_key(key, *d());
-  Entry* existing = p->find(key.back());
-  if (existing && inplace) {
-    copy_into(*existing, prepare_value(*p, key.back(), value), key);
-    return *this;
-  }
-  if (p->locked) check_unlocked(*p, "set " + key.repr());
-  Entry v = prepare_value(*p, key.back(), value);
-  p->put(key.back(), std::move(v));
-  return *this;
 }
 
 TensorDict& TensorDict::set(const char* key, const Entry& value, const SetOptions& options) {

@@ -296,4 +296,14 @@ BOOST_AUTO_TEST_CASE(a_refused_rename_keeps_the_old_key) {
   BOOST_TEST(at::equal(td.get("z"), at::full({5, 4}, kSentinel)));
 }
 
+// a nested key whose value is refused leaves no level its walk created
+BOOST_AUTO_TEST_CASE(a_refused_nested_set_leaves_no_new_level) {
+  TensorDict td = sentinel_td();
+  BOOST_CHECK_THROW(td.set(NestedKey({"new", "m", "x"}), at::ones({3})), BatchSizeError);
+  BOOST_CHECK_THROW(td.set(NestedKey({"n", "m", "x"}), at::ones({3})), BatchSizeError);
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
+  td.set(NestedKey({"new", "m", "x"}), at::ones({5}));
+  BOOST_TEST(at::equal(td.get(NestedKey({"new", "m", "x"})), at::ones({5})));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
