@@ -43,15 +43,78 @@ void LazyStackNode::set_entry(const NestedKey& key, const Entry& value, bool inp
   put(key.back(), value);
 }
 
+namespace {
+//! an in-place op run member by member (upstream's order): a member that refuses it (a fn that throws, another
+//! member's shape) puts the members before it back from copies taken before each (the last keeps none): the
+//! project's rule, nothing half-written survives a failure. `save(m)` copies what op changes, `restore(m, copy)`
+//! puts it back
+template <class Save, class Op, class Restore>
+void on_each_member(std::vector<TensorDict>& members, Save save, Op op, Restore restore) {
+  std::vector<TensorDict> saved;
+  saved.reserve(members.size());
+  size_t done = 0;
+  try {
+    for (auto& m : members) {
+      if (done + 1 < members.size()) saved.push_back(save(m));
+      op(m);
+      ++done;
+    }
+  } catch (...) {
+    for (size_t i = done; i-- > 0;) {
+      try {
+        restore(members[i], saved[i]);
+      } catch (...) {  // the member refuses its own values back: nothing more to do
+      }
+    }
+    throw;
+  }
+}
+
+//! torch's rule for x.add_(s) / x.mul_(s), on every member's leaves before any is written: the result type must
+//! be castable to the leaf's dtype (an int leaf times 0.5 is refused). From the metadata, one check per dtype
+void check_scalar_on_members(const std::vector<TensorDict>& members, const at::Scalar& s, const char* op) {
+  std::vector<at::ScalarType> seen;
+  for (const auto& m : members) {
+    for (const auto& [k, meta] : detail::key_metas(m, KeysOptions().include_nested(true).leaves_only(true))) {
+      if (meta.kind != EntryMeta::Kind::Tensor || std::find(seen.begin(), seen.end(), meta.dtype) != seen.end()) continue;
+      const at::ScalarType result = at::result_type(at::empty({1}, at::TensorOptions().dtype(meta.dtype)), s);
+      if (!at::can_cast(result, meta.dtype)) {
+        throw RuntimeError(std::string(op) + ": result type " + std::string(c10::toString(result)) +
+                           " can't be cast to the desired output type " + c10::toString(meta.dtype) + " of key " +
+                           k.repr());
+      }
+      seen.push_back(meta.dtype);
+    }
+  }
+}
+
+TensorDict copy_of(const TensorDict& m) { return m.clone(); }
+void put_back(TensorDict& m, const TensorDict& copy) { m.update_(copy); }
+}  // namespace
+
 void LazyStackNode::rename_key(TensorDict&, const NestedKey& old_key, const NestedKey& new_key, bool safe) {
   detail::check_node_unlocked(*this);
-  for (auto& m : members) m.rename_key_(old_key, new_key, RenameOptions().safe(safe));
+  // a member that refuses (the new name taken with safe, the old one missing) renames the members before it back
+  on_each_member(
+      members, [](const TensorDict&) { return TensorDict(); },
+      [&](TensorDict& m) { m.rename_key_(old_key, new_key, RenameOptions().safe(safe)); },
+      [&](TensorDict& m, const TensorDict&) { m.rename_key_(new_key, old_key); });
 }
 
 void LazyStackNode::clear(TensorDict&) { not_dense(*this); }
 
 void LazyStackNode::fill(TensorDict&, const NestedKey& key, const at::Scalar& value) {
-  for (auto& m : members) m.fill_(key, value);
+  on_each_member(
+      members,
+      [&](const TensorDict& m) {
+        TensorDict copy(m.batch_size(), m.device());
+        if (m.contains(key)) copy.set(NestedKey("v"), m.get(key).clone());
+        return copy;
+      },
+      [&](TensorDict& m) { m.fill_(key, value); },
+      [&](TensorDict& m, const TensorDict& copy) {
+        if (copy.contains("v")) m.set_(key, copy.get("v"));
+      });
 }
 
 void LazyStackNode::set_batch_size(TensorDict&, BatchSize) {
@@ -125,7 +188,7 @@ TensorDict LazyStackNode::apply(const TensorDict&, const MultiLeafFn&, const std
 }
 
 void LazyStackNode::apply_(TensorDict&, const LeafFn& fn) {
-  for (auto& m : members) m.apply_(fn);
+  on_each_member(members, copy_of, [&](TensorDict& m) { m.apply_(fn); }, put_back);
 }
 
 void LazyStackNode::apply_(TensorDict&, const MultiLeafFn&, const std::vector<TensorDict>&) { not_dense(*this); }
@@ -145,14 +208,17 @@ void LazyStackNode::add_(TensorDict& self, const TensorDict& other) {
     throw BatchSizeError("add_: the other TensorDict has batch size " + detail::shape_str(other.batch_size()) +
                          ", the lazy stack " + detail::shape_str(self.batch_size()));
   }
-  for (size_t i = 0; i < parts.size(); ++i) members[i].add_(parts[i]);
+  size_t i = 0;
+  on_each_member(members, copy_of, [&](TensorDict& m) { m.add_(parts[i++]); }, put_back);
 }
 
 void LazyStackNode::add_(TensorDict&, const at::Scalar& other) {
+  check_scalar_on_members(members, other, "add_");
   for (auto& m : members) m.add_(other);
 }
 
 void LazyStackNode::mul_(TensorDict&, const at::Scalar& other) {
+  check_scalar_on_members(members, other, "mul_");
   for (auto& m : members) m.mul_(other);
 }
 

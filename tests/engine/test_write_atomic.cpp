@@ -306,4 +306,47 @@ BOOST_AUTO_TEST_CASE(a_refused_nested_set_leaves_no_new_level) {
   BOOST_TEST(at::equal(td.get(NestedKey({"new", "m", "x"})), at::ones({5})));
 }
 
+// a lazy stack's in-place ops run member by member: a member that refuses (an int leaf that cannot hold x * 0.5, a
+// fn that throws, a key another member lacks, a name another member holds) leaves the members before it as they
+// were
+BOOST_AUTO_TEST_CASE(a_lazy_stack_op_that_one_member_refuses_changes_no_member) {
+  auto make = [] {
+    TensorDict a(Dict{{"x", at::full({2}, kSentinel)}}, {});
+    TensorDict b(Dict{{"x", at::full({2}, 7, at::kLong)}}, {});
+    return lazy_stack({a, a.clone(), b}, 0);
+  };
+  auto first_kept = [](const LazyStackedTensorDict& ls) {
+    return at::equal(ls.member(0).get("x"), at::full({2}, kSentinel)) &&
+           at::equal(ls.member(1).get("x"), at::full({2}, kSentinel)) && ls.member(0).keys().size() == 1;
+  };
+  {
+    LazyStackedTensorDict ls = make();
+    BOOST_CHECK_THROW(ls.mul_(0.5), RuntimeError);
+    BOOST_TEST(first_kept(ls));
+    ls.mul_(2);
+    BOOST_TEST(at::equal(ls.member(2).get("x"), at::full({2}, 14, at::kLong)));
+  }
+  {
+    LazyStackedTensorDict ls = make();
+    BOOST_CHECK_THROW(ls.apply_([](const at::Tensor& t) {
+      if (t.scalar_type() == at::kLong) throw std::runtime_error("refused");
+      return t * 2;
+    }), std::exception);
+    BOOST_TEST(first_kept(ls));
+  }
+  {
+    LazyStackedTensorDict ls = make();
+    BOOST_CHECK_THROW(ls.add_(TensorDict(Dict{{"x", at::full({3, 2}, 0.5)}}, {3})), Error);
+    BOOST_TEST(first_kept(ls));
+  }
+  {
+    LazyStackedTensorDict ls = make();
+    TensorDict third = ls.member(2);  // a handle on the member
+    third.set("y", at::zeros({1}));
+    BOOST_CHECK_THROW(ls.rename_key_("x", "y", RenameOptions().safe(true)), KeyError);
+    BOOST_TEST(first_kept(ls));
+    BOOST_TEST(ls.member(2).contains("x"));
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
