@@ -221,20 +221,71 @@ struct UpdateUndo {
   }
 };
 
+//! every value of an in-place update fits its key before any is written (the project's rule: a later key that
+//! does not fit left the earlier ones written): a tensor into a tensor, broadcast to its shape as copy_ does; a
+//! non-tensor into a non-tensor. From the keys' metadata (no read)
+static void check_in_place_values(const TensorDict& self, const std::vector<std::pair<NestedKey, Entry>>& items) {
+  std::unordered_map<std::string, EntryMeta> metas;
+  for (auto& [k, m] : detail::key_metas(self, KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true)))
+    metas.emplace(k.repr(), std::move(m));
+  for (const auto& [k, v] : items) {
+    const auto it = metas.find(k.repr());
+    if (it == metas.end()) continue;  // the write reports it
+    const EntryMeta& m = it->second;
+    if (m.kind == EntryMeta::Kind::Tensor) {
+      if (!v.is_tensor()) {
+        throw TypeError("in-place write of a " + std::string(Entry::kind_name(v.kind())) + " into tensor " + k.repr());
+      }
+      const at::IntArrayRef vs = v.tensor().sizes();
+      const BatchSize& batch = self.batch_size();
+      if (vs.size() < batch.size() || !std::equal(batch.begin(), batch.end(), vs.begin())) {  // set_'s own rule
+        throw BatchSizeError("batch dimension mismatch, got self.batch_size=" + shape_str(batch) +
+                             " and value.shape=" + shape_str(vs) + " (key " + k.repr() + ")");
+      }
+      if (std::find(m.shape.begin(), m.shape.end(), -1) == m.shape.end() &&
+          !at::is_expandable_to(v.tensor().sizes(), m.shape)) {
+        throw BatchSizeError("cannot copy a value of shape " + shape_str(v.tensor().sizes()) + " into " + k.repr() +
+                             " of shape " + shape_str(m.shape));
+      }
+    } else if (m.kind == EntryMeta::Kind::NonTensor && !v.is_non_tensor()) {
+      throw TypeError("in-place write of a tensor into non-tensor " + k.repr());
+    }
+  }
+}
+
+//! update's keys_to_update: the key, a key under it, or a key above it is listed
+static bool wanted_key(const UpdateOptions& o, const NestedKey& full) {
+  if (!o.keys_to_update()) return true;
+  const std::string joined = full.join(".");
+  for (const auto& w : *o.keys_to_update())
+    if (w == joined || joined.rfind(w + ".", 0) == 0 || w.rfind(joined + ".", 0) == 0) return true;
+  return false;
+}
+
+//! the leaves update(inplace) writes in place (existing keys, walked as update_impl walks them), for
+//! check_in_place_values before any is written
+static void inplace_items(const TensorDict& self, const TensorDict& other, const UpdateOptions& o,
+                          const NestedKey& prefix, std::vector<std::pair<NestedKey, Entry>>& out) {
+  for (const auto& kv : other.node()->read_all()) {
+    const NestedKey full = prefix + NestedKey(kv.first);
+    if (!wanted_key(o, full)) continue;
+    const std::optional<EntryMeta> mine = self.node()->meta(kv.first);
+    if (!mine) continue;
+    if (kv.second.is_tensordict() && mine->is_tensordict()) {
+      inplace_items(self.get_td(NestedKey(kv.first)), kv.second.tensordict(), o, full, out);
+    } else if (!kv.second.is_tensordict()) {
+      out.emplace_back(full, kv.second);
+    }
+  }
+}
+
 static void update_impl(TensorDict& self, const TensorDict& other, const UpdateOptions& o, const NestedKey& prefix,
                         UpdateUndo& undo) {
   const std::vector<std::pair<std::string, Entry>> theirs = other.node()->read_all();
   for (const auto& kv : theirs) {
     NestedKey k(kv.first);
     NestedKey full = prefix + k;
-    if (o.keys_to_update()) {
-      const auto& ks = *o.keys_to_update();
-      std::string joined = full.join(".");
-      bool wanted = false;
-      for (const auto& w : ks)
-        if (w == joined || joined.rfind(w + ".", 0) == 0 || w.rfind(joined + ".", 0) == 0) wanted = true;
-      if (!wanted) continue;
-    }
+    if (!wanted_key(o, full)) continue;
     std::optional<Entry> mine = self.node()->read(kv.first);
     if (kv.second.is_tensordict() && mine && mine->is_tensordict()) {
       TensorDict sub = mine->tensordict();
@@ -269,6 +320,11 @@ static void update_impl(TensorDict& self, const TensorDict& other, const UpdateO
 
 TensorDict& TensorDict::update(const TensorDict& other, const UpdateOptions& options) {
   if (other.is_same(*this)) return *this;
+  if (options.inplace()) {  // the leaves written in place are checked before any is
+    std::vector<std::pair<NestedKey, Entry>> items;
+    inplace_items(*this, other, options, NestedKey(), items);
+    check_in_place_values(*this, items);
+  }
   UpdateUndo undo;
   try {
     update_impl(*this, other, options, NestedKey(), undo);
@@ -277,38 +333,6 @@ TensorDict& TensorDict::update(const TensorDict& other, const UpdateOptions& opt
     throw;
   }
   return *this;
-}
-
-//! every value of an in-place update fits its key before any is written (the project's rule: a later key that
-//! does not fit left the earlier ones written): a tensor into a tensor, broadcast to its shape as copy_ does; a
-//! non-tensor into a non-tensor. From the keys' metadata (no read)
-static void check_in_place_values(const TensorDict& self, const std::vector<std::pair<NestedKey, Entry>>& items) {
-  std::unordered_map<std::string, EntryMeta> metas;
-  for (auto& [k, m] : detail::key_metas(self, KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true)))
-    metas.emplace(k.repr(), std::move(m));
-  for (const auto& [k, v] : items) {
-    const auto it = metas.find(k.repr());
-    if (it == metas.end()) continue;  // the write reports it
-    const EntryMeta& m = it->second;
-    if (m.kind == EntryMeta::Kind::Tensor) {
-      if (!v.is_tensor()) {
-        throw TypeError("in-place write of a " + std::string(Entry::kind_name(v.kind())) + " into tensor " + k.repr());
-      }
-      const at::IntArrayRef vs = v.tensor().sizes();
-      const BatchSize& batch = self.batch_size();
-      if (vs.size() < batch.size() || !std::equal(batch.begin(), batch.end(), vs.begin())) {  // set_'s own rule
-        throw BatchSizeError("batch dimension mismatch, got self.batch_size=" + shape_str(batch) +
-                             " and value.shape=" + shape_str(vs) + " (key " + k.repr() + ")");
-      }
-      if (std::find(m.shape.begin(), m.shape.end(), -1) == m.shape.end() &&
-          !at::is_expandable_to(v.tensor().sizes(), m.shape)) {
-        throw BatchSizeError("cannot copy a value of shape " + shape_str(v.tensor().sizes()) + " into " + k.repr() +
-                             " of shape " + shape_str(m.shape));
-      }
-    } else if (m.kind == EntryMeta::Kind::NonTensor && !v.is_non_tensor()) {
-      throw TypeError("in-place write of a tensor into non-tensor " + k.repr());
-    }
-  }
 }
 
 static void check_all_exist(const TensorDict& self, const TensorDict& other) {

@@ -248,6 +248,9 @@ BOOST_AUTO_TEST_CASE(an_in_place_update_that_one_key_refuses_writes_nothing) {
   kinds.set_non_tensor("i", JsonValue(1));  // a non-tensor into a tensor
   BOOST_CHECK_THROW(td.update_(kinds), TypeError);
   BOOST_TEST(unchanged(td) == "", unchanged(td));
+  // update(inplace) checks the leaves it writes in place the same way
+  BOOST_CHECK_THROW(td.update(other, UpdateOptions().inplace(true)), BatchSizeError);
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
   // what fits is written, broadcast as copy_ does
   td.update_(TensorDict(Dict{{"a", at::ones({5, 1})}}, {5}));
   BOOST_TEST(at::equal(td.get("a"), at::ones({5, 4})));
