@@ -990,6 +990,14 @@ void TensorDictImpl::index_put_(TensorDict&, const Index& index, const TensorDic
   put_general(*this, index, value);
 }
 
+void detail::put_leaves_at(const BatchSize& batch, const Index& index,
+                           const std::vector<std::tuple<at::Tensor, at::Tensor, std::string>>& leaves) {
+  Prepared p = prepare_write(batch, index);
+  WritePlan plan(p);
+  for (const auto& [t, v, key] : leaves) plan.add_leaf(t, v, key);
+  plan.run();
+}
+
 // td[idx] = tensor / scalar: every tensor leaf of the dense levels gets it, planned as a TensorDict value is
 void TensorDictImpl::index_put_(TensorDict&, const Index& index, const at::Tensor& value) {
   Prepared p = prepare_write(batch_size, index);

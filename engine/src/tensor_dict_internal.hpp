@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -182,6 +183,10 @@ int64_t normalize_dim(int64_t dim, int64_t ndim, bool allow_end = false);
 
 //! a new TensorDict with the same device (and no keys) and the given batch size
 TensorDict make_empty(const TensorDictImpl& like, BatchSize batch_size);
+//! leaf[index] = value for each (leaf, value, key) of a TensorDict of `batch`, planned as td[idx] = value is
+//! (indexing_write.cpp): nothing is written when one of them refuses
+void put_leaves_at(const BatchSize& batch, const Index& index,
+                   const std::vector<std::tuple<at::Tensor, at::Tensor, std::string>>& leaves);
 //! the meta of a value held in memory; a tensor's shared / memmap flags from its storage, or from its owner
 //! (a memmap or shared TensorDict) when given
 EntryMeta entry_meta(const Entry& e, bool owner_memmap = false, bool owner_shared = false);

@@ -379,9 +379,20 @@ TensorDict& TensorDict::update_at_(const TensorDict& other, const Index& index) 
     this->index(index).update_(other);
     return *this;
   }
-  for (const auto& kv : other.items(KeysOptions().include_nested(true).leaves_only(true))) {
-    get(kv.first).index_put_(index, kv.second.tensor());
+  const auto items = other.items(KeysOptions().include_nested(true).leaves_only(true));
+  // an index of the batch dims: the leaves written as td[idx] = value writes them (nothing written when one
+  // refuses); an index reaching past them into a leaf's own dims (upstream's tensor[idx] = value allows it):
+  // leaf by leaf
+  const bool batch_index = std::all_of(index.begin(), index.end(), [](const at::indexing::TensorIndex& e) {
+    return !e.is_none() && !e.is_ellipsis();
+  }) && index.size() <= batch_size().size();
+  if (batch_index) {
+    std::vector<std::tuple<at::Tensor, at::Tensor, std::string>> leaves;
+    for (const auto& kv : items) leaves.emplace_back(get(kv.first), kv.second.tensor(), kv.first.repr());
+    detail::put_leaves_at(batch_size(), index, leaves);
+    return *this;
   }
+  for (const auto& kv : items) get(kv.first).index_put_(index, kv.second.tensor());
   return *this;
 }
 

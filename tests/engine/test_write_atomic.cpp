@@ -248,6 +248,11 @@ BOOST_AUTO_TEST_CASE(an_in_place_update_that_one_key_refuses_writes_nothing) {
   kinds.set_non_tensor("i", JsonValue(1));  // a non-tensor into a tensor
   BOOST_CHECK_THROW(td.update_(kinds), TypeError);
   BOOST_TEST(unchanged(td) == "", unchanged(td));
+  // update_at_ writes its leaves as td[idx] = value does: a later leaf that does not fit writes none
+  TensorDict at_rows(Dict{{"a", at::ones({2, 4})}, {"b", at::ones({2, 3})}}, {2});
+  BOOST_CHECK_THROW(td.update_at_(at_rows, {Slice(0, 2)}), Error);
+  BOOST_CHECK_THROW(td.update_at_(at_rows, {at::tensor({0, 3}, at::kLong)}), Error);
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
   // update(inplace) checks the leaves it writes in place the same way
   BOOST_CHECK_THROW(td.update(other, UpdateOptions().inplace(true)), BatchSizeError);
   BOOST_TEST(unchanged(td) == "", unchanged(td));
