@@ -86,11 +86,12 @@ void check_zero_dim(const Index& index) {
 }
 
 //! a 1-D long index over a dim of `size`: bounds checked (torch's text), negatives wrapped
-at::Tensor checked_rows(const at::Tensor& t, int64_t size) {
+at::Tensor checked_rows(const at::Tensor& t, int64_t size, int64_t* max_row) {
   at::Tensor c = t.contiguous();
   const int64_t* d = c.data_ptr<int64_t>();
   const int64_t n = c.numel();
   bool negative = false;
+  int64_t most = -1;
   for (int64_t j = 0; j < n; ++j) {
     const int64_t v = d[j];
     if (v < -size || v >= size) {
@@ -98,7 +99,9 @@ at::Tensor checked_rows(const at::Tensor& t, int64_t size) {
                        std::to_string(size));
     }
     negative |= v < 0;
+    most = std::max(most, v < 0 ? v + size : v);
   }
+  if (max_row) *max_row = most;
   if (negative) c = at::where(c < 0, c + size, c);
   return c;
 }
@@ -218,7 +221,7 @@ Prepared prepare(const BatchSize& batch, const Index& index) {
       const at::Tensor& t = e.tensor();
       if (t.scalar_type() == at::kLong && t.dim() == 1) {
         p.kind = Prepared::Kind::Take;
-        p.take = checked_rows(t, batch[0]);
+        p.take = checked_rows(t, batch[0], &p.take_max);
         p.batch = batch;
         p.batch[0] = p.take.numel();
         return p;
@@ -233,6 +236,7 @@ Prepared prepare(const BatchSize& batch, const Index& index) {
         if (k == 1) {
           p.kind = Prepared::Kind::Take;
           p.take = nz.view({-1});
+          p.take_max = p.take.numel() == 0 ? -1 : p.take.data_ptr<int64_t>()[p.take.numel() - 1];  // ascending
         } else {
           p.kind = Prepared::Kind::General;
           p.index.reserve(static_cast<size_t>(k));

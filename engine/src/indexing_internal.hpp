@@ -59,6 +59,7 @@ struct Prepared {
   int64_t i = 0;       //!< Int: the row, in [0, size)
   SliceRange sl;       //!< Slice
   at::Tensor take;     //!< Take: 1-D int64 rows, bounds-checked, non-negative
+  int64_t take_max = -2;  //!< Take: its largest row when known (-1: no row; -2: not known)
   Index index;         //!< General: no Ellipsis, tensors converted
   BatchSize batch;     //!< the result batch size at the top level
   size_t src_dims = 0; //!< batch dims of the indexed TensorDict (sub-TensorDicts add theirs after)

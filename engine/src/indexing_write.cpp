@@ -224,6 +224,7 @@ struct WritePlan {
   explicit WritePlan(const Prepared& prepared) : p(prepared) {}
 
   int64_t max_take_row() {
+    if (take_max == -2) take_max = p.take_max;
     if (take_max == -2) take_max = p.take.numel() == 0 ? -1 : p.take.max().item<int64_t>();
     return take_max;
   }
@@ -813,6 +814,18 @@ inline const c10::AutogradMetaInterface* autograd_meta_of(const c10::TensorImpl*
   return (t->*member_of(AutogradMetaTag{})).get();
 }
 
+//! StorageImpl::size_bytes_, read in place: nbytes() carries a TORCH_CHECK (not symbolic) whose cold path, twice a
+//! leaf, was 4% of a row write. A symbolic size (never on a CPU storage) reads as 0: the row takes the general path
+struct StorageBytesTag {
+  using type = c10::SymInt c10::StorageImpl::*;
+  friend type member_of(StorageBytesTag);
+};
+template struct PrivateMember<StorageBytesTag, &c10::StorageImpl::size_bytes_>;
+inline size_t storage_bytes(const c10::Storage& s) {
+  const c10::SymInt& n = s.unsafeGetStorageImpl()->*member_of(StorageBytesTag{});
+  return n.is_symbolic() ? 0 : static_cast<size_t>(n.as_int_unchecked());
+}
+
 //! a plain strided CPU tensor without autograd, conj or neg bits, of one contiguous layout, with storage. Its
 //! storage through unsafe_storage(): storage() is virtual in libtorch 1.13 and was a third of this check's cost
 //! (a tensor whose storage access throws has none here: a null StorageImpl, refused below). The dtype is not
@@ -907,10 +920,11 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
       const size_t item = d->dtype().itemsize();
       const size_t bytes = static_cast<size_t>(v->numel()) * item;
       // both contiguous: the row and the value lie inside their storages (a leaf set_ to a storage of another
-      // dtype does not: within_storage)
-      if ((static_cast<size_t>(d->storage_offset()) * item + static_cast<size_t>(row + 1) * bytes > dst_storage.nbytes()) ||
-          (static_cast<size_t>(v->storage_offset()) * item + bytes > val_storage.nbytes()))
-        return false;
+      // dtype does not: within_storage); one branch for both
+      const bool outside =
+          (static_cast<size_t>(d->storage_offset()) * item + static_cast<size_t>(row + 1) * bytes > storage_bytes(dst_storage)) |
+          (static_cast<size_t>(v->storage_offset()) * item + bytes > storage_bytes(val_storage));
+      if (__builtin_expect(outside, 0)) return false;
       char* base = static_cast<char*>(dst_storage.data()) + d->storage_offset() * item;
       char* to = base + static_cast<size_t>(row) * bytes;
       // ask for the row's cache lines for writing now, while the other leaves are checked: the version bump
