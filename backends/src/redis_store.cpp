@@ -252,37 +252,37 @@ void RedisStore::create(const LeafPath& path, at::ScalarType dtype, const std::v
 bool RedisStore::erase(const LeafPath& path) {
   if (path.empty()) throw ValueError("cannot erase the root of " + describe() + " (use a path)");
   std::string joined = redis_join_path(path);
-  std::vector<std::string> targets;
-  for (const std::string& k : members())
-    if (k == joined || (k.size() > joined.size() && k.compare(0, joined.size() + 1, joined + ".") == 0))
-      targets.push_back(k);
+  const std::vector<std::string> targets = members_under(joined);
   if (targets.empty()) return false;
-  std::vector<RedisCommand> cmds;
   RedisCommand del{"DEL"};
   RedisCommand srem{"SREM", key("__keys__")};
   for (const auto& k : targets) {
     del.arg(key("d:" + k)).arg(key("m:" + k)).arg(key("d:" + k + ":idx"));
     srem.arg(k);
-    meta_cache_.erase(k);
-    length_checked_.erase(k);
+    forget(k);
   }
-  cmds.push_back(std::move(del));
-  cmds.push_back(std::move(srem));
+  transact({std::move(del), std::move(srem)}, key("d:" + joined));
+  return true;
+}
+
+std::vector<std::string> RedisStore::members_under(const std::string& joined) const {
+  std::vector<std::string> out;
+  for (const std::string& k : members())
+    if (k == joined || (k.size() > joined.size() && k.compare(0, joined.size() + 1, joined + ".") == 0)) out.push_back(k);
+  return out;
+}
+
+void RedisStore::transact(const std::vector<RedisCommand>& cmds, const std::string& what) {
   std::vector<RedisReply> replies = client().transaction(cmds);
   for (const auto& r : replies)
-    if (r.is_error()) redis_reply_error(r, key("d:" + joined));
-  return true;
+    if (r.is_error()) redis_reply_error(r, what);
 }
 
 void RedisStore::move(const LeafPath& from, const LeafPath& to) {
   check_leaf_path(to);
   const std::string jf = redis_join_path(from), jt = redis_join_path(to);
-  std::vector<std::string> targets;
-  for (const std::string& k : members()) {
-    if (k == jt || (k.size() > jt.size() && k.compare(0, jt.size() + 1, jt + ".") == 0))
-      throw KeyError("key '" + jt + "' already exists in " + describe());
-    if (k == jf || (k.size() > jf.size() && k.compare(0, jf.size() + 1, jf + ".") == 0)) targets.push_back(k);
-  }
+  if (!members_under(jt).empty()) throw KeyError("key '" + jt + "' already exists in " + describe());
+  const std::vector<std::string> targets = members_under(jf);
   if (targets.empty()) throw KeyError("key '" + jf + "' not found in " + describe());
   // RENAME fails on a missing key: the lazy-stack offset tables (d:<key>:idx) that exist, asked first
   std::vector<RedisCommand> exists;
@@ -300,16 +300,12 @@ void RedisStore::move(const LeafPath& from, const LeafPath& to) {
       cmds.push_back(RedisCommand{"RENAME", key("d:" + k + ":idx"), key("d:" + nk + ":idx")});
     srem.arg(k);
     sadd.arg(nk);
-    meta_cache_.erase(k);
-    meta_cache_.erase(nk);
-    length_checked_.erase(k);
-    length_checked_.erase(nk);
+    forget(k);
+    forget(nk);
   }
   cmds.push_back(std::move(srem));
   cmds.push_back(std::move(sadd));
-  std::vector<RedisReply> replies = client().transaction(cmds);
-  for (const auto& r : replies)
-    if (r.is_error()) redis_reply_error(r, key("d:" + jf));
+  transact(cmds, key("d:" + jf));
 }
 
 void RedisStore::clear() {

@@ -145,6 +145,15 @@ class RedisStore : public LeafStore {
   const RedisLeafMeta& meta(const LeafPath& path);
   void fetch_meta(const std::vector<LeafPath>& paths);
   std::vector<std::string> members() const;
+  //! the leaves at `joined` or below it
+  std::vector<std::string> members_under(const std::string& joined) const;
+  //! the leaf's cached metadata and length check dropped
+  void forget(const std::string& joined) {
+    meta_cache_.erase(joined);
+    length_checked_.erase(joined);
+  }
+  //! runs cmds in one MULTI/EXEC; an error reply raises, naming `what`
+  void transact(const std::vector<RedisCommand>& cmds, const std::string& what);
   void check_open() const;
   std::vector<at::Tensor> read_once(const std::vector<LeafRead>& reads, std::vector<size_t>* bad);
 
