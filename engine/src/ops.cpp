@@ -133,6 +133,10 @@ struct ApplyCall {
   const char* op = "apply";
   //! in-place: (full key, destination leaf, value) collected first, written once all are valid
   std::vector<std::tuple<NestedKey, at::Tensor, at::Tensor>> writes;
+  //! in-place: the sub-TensorDicts of other node kinds (a lazy stack below), applied once every dense leaf's
+  //! result is known and checked (they were applied during the visit: a later leaf's fn that threw left them
+  //! changed and the dense leaves not)
+  std::vector<TensorDict> deferred;
 };
 
 [[noreturn]] void missing_in_other(const NestedKey& full, size_t i, const TensorDictImpl& where, const char* op) {
@@ -198,7 +202,8 @@ struct ApplyVisitor : tree::RebuildVisitor {
                                        const tree::Matched&) {
     TensorDict child = sub;
     if (c.inplace) {
-      child.apply_(*c.unary);
+      if (!c.unary) throw NotImplementedError(std::string(c.op) + " with other TensorDicts over a " + child.node()->type_name());
+      c.deferred.push_back(child);
       return child;
     }
     return child.apply(*c.unary, ApplyOptions().keep_empty(c.opts.keep_empty()));
@@ -289,11 +294,31 @@ void commit_writes(ApplyCall& c) {
                            shape_str(dest.sizes()));
     }
   }
+  for (const auto& w : c.writes)  // a memmap leaf: a full disk is a BackendError, not a SIGBUS, before any write
+    if (!std::get<1>(w).is_same(std::get<2>(w))) backends::reserve_for_store(std::get<1>(w));
+  // the other node kinds below apply fn now; one that refuses puts the ones before it back (each but the last
+  // copied first: the dense writes after them cannot fail once checked and reserved)
+  std::vector<TensorDict> saved;
+  size_t done = 0;
+  try {
+    for (TensorDict& sub : c.deferred) {
+      if (done + 1 < c.deferred.size()) saved.push_back(sub.clone());
+      sub.apply_(*c.unary);
+      ++done;
+    }
+  } catch (...) {
+    for (size_t i = done; i-- > 0;) {
+      try {
+        c.deferred[i].update_(saved[i]);
+      } catch (...) {  // the sub-TensorDict refuses its own values back: nothing more to do
+      }
+    }
+    throw;
+  }
   for (const auto& w : c.writes) {
     const at::Tensor& dest = std::get<1>(w);
     const at::Tensor& value = std::get<2>(w);
     if (dest.is_same(value)) continue;
-    backends::reserve_for_store(dest);  // a memmap leaf: a full disk is a BackendError, not a SIGBUS
     try {
       at::Tensor(dest).copy_(value);
     } catch (...) {

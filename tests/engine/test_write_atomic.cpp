@@ -357,4 +357,23 @@ BOOST_AUTO_TEST_CASE(a_lazy_stack_op_that_one_member_refuses_changes_no_member) 
   }
 }
 
+// apply_ over a TensorDict holding a lazy stack: the lazy stack is applied once every dense leaf's result is known,
+// so a fn that throws on a later dense leaf leaves the lazy stack as it was (it was applied during the visit)
+BOOST_AUTO_TEST_CASE(an_apply_that_a_later_leaf_refuses_leaves_a_lazy_stack_below_as_it_was) {
+  TensorDict member(Dict{{"f", at::full({2}, kSentinel)}}, {});
+  TensorDict td(BatchSize{2});
+  td.set("l", lazy_stack({member, member.clone()}, 0));
+  td.set("b", at::full({2, 3}, 7, at::kLong));
+  auto fn = [](const at::Tensor& t) {
+    if (t.scalar_type() == at::kLong) throw std::runtime_error("refused");
+    return t * 2;
+  };
+  BOOST_CHECK_THROW(td.apply_(fn), std::exception);
+  BOOST_TEST(at::equal(td.get(NestedKey({"l", "f"})), at::full({2, 2}, kSentinel)));
+  BOOST_TEST(at::equal(td.get("b"), at::full({2, 3}, 7, at::kLong)));
+  td.del("b");
+  td.apply_(fn);
+  BOOST_TEST(at::equal(td.get(NestedKey({"l", "f"})), at::full({2, 2}, 2 * kSentinel)));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
