@@ -275,6 +275,8 @@ static void inplace_items(const TensorDict& self, const TensorDict& other, const
       inplace_items(self.get_td(NestedKey(kv.first)), kv.second.tensordict(), o, full, out);
     } else if (!kv.second.is_tensordict()) {
       out.emplace_back(full, kv.second);
+    } else {  // a TensorDict into a tensor or a non-tensor: the write's own refusal, before anything is written
+      throw TypeError("in-place write of a TensorDict into " + std::string(mine->kind == EntryMeta::Kind::Tensor ? "tensor " : "non-tensor ") + full.repr());
     }
   }
 }

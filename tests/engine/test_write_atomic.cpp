@@ -253,8 +253,12 @@ BOOST_AUTO_TEST_CASE(an_in_place_update_that_one_key_refuses_writes_nothing) {
   BOOST_CHECK_THROW(td.update_at_(at_rows, {Slice(0, 2)}), Error);
   BOOST_CHECK_THROW(td.update_at_(at_rows, {at::tensor({0, 3}, at::kLong)}), Error);
   BOOST_TEST(unchanged(td) == "", unchanged(td));
-  // update(inplace) checks the leaves it writes in place the same way
+  // update(inplace) checks the leaves it writes in place the same way, and a TensorDict into a tensor key
   BOOST_CHECK_THROW(td.update(other, UpdateOptions().inplace(true)), BatchSizeError);
+  BOOST_TEST(unchanged(td) == "", unchanged(td));
+  TensorDict td_into_leaf(Dict{{"a", at::ones({5, 4})}}, {5});
+  td_into_leaf.set("b", TensorDict(Dict{{"q", at::ones({5})}}, {5}));
+  BOOST_CHECK_THROW(td.update(td_into_leaf, UpdateOptions().inplace(true)), TypeError);
   BOOST_TEST(unchanged(td) == "", unchanged(td));
   // what fits is written, broadcast as copy_ does
   td.update_(TensorDict(Dict{{"a", at::ones({5, 1})}}, {5}));
