@@ -294,7 +294,8 @@ void check_source(const ResolvedIndex& index, const BatchSize& level, const std:
 
 std::shared_ptr<Node> RemoteNode::index_at(const ResolvedIndex& index) const {
   if (dense_) return dense_level().node()->index_at(index);  // views of the storage, as the snapshot's
-  check_source(index, tree_->batch_of(path_), "index_at");
+  // the level's batch this node resolves over (its own, or its index's source): no snapshot on the row read path
+  check_source(index, index_ ? index_->source_batch() : batch_size, "index_at");
   auto n = std::make_shared<RemoteNode>(tree_, path_, index);
   n->locked = locked;
   return n;

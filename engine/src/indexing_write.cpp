@@ -73,9 +73,8 @@ bool memcpy_ok(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
   return !v.is_alias_of(dst);  // possible overlap: let torch sort it out
 }
 
-//! dst[row(s)] = v as memcpy when memcpy_ok; false when the general path must do it
-bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
-  if (!memcpy_ok(dst, v, p)) return false;
+//! dst[row(s)] = v as memcpy, memcpy_ok being true
+void copy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
   const bool one = p.kind == Prepared::Kind::Int;
   const int64_t rows = one ? 1 : p.sl.length;
   const int64_t start = one ? p.i : p.sl.start;
@@ -108,6 +107,12 @@ bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) 
     }
   }
   dst.unsafeGetTensorImpl()->bump_version();
+}
+
+//! dst[row(s)] = v as memcpy when memcpy_ok; false when the general path must do it
+bool memcpy_rows(const at::Tensor& dst, const at::Tensor& v, const Prepared& p) {
+  if (!memcpy_ok(dst, v, p)) return false;
+  copy_rows(dst, v, p);
   return true;
 }
 
@@ -202,6 +207,7 @@ struct LeafWrite {
   at::Tensor dst;
   at::Tensor v;  //!< undefined for a scalar fill
   std::string key;
+  bool memcpy = false;  //!< memcpy_ok held when it was verified: copied without checking again
 };
 
 //! a sub-TensorDict of another node kind (a lazy stack or a store below a dense TensorDict): it writes itself
@@ -241,7 +247,7 @@ struct WritePlan {
   void run();
 
  private:
-  bool verified(const LeafWrite& w);
+  bool verified(LeafWrite& w);
   bool dry_run(const LeafWrite& w) const;
   void put(const LeafWrite& w) const;
 };
@@ -273,7 +279,7 @@ bool scalar_fits(const at::Scalar& s, at::ScalarType dtype) {
   }
 }
 
-bool WritePlan::verified(const LeafWrite& w) {
+bool WritePlan::verified(LeafWrite& w) {
   const at::Tensor& t = w.dst;
   // torch's copy_ would write (or read) past the storage: refused before anything is written
   for (const at::Tensor* x : {&w.dst, &w.v}) {
@@ -296,7 +302,7 @@ bool WritePlan::verified(const LeafWrite& w) {
     }
     return false;
   }
-  if (memcpy_ok(t, w.v, p)) return true;
+  if (memcpy_ok(t, w.v, p)) return w.memcpy = true;
   if (p.kind == Prepared::Kind::Take && writable_in_place(t))
     return take_write_checks(t, &w.v, p.take.numel(), max_take_row());
   return false;
@@ -331,6 +337,10 @@ bool WritePlan::dry_run(const LeafWrite& w) const {
 }
 
 void WritePlan::put(const LeafWrite& w) const {
+  if (w.memcpy) {  // checked when planned
+    copy_rows(w.dst, w.v, p);
+    return;
+  }
   if (!scalar) return put_leaf(w.dst, w.v, p, w.key);
   try {
     p.fill(w.dst, *scalar);

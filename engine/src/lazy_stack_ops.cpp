@@ -44,32 +44,6 @@ void LazyStackNode::set_entry(const NestedKey& key, const Entry& value, bool inp
 }
 
 namespace {
-//! an in-place op run member by member (upstream's order): a member that refuses it (a fn that throws, another
-//! member's shape) puts the members before it back from copies taken before each (the last keeps none): the
-//! project's rule, nothing half-written survives a failure. `save(m)` copies what op changes, `restore(m, copy)`
-//! puts it back
-template <class Save, class Op, class Restore>
-void on_each_member(std::vector<TensorDict>& members, Save save, Op op, Restore restore) {
-  std::vector<TensorDict> saved;
-  saved.reserve(members.size());
-  size_t done = 0;
-  try {
-    for (auto& m : members) {
-      if (done + 1 < members.size()) saved.push_back(save(m));
-      op(m);
-      ++done;
-    }
-  } catch (...) {
-    for (size_t i = done; i-- > 0;) {
-      try {
-        restore(members[i], saved[i]);
-      } catch (...) {  // the member refuses its own values back: nothing more to do
-      }
-    }
-    throw;
-  }
-}
-
 //! torch's rule for x.add_(s) / x.mul_(s), on every member's leaves before any is written: the result type must
 //! be castable to the leaf's dtype (an int leaf times 0.5 is refused). From the metadata, one check per dtype
 void check_scalar_on_members(const std::vector<TensorDict>& members, const at::Scalar& s, const char* op) {
@@ -88,14 +62,12 @@ void check_scalar_on_members(const std::vector<TensorDict>& members, const at::S
   }
 }
 
-TensorDict copy_of(const TensorDict& m) { return m.clone(); }
-void put_back(TensorDict& m, const TensorDict& copy) { m.update_(copy); }
 }  // namespace
 
 void LazyStackNode::rename_key(TensorDict&, const NestedKey& old_key, const NestedKey& new_key, bool safe) {
   detail::check_node_unlocked(*this);
   // a member that refuses (the new name taken with safe, the old one missing) renames the members before it back
-  on_each_member(
+  detail::on_each_member(
       members, [](const TensorDict&) { return TensorDict(); },
       [&](TensorDict& m) { m.rename_key_(old_key, new_key, RenameOptions().safe(safe)); },
       [&](TensorDict& m, const TensorDict&) { m.rename_key_(new_key, old_key); });
@@ -104,7 +76,7 @@ void LazyStackNode::rename_key(TensorDict&, const NestedKey& old_key, const Nest
 void LazyStackNode::clear(TensorDict&) { not_dense(*this); }
 
 void LazyStackNode::fill(TensorDict&, const NestedKey& key, const at::Scalar& value) {
-  on_each_member(
+  detail::on_each_member(
       members,
       [&](const TensorDict& m) {
         TensorDict copy(m.batch_size(), m.device());
@@ -188,7 +160,7 @@ TensorDict LazyStackNode::apply(const TensorDict&, const MultiLeafFn&, const std
 }
 
 void LazyStackNode::apply_(TensorDict&, const LeafFn& fn) {
-  on_each_member(members, copy_of, [&](TensorDict& m) { m.apply_(fn); }, put_back);
+  detail::on_each_or_put_back(members, [&](TensorDict& m) { m.apply_(fn); });
 }
 
 void LazyStackNode::apply_(TensorDict&, const MultiLeafFn&, const std::vector<TensorDict>&) { not_dense(*this); }
@@ -209,7 +181,7 @@ void LazyStackNode::add_(TensorDict& self, const TensorDict& other) {
                          ", the lazy stack " + detail::shape_str(self.batch_size()));
   }
   size_t i = 0;
-  on_each_member(members, copy_of, [&](TensorDict& m) { m.add_(parts[i++]); }, put_back);
+  detail::on_each_or_put_back(members, [&](TensorDict& m) { m.add_(parts[i++]); });
 }
 
 void LazyStackNode::add_(TensorDict&, const at::Scalar& other) {

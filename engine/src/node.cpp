@@ -213,22 +213,16 @@ void Node::update_entry(const NestedKey& key, const Entry& value) {
   if (!m) throw KeyError("key " + key.repr() + " not found in tensordict, call td.set(key, value) to add a new key");
   // in place, as a dense leaf's copy_: the value broadcast to the leaf's shape and converted to its dtype, never
   // a replacement of another shape or dtype (a store's put replaces a key whose value differs: set_ did that)
+  detail::check_copy_into(*m, value, key);
   if (m->kind == EntryMeta::Kind::Tensor) {
-    if (!value.is_tensor()) {
-      throw TypeError("in-place write of a " + std::string(Entry::kind_name(value.kind())) + " into tensor " +
-                      key.repr());
-    }
     const at::Tensor& v = value.tensor();
     if (!v.sizes().equals(m->shape) || v.scalar_type() != m->dtype) {
-      if (std::find(m->shape.begin(), m->shape.end(), -1) != m->shape.end() || !at::is_expandable_to(v.sizes(), m->shape)) {
+      if (std::find(m->shape.begin(), m->shape.end(), -1) != m->shape.end()) {  // ragged: no shape to expand to
         throw BatchSizeError("cannot copy a value of shape " + detail::shape_str(v.sizes()) + " into " + key.repr() +
                              " of shape " + detail::shape_str(m->shape));
       }
       return put(key.back(), Entry(v.to(m->dtype).expand(m->shape)));
     }
-  } else if (m->is_tensordict() && !value.is_tensordict() && !value.is_dict()) {
-    throw TypeError("in-place write of a " + std::string(Entry::kind_name(value.kind())) + " into TensorDict " +
-                    key.repr());
   }
   put(key.back(), value);  // an existing key is written in place
 }

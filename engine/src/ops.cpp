@@ -201,8 +201,7 @@ struct ApplyVisitor : tree::RebuildVisitor {
   std::optional<TensorDict> other_node(const tree::KeyPath&, const TensorDict& sub, const BatchSize&,
                                        const tree::Matched&) {
     TensorDict child = sub;
-    if (c.inplace) {
-      if (!c.unary) throw NotImplementedError(std::string(c.op) + " with other TensorDicts over a " + child.node()->type_name());
+    if (c.inplace) {  // reached with a unary fn only (descend: other TensorDicts walk into the sub-node)
       c.deferred.push_back(child);
       return child;
     }
@@ -296,25 +295,9 @@ void commit_writes(ApplyCall& c) {
   }
   for (const auto& w : c.writes)  // a memmap leaf: a full disk is a BackendError, not a SIGBUS, before any write
     if (!std::get<1>(w).is_same(std::get<2>(w))) backends::reserve_for_store(std::get<1>(w));
-  // the other node kinds below apply fn now; one that refuses puts the ones before it back (each but the last
-  // copied first: the dense writes after them cannot fail once checked and reserved)
-  std::vector<TensorDict> saved;
-  size_t done = 0;
-  try {
-    for (TensorDict& sub : c.deferred) {
-      if (done + 1 < c.deferred.size()) saved.push_back(sub.clone());
-      sub.apply_(*c.unary);
-      ++done;
-    }
-  } catch (...) {
-    for (size_t i = done; i-- > 0;) {
-      try {
-        c.deferred[i].update_(saved[i]);
-      } catch (...) {  // the sub-TensorDict refuses its own values back: nothing more to do
-      }
-    }
-    throw;
-  }
+  // the other node kinds below apply fn now; one that refuses puts the ones before it back (the dense writes after
+  // them cannot fail once checked and reserved)
+  detail::on_each_or_put_back(c.deferred, [&](TensorDict& sub) { sub.apply_(*c.unary); });
   for (const auto& w : c.writes) {
     const at::Tensor& dest = std::get<1>(w);
     const at::Tensor& value = std::get<2>(w);

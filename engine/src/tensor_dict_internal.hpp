@@ -182,7 +182,43 @@ int64_t prod(at::IntArrayRef shape);
 int64_t normalize_dim(int64_t dim, int64_t ndim, bool allow_end = false);
 
 //! a new TensorDict with the same device (and no keys) and the given batch size
+//! an in-place op run over several TensorDicts in turn (a lazy stack's members, upstream's order; the sub-TensorDicts
+//! of other node kinds apply_ reaches): one that refuses it (a fn that throws, another shape) puts the ones before it back from copies taken before each (the last keeps none): the
+//! project's rule, nothing half-written survives a failure. `save(m)` copies what op changes, `restore(m, copy)`
+//! puts it back
+template <class Save, class Op, class Restore>
+void on_each_member(std::vector<TensorDict>& members, Save save, Op op, Restore restore) {
+  std::vector<TensorDict> saved;
+  saved.reserve(members.size());
+  size_t done = 0;
+  try {
+    for (auto& m : members) {
+      if (done + 1 < members.size()) saved.push_back(save(m));
+      op(m);
+      ++done;
+    }
+  } catch (...) {
+    for (size_t i = done; i-- > 0;) {
+      try {
+        restore(members[i], saved[i]);
+      } catch (...) {  // the member refuses its own values back: nothing more to do
+      }
+    }
+    throw;
+  }
+}
+
+//! on_each_member with whole copies: clone() before, update_() to put back
+template <class Op>
+void on_each_or_put_back(std::vector<TensorDict>& tds, Op op) {
+  on_each_member(
+      tds, [](const TensorDict& t) { return t.clone(); }, op, [](TensorDict& t, const TensorDict& copy) { t.update_(copy); });
+}
+
 TensorDict make_empty(const TensorDictImpl& like, BatchSize batch_size);
+//! `value` can be written in place into the key `m` describes: its kind, and a tensor broadcast to the key's shape
+//! (a shape with -1, a lazy stack's ragged dim, is not checked): TypeError / BatchSizeError otherwise
+void check_copy_into(const EntryMeta& m, const Entry& value, const NestedKey& key);
 //! leaf[index] = value for each (leaf, value, key) of a TensorDict of `batch`, planned as td[idx] = value is
 //! (indexing_write.cpp): nothing is written when one of them refuses
 void put_leaves_at(const BatchSize& batch, const Index& index,

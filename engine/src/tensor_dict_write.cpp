@@ -194,8 +194,9 @@ TensorDict& TensorDict::set_non_tensor(const NestedKey& key, const JsonValue& va
   return set(key, Entry(value));
 }
 
-//! what update() replaced or added in dense levels, to put back when a later key is refused (a batch size that
-//! does not fit, a locked sub-TensorDict): the entries themselves, no data copied (set replaces an entry)
+//! what update() replaced or added, to put back when a later key is refused (a batch size that does not fit, a
+//! locked sub-TensorDict): each level's node puts the previous entry back or erases the added key (a dense level
+//! swaps the entries, no data copied; a store writes the values it read back)
 struct UpdateUndo {
   struct Step {
     std::shared_ptr<Node> level;
@@ -205,17 +206,17 @@ struct UpdateUndo {
   std::vector<Step> steps;
 
   void record(const TensorDict& level, const std::string& key, const std::optional<Entry>& previous) {
-    if (level.node()->dense_node()) steps.push_back({level.node(), key, previous});
+    steps.push_back({level.node(), key, previous});
   }
   void rollback() noexcept {
     for (size_t i = steps.size(); i-- > 0;) {
-      auto* impl = const_cast<TensorDictImpl*>(steps[i].level->dense_node());
-      if (Entry* e = impl->find(steps[i].key)) {
+      try {
         if (steps[i].previous) {
-          *e = *steps[i].previous;
+          steps[i].level->put(steps[i].key, *steps[i].previous);
         } else {
-          impl->erase_entry(steps[i].key);
+          steps[i].level->erase(steps[i].key);
         }
+      } catch (...) {  // the level refuses its own entry back (closed meanwhile): nothing more to do
       }
     }
   }
@@ -224,6 +225,23 @@ struct UpdateUndo {
 //! every value of an in-place update fits its key before any is written (the project's rule: a later key that
 //! does not fit left the earlier ones written): a tensor into a tensor, broadcast to its shape as copy_ does; a
 //! non-tensor into a non-tensor. From the keys' metadata (no read)
+void detail::check_copy_into(const EntryMeta& m, const Entry& v, const NestedKey& k) {
+  if (m.kind == EntryMeta::Kind::Tensor) {
+    if (!v.is_tensor()) {
+      throw TypeError("in-place write of a " + std::string(Entry::kind_name(v.kind())) + " into tensor " + k.repr());
+    }
+    if (std::find(m.shape.begin(), m.shape.end(), -1) == m.shape.end() &&
+        !at::is_expandable_to(v.tensor().sizes(), m.shape)) {
+      throw BatchSizeError("cannot copy a value of shape " + shape_str(v.tensor().sizes()) + " into " + k.repr() +
+                           " of shape " + shape_str(m.shape));
+    }
+  } else if (m.kind == EntryMeta::Kind::NonTensor && !v.is_non_tensor()) {
+    throw TypeError("in-place write of a " + std::string(Entry::kind_name(v.kind())) + " into non-tensor " + k.repr());
+  } else if (m.is_tensordict() && !v.is_tensordict() && !v.is_dict()) {
+    throw TypeError("in-place write of a " + std::string(Entry::kind_name(v.kind())) + " into TensorDict " + k.repr());
+  }
+}
+
 static void check_in_place_values(const TensorDict& self, const std::vector<std::pair<NestedKey, Entry>>& items) {
   std::unordered_map<std::string, EntryMeta> metas;
   for (auto& [k, m] : detail::key_metas(self, KeysOptions().include_nested(true).leaves_only(true).non_tensor_leaves(true)))
@@ -232,24 +250,15 @@ static void check_in_place_values(const TensorDict& self, const std::vector<std:
     const auto it = metas.find(k.repr());
     if (it == metas.end()) continue;  // the write reports it
     const EntryMeta& m = it->second;
-    if (m.kind == EntryMeta::Kind::Tensor) {
-      if (!v.is_tensor()) {
-        throw TypeError("in-place write of a " + std::string(Entry::kind_name(v.kind())) + " into tensor " + k.repr());
-      }
+    if (m.kind == EntryMeta::Kind::Tensor && v.is_tensor()) {
       const at::IntArrayRef vs = v.tensor().sizes();
       const BatchSize& batch = self.batch_size();
       if (vs.size() < batch.size() || !std::equal(batch.begin(), batch.end(), vs.begin())) {  // set_'s own rule
         throw BatchSizeError("batch dimension mismatch, got self.batch_size=" + shape_str(batch) +
                              " and value.shape=" + shape_str(vs) + " (key " + k.repr() + ")");
       }
-      if (std::find(m.shape.begin(), m.shape.end(), -1) == m.shape.end() &&
-          !at::is_expandable_to(v.tensor().sizes(), m.shape)) {
-        throw BatchSizeError("cannot copy a value of shape " + shape_str(v.tensor().sizes()) + " into " + k.repr() +
-                             " of shape " + shape_str(m.shape));
-      }
-    } else if (m.kind == EntryMeta::Kind::NonTensor && !v.is_non_tensor()) {
-      throw TypeError("in-place write of a tensor into non-tensor " + k.repr());
     }
+    detail::check_copy_into(m, v, k);
   }
 }
 

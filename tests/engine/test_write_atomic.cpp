@@ -378,6 +378,13 @@ BOOST_AUTO_TEST_CASE(an_apply_that_a_later_leaf_refuses_leaves_a_lazy_stack_belo
   td.del("b");
   td.apply_(fn);
   BOOST_TEST(at::equal(td.get(NestedKey({"l", "f"})), at::full({2, 2}, 2 * kSentinel)));
+  // apply_ with other TensorDicts over a lazy stack is refused (as the lazy stack's own apply_ with others), and
+  // before anything is written
+  td.set("d", at::zeros({2}));
+  const TensorDict other = td.clone();
+  BOOST_CHECK_THROW(td.apply_([](const std::vector<at::Tensor>& ts) { return ts[0] + ts[1]; }, {other}),
+                    NotImplementedError);
+  BOOST_TEST(at::equal(td.get("d"), at::zeros({2})));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
