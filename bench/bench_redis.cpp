@@ -374,6 +374,8 @@ Json bench_replay(int port) {
   // TD_BENCH_ONLY=behind: the write-behind fills alone (for a profiler)
   const char* only = std::getenv("TD_BENCH_ONLY");
   const bool only_behind = only && std::string(only) == "behind";
+  // TD_BENCH_ONLY=sync: the synchronous fills and the raw round trips alone (no write-behind, ceiling, sample)
+  const bool only_sync = only && std::string(only) == "sync";
   // (a) 4 threads, a handle each (from_store)
   if (!only_behind) {
     TensorDictStore buf = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port));
@@ -414,12 +416,13 @@ Json bench_replay(int port) {
         .num("shared_handle_batches", batches, 0)
         .num("shared_handle_calls_per_batch", batches > 0 ? calls / batches : 0, 2)
         .num("shared_handle_largest_batch", static_cast<double>(st.largest), 0)
+        .num("shared_handle_lane_calls", static_cast<double>(st.lane_calls - before.lane_calls), 0)
         .num("shared_handle_verified", verify(buf) ? 1 : 0, 0);
   }
   // (e) write-behind (RedisOptions::write_behind): the same two fills with writes that return once queued, the
   // store actor sending what waits as one pipeline; the time includes flush_writes() (every row on the server)
   double behind_own = 0, behind_shared = 0;
-  {
+  if (!only_sync) {
     const RedisOptions wb = options(port).write_behind(4096);
     TensorDictStore own = TensorDictStore::from_schema(replay_schema(), {kReplayRows}, options(port));
     std::vector<TensorDictStore> handles;
@@ -524,7 +527,7 @@ Json bench_replay(int port) {
   }
   // (d) the server's ceiling (issue 38): 4 threads, a connection each, our commands per row (MULTI, one
   // SETRANGE per leaf, EXEC) pipelined kDepth rows deep before the replies are read
-  if (!only_behind) {
+  if (!only_behind && !only_sync) {
     constexpr int64_t kDepth = 64;
     auto fill = raw_fill();
     const size_t replies_per_row = leaves.size() + 2;  // +OK, +QUEUED per leaf, the EXEC array
@@ -551,7 +554,7 @@ Json bench_replay(int port) {
     fill->buf.clear_redis();
   }
   // sample 256 random rows from the filled buffer vs the raw Lua gather
-  if (!only_behind) {
+  if (!only_behind && !only_sync) {
     Raw raw(port);
     const std::string sha = raw.load_script(kLuaGetRanges);
     at::Tensor rows = at::randint(0, kReplayRows, {256}, at::kLong);
@@ -589,7 +592,7 @@ int main() {
     const char* only = std::getenv("TD_BENCH_ONLY");
     const std::string part = only ? only : "";
     if (part.empty() || part == "rows") out.obj("rows", bench_rows(server.port()));
-    if (part.empty() || part == "replay" || part == "behind") out.obj("replay", bench_replay(server.port()));
+    if (part.empty() || part == "replay" || part == "behind" || part == "sync") out.obj("replay", bench_replay(server.port()));
     std::printf("%s\n", out.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_redis: %s\n", e.what());

@@ -95,6 +95,21 @@ struct StoreCallState {
   leaf_call* calls = nullptr;  //!< the registered calls (leaf_call::reg_next), failed by fail_all
   StoreClient::BatchStats stats;
 
+  //! a lane: another connection to the store (LeafStore::lane_opener), on which a synchronous read or write that
+  //! finds the store held runs at once, on its caller's thread, instead of waiting for the holder's round trip.
+  //! Its call never waits for anything while it holds `mu` (a structural call takes every lane's `mu`)
+  struct Lane {
+    std::mutex mu;
+    std::shared_ptr<backends::LeafStore> store;  //!< opened on first use (under mu)
+    uint64_t structure = 0;                      //!< the structure_version its store's cache is valid for
+  };
+  std::vector<std::unique_ptr<Lane>> lanes;  //!< fixed when the client starts (config store.lanes)
+  std::function<std::shared_ptr<backends::LeafStore>()> open_lane;
+  std::atomic<bool> lanes_usable{true};      //!< false once a lane could not be opened (logged once)
+  //! bumped by every structural call (Op::Run), which runs with every lane idle: a lane's store forgets its
+  //! cached structure before its next call
+  std::atomic<uint64_t> structure_version{0};
+
   ~StoreCallState() {
     while (calls) unlink(*calls);  // what is still registered holds itself (leaf_call::self): let it go
   }
@@ -145,9 +160,10 @@ struct StoreCallState {
     }
     for (const auto& c : pending_calls) c->reply.set_error({ErrorCode::Backend, why, -1});
   }
-  void count(int64_t n) {
+  void count(int64_t n, bool lane = false) {
     std::lock_guard<std::mutex> lock(mu);
     stats.calls += n;
+    if (lane) stats.lane_calls += n;
     stats.batches += 1;
     stats.largest = std::max(stats.largest, n);
   }
@@ -237,6 +253,52 @@ struct StoreCallState {
   }
   static constexpr size_t kMaxBatch = 256;
 
+  //! a synchronous read or write that found the store held runs on a free lane, on this thread, at once; false
+  //! when every lane is busy (or none can be opened): the call then waits for the holder
+  bool run_on_lane(leaf_call& c) {
+    if (!lanes_usable.load(std::memory_order_acquire)) return false;
+    for (auto& lp : lanes) {
+      Lane& l = *lp;
+      std::unique_lock<std::mutex> lock(l.mu, std::try_to_lock);
+      if (!lock.owns_lock()) continue;
+      check_alive();
+      const uint64_t now = structure_version.load(std::memory_order_acquire);
+      if (!l.store) {
+        try {
+          l.store = open_lane();
+        } catch (const std::exception& e) {
+          // the server may refuse more clients: the calls share the one connection, as without lanes
+          if (lanes_usable.exchange(false))
+            logger()->warn("store: {}: no second connection ({}); calls wait for the first", describe, e.what());
+          return false;
+        }
+        if (!l.store) {
+          lanes_usable.store(false, std::memory_order_release);
+          return false;
+        }
+      } else if (l.structure != now) {
+        l.store->forget_structure();
+      }
+      l.structure = now;
+      run_on(c, *l.store, /*lane=*/true);
+      return true;
+    }
+    return false;
+  }
+  //! closes the lanes' connections (the store is closed; a later call fails at check_alive)
+  void close_lanes() {
+    for (auto& l : lanes) {
+      std::lock_guard<std::mutex> lock(l->mu);
+      if (!l->store) continue;
+      try {
+        l->store->close();
+      } catch (const std::exception& e) {
+        logger()->warn("store: {}: closing a lane: {}", describe, e.what());
+      }
+      l->store.reset();
+    }
+  }
+
  private:
   //! takes a registered call out of `calls` (mu held); the caller holds another reference to it
   void unlink(leaf_call& c) {
@@ -247,22 +309,36 @@ struct StoreCallState {
     c.self.reset();
   }
 
-  void run_one(leaf_call& c) {
+  void run_one(leaf_call& c) { run_on(c, *store); }
+
+ public:
+  //! runs `c` on `on` (the store, store_mu held; or a lane's store, its mu held) and sets its reply. A
+  //! structural call (Op::Run) takes every lane first: it never runs beside a lane's call, and the lanes forget
+  //! their cached structure afterwards
+  void run_on(leaf_call& c, backends::LeafStore& on, bool lane = false) {
     try {
       switch (c.op) {
         case leaf_call::Op::Read: {
-          std::vector<at::Tensor> out = store->read(c.reads);
-          count(1);
+          std::vector<at::Tensor> out = on.read(c.reads);
+          count(1, lane);
           c.reply.set_value(std::move(out));
           return;
         }
         case leaf_call::Op::Write:
-          store->write(c.writes);
-          count(1);
+          on.write(c.writes);
+          count(1, lane);
           break;
-        case leaf_call::Op::Run:
-          c.fn(*store);
+        case leaf_call::Op::Run: {
+          std::vector<std::unique_lock<std::mutex>> idle;
+          idle.reserve(lanes.size());
+          for (auto& l : lanes) idle.emplace_back(l->mu);
+          struct Bump {
+            std::atomic<uint64_t>& v;
+            ~Bump() { v.fetch_add(1, std::memory_order_acq_rel); }
+          } bump{structure_version};
+          c.fn(on);
           break;
+        }
       }
       c.reply.set_value({});
     } catch (...) {
@@ -589,6 +665,13 @@ std::shared_ptr<StoreClient> StoreClient::spawn(std::shared_ptr<Runtime> rt, std
   c->impl_->st->describe = c->describe_;
   c->impl_->st->store = store;
   const Config& cfg = c->impl_->rt->config();
+  if (cfg.store_lanes > 0) {
+    if (auto opener = store->lane_opener()) {
+      c->impl_->st->open_lane = std::move(opener);
+      for (int64_t i = 0; i < cfg.store_lanes; ++i)
+        c->impl_->st->lanes.push_back(std::make_unique<StoreCallState::Lane>());
+    }
+  }
   caf::actor a = c->impl_->rt->system().spawn<StoreActor>(std::chrono::microseconds(cfg.actor_spin_us),
                                                           std::chrono::microseconds(cfg.store_linger_us),
                                                           std::move(store), dense, c->token_, c->impl_->st);
@@ -667,7 +750,9 @@ void StoreClient::Impl::send(const leaf_call_ptr& call) {
       return;
     }
   }
-  // busy: wait in `pending` for the holder (or the actor) to run it
+  // busy: a read or write runs on a free lane (another connection) at once
+  if (call->op != leaf_call::Op::Run && !st.lanes.empty() && st.run_on_lane(*call)) return;
+  // else it waits in `pending` for the holder (or the actor) to run it
   std::string why;
   caf::actor to;
   if (!st.begin(call, &why, &to)) throw BackendError(why);
@@ -864,6 +949,7 @@ void StoreClient::close() {
     err = std::current_exception();
   }
   st.fail_all(describe_ + " is closed");
+  st.close_lanes();
   caf::actor a;
   {
     std::lock_guard<std::mutex> lock(st.mu);

@@ -168,7 +168,7 @@ std::string PersistentTensorDict::group() const {
 
 PersistentTensorDict::StoreStats PersistentTensorDict::store_stats() const {
   auto s = node_of(*this).tree()->client()->batch_stats();
-  return StoreStats{s.calls, s.batches, s.largest};
+  return StoreStats{s.calls, s.batches, s.largest, s.lane_calls};
 }
 
 void PersistentTensorDict::close() const { node_of(*this).tree()->client()->close(); }

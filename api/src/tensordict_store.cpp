@@ -385,7 +385,7 @@ void TensorDictStore::clear_redis() const {
 
 TensorDictStore::StoreStats TensorDictStore::store_stats() const {
   auto s = node_of(*this).tree()->client()->batch_stats();
-  return StoreStats{s.calls, s.batches, s.largest};
+  return StoreStats{s.calls, s.batches, s.largest, s.lane_calls};
 }
 
 namespace detail {

@@ -78,6 +78,11 @@ RedisClient& RedisStore::client() const {
 
 void RedisStore::close() { client_.reset(); }
 
+std::function<std::shared_ptr<LeafStore>()> RedisStore::lane_opener() const {
+  check_open();
+  return [options = options_] { return std::make_shared<RedisStore>(options); };
+}
+
 JsonValue RedisStore::spec_fields() const {
   return JsonValue::object({{"host", options_.host()},
                             {"port", options_.port()},

@@ -17,6 +17,8 @@
 #include "tensordict/actors/store_client.hpp"
 #include "tensordict/actors/runtime.hpp"
 #include "tensordict/backends/h5_store.hpp"
+#include "tensordict/backends/redis_store.hpp"
+#include "redis_server.hpp"
 #include "tensordict/config.hpp"
 #include "tensordict/errors.hpp"
 
@@ -89,9 +91,93 @@ be::LeafWrite row_write(int64_t r, at::Tensor v) {
   return w;
 }
 
+//! gates on the writes of a Redis store's connections: [0] the store's own, then its lanes in the order they open.
+//! A closed gate holds the writes that reach it until it opens (bounded: 30 s)
+struct Gates {
+  static constexpr size_t kMax = 8;
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t opened = 0;  // connections made so far
+  bool closed[kMax] = {};
+  int held[kMax] = {};
+  void set(size_t i, bool close) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      closed[i] = close;
+    }
+    cv.notify_all();
+  }
+  //! waits (bounded) until `n` writes are held at gate i
+  bool holds(size_t i, int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(20), [&] { return held[i] == n; });
+  }
+};
+
+//! a real Redis store (its own connection) whose writes pass a gate first; its lanes are such stores too
+class GatedRedisStore : public be::RedisStore {
+ public:
+  GatedRedisStore(const be::RedisOptions& o, std::shared_ptr<Gates> g) : RedisStore(o), gates_(std::move(g)) {
+    std::lock_guard<std::mutex> lock(gates_->mu);
+    index_ = std::min(gates_->opened++, Gates::kMax - 1);
+  }
+  void write(const std::vector<be::LeafWrite>& writes) override {
+    {
+      Gates& g = *gates_;
+      std::unique_lock<std::mutex> lock(g.mu);
+      if (g.closed[index_]) {
+        ++g.held[index_];
+        g.cv.notify_all();
+        g.cv.wait_for(lock, std::chrono::seconds(30), [&] { return !g.closed[index_]; });
+        --g.held[index_];
+      }
+    }
+    RedisStore::write(writes);
+  }
+  std::function<std::shared_ptr<be::LeafStore>()> lane_opener() const override {
+    return [o = options(), g = gates_] { return std::make_shared<GatedRedisStore>(o, g); };
+  }
+
+ private:
+  std::shared_ptr<Gates> gates_;
+  size_t index_ = 0;
+};
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(leaf_store_client)
+
+// a structural call (Op::Run) never runs beside a call on a lane: it waits until the lane's call is done (a lane
+// whose cached structure a concurrent change made stale could write a row at the old key's offsets after it)
+BOOST_AUTO_TEST_CASE(a_structural_call_waits_for_the_call_on_a_lane) {
+  testutil::RedisServer server;
+  auto rt = actors::Runtime::start(Config::load());
+  auto gates = std::make_shared<Gates>();
+  auto store = std::make_shared<GatedRedisStore>(be::RedisOptions().port(server.port()), gates);
+  store->create({"x"}, at::kFloat, {8, 3}, at::Tensor(), {});
+  auto client = actors::StoreClient::open(rt, store);
+  gates->set(0, true);
+  std::thread w1([&] { client->write({row_write(0, at::full({3}, 1.0f))}); });  // holds the store's connection
+  BOOST_TEST_REQUIRE(gates->holds(0, 1));
+  gates->set(1, true);
+  std::thread w2([&] { client->write({row_write(1, at::full({3}, 2.0f))}); });  // the store is busy: a lane
+  BOOST_TEST_REQUIRE(gates->holds(1, 1), "the second write runs on a lane");
+  gates->set(0, false);
+  w1.join();  // the store is free again; the lane's call is still in flight
+  std::atomic<bool> ran{false};
+  std::thread structural([&] { client->run([&](be::LeafStore& s) { ran.store(true); return s.list().size(); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const bool ran_beside_the_lane = ran.load();
+  gates->set(1, false);
+  w2.join();
+  structural.join();
+  BOOST_TEST(!ran_beside_the_lane, "the structural call waited for the lane's call");
+  BOOST_TEST(ran.load());
+  BOOST_TEST(client->batch_stats().lane_calls == 1);
+  at::Tensor got = client->read({be::LeafRead{{"x"}, false, {0, 1}}}).at(0);
+  BOOST_TEST(got.equal(at::stack({at::full({3}, 1.0f), at::full({3}, 2.0f)})));
+  client->close();
+}
 
 BOOST_AUTO_TEST_CASE(calls_that_wait_for_a_busy_store_become_one_store_call) {
   H5Client f(8);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <fstream>
 #include <sstream>
+#include <mutex>
 #include <thread>
 
 #include <boost/test/unit_test.hpp>
@@ -344,6 +345,123 @@ BOOST_AUTO_TEST_CASE(write_behind_rows_reach_the_server_before_close_and_bad_dep
   const std::string bad = error_of<ValueError>(
       [&] { TensorDictStore::from_schema(kReplaySchema, {4}, RedisOptions().port(server.port()).write_behind(-1)); });
   BOOST_TEST(has(bad, "write_behind must be 0"), bad);
+}
+
+namespace {
+//! the server's count of clients blocked (a write held by CLIENT PAUSE WRITE), read on `raw`
+int64_t blocked_clients(backends::RedisClient& raw) {
+  const std::string info = raw.command(backends::RedisCommand{"INFO", "clients"}).str;
+  const size_t at = info.find("blocked_clients:");
+  return at == std::string::npos ? -1 : std::stoll(info.substr(at + 16));
+}
+//! runs `call` on this thread while another thread's write of row 7's "id" through `buf` holds the handle's
+//! connection, held back by the server (CLIENT PAUSE WRITE); true when `call` returned before that write did
+template <class F>
+bool while_a_write_waits(TensorDictStore& buf, backends::RedisClient& raw, F&& call, bool* write_was_held) {
+  raw.command(backends::RedisCommand{"CLIENT", "PAUSE", "3000", "WRITE"});
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    try {
+      buf.index_put_({7}, TensorDict(Dict{{"id", at::full({}, 70, at::kLong)}}, {}));
+    } catch (...) {
+    }
+    done.store(true);
+  });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (blocked_clients(raw) < 1 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  *write_was_held = blocked_clients(raw) == 1 && !done.load();
+  std::exception_ptr error;  // raised once the writer is joined
+  try {
+    call();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const bool first = !done.load();
+  raw.command(backends::RedisCommand{"CLIENT", "UNPAUSE"});
+  writer.join();
+  if (error) std::rethrow_exception(error);
+  return first;
+}
+}  // namespace
+
+// a synchronous call that finds its handle's connection busy (here a write the server holds back) runs at once on
+// a lane, a second connection of the same handle (config store.lanes), instead of waiting for the first
+BOOST_AUTO_TEST_CASE(a_call_that_finds_the_connection_busy_runs_on_a_second_connection) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {100}, o);
+  BOOST_TEST(fill_rows(buf, 1, 0, 100) == 0);
+  BOOST_TEST(buf.store_stats().lane_calls == 0);  // one caller: the connection was never busy
+  backends::RedisClient raw = raw_client(o);
+  TensorDict row;
+  bool held = false;
+  const bool first = while_a_write_waits(buf, raw, [&] { row = buf.index({3}).to_tensordict(); }, &held);
+  BOOST_TEST_REQUIRE(held, "the write through the handle is held by the server");
+  BOOST_TEST(first, "the read returned while the write was held");
+  BOOST_TEST(row.get("id").item<int64_t>() == 3);
+  BOOST_TEST(row.get("obs").equal(at::full({8}, 3.0f)));
+  BOOST_TEST(buf.store_stats().lane_calls >= 1);
+  BOOST_TEST(buf.get("id")[7].item<int64_t>() == 70);  // the held write landed once the server let it
+}
+
+// a lane caches the structure like any connection: a key replaced through the handle (another shape) is read with
+// its new shape on the lane too
+BOOST_AUTO_TEST_CASE(a_second_connection_sees_a_key_replaced_through_its_handle) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {100}, o);
+  BOOST_TEST(fill_rows(buf, 1, 0, 100) == 0);
+  backends::RedisClient raw = raw_client(o);
+  TensorDict before, after;
+  bool held = false;
+  BOOST_TEST(while_a_write_waits(buf, raw, [&] { before = buf.index({3}).to_tensordict(); }, &held));
+  BOOST_TEST_REQUIRE(held);
+  BOOST_TEST(before.get("obs").equal(at::full({8}, 3.0f)));
+  const auto lane_calls = buf.store_stats().lane_calls;
+  BOOST_TEST(lane_calls >= 1);
+  const at::Tensor wide = at::arange(400, at::kFloat).reshape({100, 4});
+  buf.set("obs", wide);  // [100, 8] -> [100, 4]: a structural call
+  BOOST_TEST(while_a_write_waits(buf, raw, [&] { after = buf.index({3}).to_tensordict(); }, &held));
+  BOOST_TEST_REQUIRE(held);
+  BOOST_TEST(buf.store_stats().lane_calls > lane_calls, "the second read ran on the lane too");
+  BOOST_TEST(after.get("obs").sizes() == at::IntArrayRef({4}));
+  BOOST_TEST(after.get("obs").equal(wide[3]));
+}
+
+// many threads reading and writing rows through one handle (on its connection and its lanes) while the test's
+// thread adds and replaces keys: every call completes, every row lands
+BOOST_AUTO_TEST_CASE(rows_through_one_handle_beside_structural_calls) {
+  testutil::RedisServer server;
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {800}, RedisOptions().port(server.port()));
+  std::atomic<int> failures{0}, wrong{0};
+  std::mutex mu;
+  std::string first_error;
+  std::vector<std::thread> threads;
+  for (int p = 0; p < 6; ++p) {
+    threads.emplace_back([&, p] {
+      try {
+        for (int64_t r = p; r < 800; r += 6) {
+          buf.index_put_({r}, replay_row(r));
+          if (buf.index({r}).get("id").item<int64_t>() != r) wrong.fetch_add(1);  // "id" alone: "extra" changes
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (failures.fetch_add(1) == 0) first_error = e.what();
+      }
+    });
+  }
+  for (int k = 0; k < 20; ++k) {
+    buf.set("extra", at::full({800, 2}, static_cast<float>(k)));
+    buf.set("extra", at::full({800, 3}, static_cast<float>(k)));  // replaced: another shape
+  }
+  for (auto& t : threads) t.join();
+  BOOST_TEST(failures.load() == 0, first_error);
+  BOOST_TEST(wrong.load() == 0);
+  BOOST_TEST(holds_rows(buf.to_tensordict(), 800));
+  BOOST_TEST(buf.get("extra").equal(at::full({800, 3}, 19.0f)));
+  const auto st = buf.store_stats();
+  BOOST_TEST_MESSAGE("rows: " << st.calls << " calls in " << st.batches << " store calls, " << st.lane_calls << " on lanes");
 }
 
 BOOST_AUTO_TEST_CASE(lost_connection_fails_the_call_then_reconnects) {

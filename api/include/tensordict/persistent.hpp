@@ -78,6 +78,7 @@ class PersistentTensorDict : public TensorDict {
     int64_t calls = 0;
     int64_t batches = 0;
     int64_t largest = 0;
+    int64_t lane_calls = 0;  //!< of `calls`, those run on a second connection (Redis: config store.lanes)
   };
   StoreStats store_stats() const;
 };

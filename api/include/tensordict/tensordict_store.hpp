@@ -133,6 +133,7 @@ class TensorDictStore : public TensorDict {
     int64_t calls = 0;
     int64_t batches = 0;
     int64_t largest = 0;
+    int64_t lane_calls = 0;  //!< of `calls`, those run on a second connection (Redis: config store.lanes)
   };
   //! row reads / writes the store actor ran, and in how many pipelines (merged batches)
   StoreStats store_stats() const;

@@ -42,6 +42,9 @@ struct Config {
   //! store.max_key_bytes: the largest leaf a Store's add_key creates (remote clients included); 0: no limit
   //! beyond the free space of the file system (memmap) or of /dev/shm (shared), which is always checked
   int64_t store_max_key_bytes = 0;
+  //! store.lanes: extra connections a store with them (Redis) opens, on first need, for synchronous reads and
+  //! writes that find its connection busy (they run there at once instead of waiting for it); 0: none
+  int64_t store_lanes = 3;
   // log.*
   std::string log_level = "warn";
   int64_t request_timeout_ms = 30000;

@@ -205,6 +205,7 @@ class StoreClient {
     int64_t calls = 0;
     int64_t batches = 0;
     int64_t largest = 0;
+    int64_t lane_calls = 0;  //!< of `calls`, those run on a lane (another connection), one store call each
   };
   BatchStats batch_stats() const;
   //! calls waiting for the store right now (for tests and diagnostics)

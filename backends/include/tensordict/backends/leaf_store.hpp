@@ -13,6 +13,8 @@
 //! naming the file/key and the dataset), TypeError (a dtype the format cannot hold), BackendError (I/O,
 //! connection, locking), ValueError (read-only store written, bad shapes), NotImplementedError.
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -147,6 +149,14 @@ class LeafStore {
     for (const auto& info : list())
       if (info.path.size() == 1) erase(info.path);
   }
+
+  //! how to open a lane: another connection to the same storage, on which StoreClient runs a synchronous `read` /
+  //! `write` that finds this one busy (redis: a RedisStore of the same td_id). Empty (the default) for a store
+  //! without (one file handle, memory). Taken once when the store's client starts; the opener must not refer to
+  //! this store (it runs on other threads while this one is in use)
+  virtual std::function<std::shared_ptr<LeafStore>()> lane_opener() const { return {}; }
+  //! forgets what it cached about the structure (a lane, after a structural change made on another connection)
+  virtual void forget_structure() {}
 
   //! pushes buffered data to the storage (h5: H5Fflush)
   virtual void flush() = 0;

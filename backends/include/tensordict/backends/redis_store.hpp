@@ -133,6 +133,9 @@ class RedisStore : public LeafStore {
   void set_tensorclass(const std::string& class_path) override;
   //! erases every leaf, then __batch_size__, __device__ and __keys__ (upstream clear_redis)
   void clear() override;
+  //! a new RedisStore of the same options (td_id included): its own connection
+  std::function<std::shared_ptr<LeafStore>()> lane_opener() const override;
+  void forget_structure() override { invalidate_cache(); }
   //! the connection (tests; raw access for tools)
   RedisClient& client() const;
   //! forgets the cached metadata (m: hashes); the next access re-reads them
