@@ -12,6 +12,8 @@
 //!     commands per row (MULTI, a SETRANGE per leaf, EXEC) pipelined 64 rows deep from 4 connections (issue
 //!     38). Then a sample of 256 random rows against the raw Lua gather.
 //! Prints one JSON object (µs per call, medians of alternating samples); asserts nothing.
+#include <sys/resource.h>
+
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
@@ -338,6 +340,15 @@ TensorDict replay_values(int64_t n) {
                     {n});
 }
 
+//! this process's CPU time (user + system, all threads) in seconds
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+//! the CPU time this process spent in the last run_threads (the server's is not counted)
+double g_last_cpu_s = 0;
+
 double run_threads(int n, const std::function<void(int)>& body) {
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
@@ -349,10 +360,13 @@ double run_threads(int n, const std::function<void(int)>& body) {
       body(k);
     });
   while (ready.load() < n) std::this_thread::yield();
+  const double cpu0 = process_cpu_s();
   auto t0 = Clock::now();
   go.store(true);
   for (auto& t : ts) t.join();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  g_last_cpu_s = process_cpu_s() - cpu0;
+  return s;
 }
 
 Json bench_replay(int port) {
@@ -393,6 +407,7 @@ Json bench_replay(int port) {
     }
     own_rows_per_s = kReplayRows / s;
     j.num("own_handles_rows_per_s", own_rows_per_s, 0)
+        .num("own_handles_cpu_us_per_row", 1e6 * g_last_cpu_s / kReplayRows, 2)
         .num("own_handles_calls", static_cast<double>(calls), 0)
         .num("own_handles_batches", static_cast<double>(batches), 0)
         .num("own_handles_calls_per_batch", batches ? static_cast<double>(calls) / batches : 0, 2)
@@ -412,6 +427,7 @@ Json bench_replay(int port) {
     const double calls = static_cast<double>(st.calls - before.calls), batches = static_cast<double>(st.batches - before.batches);
     shared_rows_per_s = kReplayRows / s;
     j.num("shared_handle_rows_per_s", shared_rows_per_s, 0)
+        .num("shared_handle_cpu_us_per_row", 1e6 * g_last_cpu_s / kReplayRows, 2)
         .num("shared_handle_calls", calls, 0)
         .num("shared_handle_batches", batches, 0)
         .num("shared_handle_calls_per_batch", batches > 0 ? calls / batches : 0, 2)
@@ -515,6 +531,8 @@ Json bench_replay(int port) {
     });
     const double rate = kReplayRows / s;
     j.num(rate_key, rate, 0)
+        .num(rate_key.substr(0, rate_key.size() - std::string("rows_per_s").size()) + "cpu_us_per_row",
+             1e6 * g_last_cpu_s / kReplayRows, 2)
         .num(verified_key, verify(fill->buf) ? 1 : 0, 0)
         .num("own_handles_vs_" + vs, own_rows_per_s / rate, 2)
         .num("shared_handle_vs_" + vs, shared_rows_per_s / rate, 2);
