@@ -984,10 +984,14 @@ bool plan_row(const TensorDictImpl& dst, int64_t row, const TensorDictImpl& val,
   // it was (the general path reserves and copies leaf by leaf)
   for (const RowCopy& c : copies)
     if (c.mapped) backends::reserve_for_store(*c.dst_tensor, c.dst, static_cast<int64_t>(c.bytes));
-  for (const RowCopy& c : copies) {
-    std::memcpy(c.dst, c.src, c.bytes);
-    c.dst_tensor->unsafeGetTensorImpl()->bump_version();
-  }
+  // the version bumps first, then the copies: nothing after the reservation can fail, so no caller sees the order.
+  // A bump is a locked add, which waits until every earlier store has reached the cache: after each memcpy it
+  // waited for that leaf's row (lines fetched from memory in a 1.28 GB buffer), five times a row; first, the bumps
+  // wait once for the previous row's stores, which had this row's checks to drain, and this row's copies drain
+  // while the caller goes on. bench_core, 5 alternations each: the 1.28 GB refill 0.726-0.752x -> 0.783-0.815x its
+  // memcpy floor, in cache 0.40-0.42x -> 0.41-0.45x
+  for (const RowCopy& c : copies) c.dst_tensor->unsafeGetTensorImpl()->bump_version();
+  for (const RowCopy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
   return true;
 }
 }  // namespace
