@@ -41,6 +41,7 @@ BOOST_AUTO_TEST_CASE(embedded_default) {
   BOOST_TEST(c.map_torch_threads_per_worker == 1);
   BOOST_TEST(c.redis_port == 6379);
   BOOST_TEST(c.shm_prefix == "tensordict_");
+  BOOST_TEST(c.store_lanes == 3);
   BOOST_TEST(Config::load().to_json() == c.to_json());
   // to_json round-trips
   Config back = Config().overlay(c.to_json());
@@ -94,6 +95,8 @@ BOOST_AUTO_TEST_CASE(wrong_type_is_type_error) {
 BOOST_AUTO_TEST_CASE(bad_values_and_json) {
   std::string m = message_of<tensordict::ValueError>([] { Config::load(R"({"scheduler": {"threads": 0}})"); });
   BOOST_TEST(m.find("'scheduler.threads'") != std::string::npos, m);
+  m = message_of<tensordict::ValueError>([] { Config::load(R"({"store": {"lanes": -1}})"); });
+  BOOST_TEST(m.find("'store.lanes'") != std::string::npos, m);
   m = message_of<tensordict::ValueError>([] { Config::load(R"({"log": {"level": "loud"}})"); });
   BOOST_TEST(m.find("'log.level'") != std::string::npos, m);
   BOOST_CHECK_THROW(Config::load("{not json"), tensordict::FormatError);

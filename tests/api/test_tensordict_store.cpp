@@ -357,8 +357,9 @@ int64_t blocked_clients(backends::RedisClient& raw) {
 //! runs `call` on this thread while another thread's write of row 7's "id" through `buf` holds the handle's
 //! connection, held back by the server (CLIENT PAUSE WRITE); true when `call` returned before that write did
 template <class F>
-bool while_a_write_waits(TensorDictStore& buf, backends::RedisClient& raw, F&& call, bool* write_was_held) {
-  raw.command(backends::RedisCommand{"CLIENT", "PAUSE", "3000", "WRITE"});
+bool while_a_write_waits(TensorDictStore& buf, backends::RedisClient& raw, F&& call, bool* write_was_held,
+                         const char* pause_ms = "3000") {
+  raw.command(backends::RedisCommand{"CLIENT", "PAUSE", pause_ms, "WRITE"});
   std::atomic<bool> done{false};
   std::thread writer([&] {
     try {
@@ -403,6 +404,13 @@ BOOST_AUTO_TEST_CASE(a_call_that_finds_the_connection_busy_runs_on_a_second_conn
   BOOST_TEST(row.get("obs").equal(at::full({8}, 3.0f)));
   BOOST_TEST(buf.store_stats().lane_calls >= 1);
   BOOST_TEST(buf.get("id")[7].item<int64_t>() == 70);  // the held write landed once the server let it
+  // store.lanes 0: the handle has its one connection, and the read waits for the write (until the pause ends)
+  auto engine = std::make_shared<Engine>(Config::load(R"({"store": {"lanes": 0}})"));
+  TensorDictStore one = TensorDictStore::from_store(buf.td_id(), RedisOptions(o).engine(engine));
+  while_a_write_waits(one, raw, [&] { row = one.index({4}).to_tensordict(); }, &held, "1000");
+  BOOST_TEST(row.get("id").item<int64_t>() == 4);
+  BOOST_TEST(one.store_stats().lane_calls == 0);
+  one.close();
 }
 
 // a lane caches the structure like any connection: a key replaced through the handle (another shape) is read with
