@@ -1,20 +1,38 @@
 #pragma once
 // Which byte ranges of a file have blocks, as the filesystem reports them (FIEMAP): for tests of what a write
-// allocates. Header-only, no Boost.Test: callers assert on what it returns.
+// allocates; which pages of a mapping are in memory (mincore). Header-only, no Boost.Test: callers assert on what
+// it returns.
 #include <fcntl.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+
+#include <ATen/core/Tensor.h>
 #include <string>
 #include <vector>
 
 namespace testutil {
+
+//! pages of t's bytes resident in memory (mincore over its mapping: for a file mapping, in the page cache); -1 when
+//! mincore refuses; `total` gets the page count
+inline int64_t resident_pages(const at::Tensor& t, int64_t* total) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr()) / page * page;
+  const auto end = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(t.numel() * t.element_size());
+  std::vector<unsigned char> v((end - begin + page - 1) / page);
+  if (::mincore(reinterpret_cast<void*>(begin), end - begin, v.data()) != 0) return -1;
+  *total = static_cast<int64_t>(v.size());
+  int64_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
+}
 
 struct Extent {
   int64_t begin = 0, end = 0;  //!< file bytes [begin, end)

@@ -14,6 +14,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "engine/fixtures.hpp"
+#include "fs_util.hpp"
 #include "engine/zoo.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/tensordict.hpp"
@@ -678,20 +679,7 @@ BOOST_AUTO_TEST_CASE(chunksize_zero_restacks_non_tensor_results) {
   BOOST_TEST(same.get_non_tensor("tag").dump() == R"(["x","x","x","x","x","x"])");
 }
 
-namespace {
-//! pages of t's bytes in the page cache (mincore over its mapping)
-int64_t cached_pages(const at::Tensor& t, int64_t* total) {
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr()) / page * page;
-  const auto end = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(t.numel() * t.element_size());
-  std::vector<unsigned char> v((end - begin + page - 1) / page);
-  if (::mincore(reinterpret_cast<void*>(begin), end - begin, v.data()) != 0) return -1;
-  *total = static_cast<int64_t>(v.size());
-  int64_t n = 0;
-  for (unsigned char c : v) n += c & 1;
-  return n;
-}
-}  // namespace
+using testutil::resident_pages;
 
 // a memmap source is read ahead of the workers: each chunk asks the kernel for the input of the chunk 2 x workers on
 // (and the first chunks for their own), so a cold input is read in large requests instead of 128 KiB per fault.
@@ -709,7 +697,7 @@ BOOST_AUTO_TEST_CASE(a_memmap_source_is_read_ahead_of_the_workers) {
   }
   TensorDict src = TensorDict::load_memmap(path);
   int64_t pages = 0;
-  BOOST_TEST_REQUIRE(cached_pages(src.get("x"), &pages) == 0, "the source's pages left the page cache");
+  BOOST_TEST_REQUIRE(resident_pages(src.get("x"), &pages) == 0, "the source's pages left the page cache");
   BOOST_TEST_REQUIRE(pages == 64);
   std::atomic<int> calls{0};
   TensorDict r = src.map(
@@ -721,9 +709,9 @@ BOOST_AUTO_TEST_CASE(a_memmap_source_is_read_ahead_of_the_workers) {
   BOOST_TEST(calls.load() == 8);
   BOOST_TEST(r.batch_size() == BatchSize({64}));
   const auto end = steady_clock::now() + std::chrono::seconds(10);
-  while (cached_pages(src.get("x"), &pages) < pages && steady_clock::now() < end)
+  while (resident_pages(src.get("x"), &pages) < pages && steady_clock::now() < end)
     std::this_thread::sleep_for(milliseconds(2));
-  BOOST_TEST(cached_pages(src.get("x"), &pages) == pages, "every chunk's input was asked for");
+  BOOST_TEST(resident_pages(src.get("x"), &pages) == pages, "every chunk's input was asked for");
   BOOST_TEST(src.get("x").equal(at::arange(64 * 1024, at::kFloat).reshape({64, 1024})));
 }
 

@@ -259,20 +259,7 @@ BOOST_AUTO_TEST_CASE(large_row_writes_allocate_their_file_blocks_first) {
   BOOST_TEST(!ext[0].delalloc);  // without allocation ahead, the copy leaves delayed blocks
 }
 
-namespace {
-//! pages of t's bytes resident in this process's mapping (mincore)
-int64_t resident_pages(const at::Tensor& t, int64_t* total) {
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr()) / page * page;
-  const auto end = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(t.numel() * t.element_size());
-  std::vector<unsigned char> v((end - begin + page - 1) / page);
-  if (::mincore(reinterpret_cast<void*>(begin), end - begin, v.data()) != 0) return -1;
-  *total = static_cast<int64_t>(v.size());
-  int64_t n = 0;
-  for (unsigned char c : v) n += c & 1;
-  return n;
-}
-}  // namespace
+using testutil::resident_pages;
 
 // prefault (the main job's output, faulted in while its dataset is synthesised): every page of every memmap leaf
 // resident and mapped afterwards (none before: a fresh sparse file), the values as they were (zeros, then a row
