@@ -551,16 +551,6 @@ bool populate_for_write(const at::Tensor& dst) {
 #endif
 }
 
-void advise_will_read(const at::Tensor& v) {
-  if (!made_here(v)) return;
-  const int64_t n = span_bytes(v);
-  if (n <= 0) return;
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(v.data_ptr());
-  const uintptr_t first = begin / page * page, last = (begin + static_cast<uintptr_t>(n) + page - 1) / page * page;
-  (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_WILLNEED);
-}
-
 size_t live_mappings() {
   std::lock_guard<std::mutex> lock(registry_mutex());
   return registry().size();

@@ -425,36 +425,8 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan) {
   }
 }
 
-namespace {
-//! asks the kernel to start reading chunk k's bytes of every leaf of `src` that is a file mapping made here (a memmap
-//! source; backends::advise_will_read): other sources and gathered chunks are left alone
-void advise_chunk(const TensorDict& src, const MapPlan& plan, size_t k) {
-  if (k >= plan.chunks.size()) return;
-  const MapChunk& c = plan.chunks[k];
-  if (!c.indices.empty()) return;
-  const TensorDictImpl* level = detail::tree::level_of(src, detail::tree::Descend::DenseOnly);
-  if (!level) return;
-  const int64_t d = plan.dim;
-  detail::tree::for_each_leaf(
-      *level,
-      [&](const auto&, const Entry& e) {
-        if (!e.is_tensor()) return;
-        const at::Tensor& t = e.tensor();
-        if (t.dim() <= d || !backends::made_here(t)) return;
-        backends::advise_will_read(c.drop_dim ? t.select(d, c.start) : t.narrow(d, c.start, c.length));
-      },
-      [](const auto&, const TensorDict&) {}, detail::tree::Descend::DenseOnly);
-}
-}  // namespace
-
 TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan, size_t i, MapWorkerContext& ctx) {
   ctx.chunk = static_cast<int64_t>(i);
-  // read-ahead of a memmap source: this chunk when it is one of the first (nobody asked for it earlier), and the
-  // chunk 2 x num_workers on, which a worker claims about two chunk-times later. A cold input is then read in large
-  // requests ahead of the workers instead of 128 KiB per page fault, each fault waiting for its read
-  const size_t ahead = 2 * static_cast<size_t>(std::max<int64_t>(plan.num_workers, 1));
-  if (i < ahead) advise_chunk(src, plan, i);
-  advise_chunk(src, plan, i + ahead);
   // at::set_num_threads is process-global with libtorch's native backend and per calling thread with
   // OpenMP (Debian's build): set it only when it differs, right before fn runs on this scheduler thread.
   if (at::get_num_threads() != plan.worker_threads) at::set_num_threads(static_cast<int>(plan.worker_threads));

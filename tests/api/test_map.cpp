@@ -1,8 +1,4 @@
 // td.map / td.map_iter: upstream §2 semantics (acceptance items 50-57 where they apply in one process).
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,7 +10,6 @@
 #include <boost/test/unit_test.hpp>
 
 #include "engine/fixtures.hpp"
-#include "fs_util.hpp"
 #include "engine/zoo.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/tensordict.hpp"
@@ -677,42 +672,6 @@ BOOST_AUTO_TEST_CASE(chunksize_zero_restacks_non_tensor_results) {
       },
       MapOptions().chunksize(0));
   BOOST_TEST(same.get_non_tensor("tag").dump() == R"(["x","x","x","x","x","x"])");
-}
-
-using testutil::resident_pages;
-
-// a memmap source is read ahead of the workers: each chunk asks the kernel for the input of the chunk 2 x workers on
-// (and the first chunks for their own), so a cold input is read in large requests instead of 128 KiB per fault.
-// Here fn never touches its chunk: without the read-ahead no page of the dropped file would come back
-BOOST_AUTO_TEST_CASE(a_memmap_source_is_read_ahead_of_the_workers) {
-  fixtures::TempDir dir("map-read-ahead");
-  const std::string path = dir.path + "/src";
-  TensorDict(Dict{{"x", at::arange(64 * 1024, at::kFloat).reshape({64, 1024})}}, {64}).memmap(path);
-  {  // the file's pages dropped from the page cache (clean after the save's fsync)
-    const int fd = ::open((path + "/x.memmap").c_str(), O_RDONLY);
-    BOOST_TEST_REQUIRE(fd >= 0);
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
-  TensorDict src = TensorDict::load_memmap(path);
-  int64_t pages = 0;
-  BOOST_TEST_REQUIRE(resident_pages(src.get("x"), &pages) == 0, "the source's pages left the page cache");
-  BOOST_TEST_REQUIRE(pages == 64);
-  std::atomic<int> calls{0};
-  TensorDict r = src.map(
-      [&calls](const TensorDict& c) {
-        calls.fetch_add(1);
-        return TensorDict(Dict{{"n", at::zeros({c.batch_size()[0]})}}, {c.batch_size()[0]});  // its input untouched
-      },
-      MapOptions().chunksize(8).num_workers(1));
-  BOOST_TEST(calls.load() == 8);
-  BOOST_TEST(r.batch_size() == BatchSize({64}));
-  const auto end = steady_clock::now() + std::chrono::seconds(10);
-  while (resident_pages(src.get("x"), &pages) < pages && steady_clock::now() < end)
-    std::this_thread::sleep_for(milliseconds(2));
-  BOOST_TEST(resident_pages(src.get("x"), &pages) == pages, "every chunk's input was asked for");
-  BOOST_TEST(src.get("x").equal(at::arange(64 * 1024, at::kFloat).reshape({64, 1024})));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

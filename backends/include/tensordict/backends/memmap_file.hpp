@@ -161,12 +161,6 @@ void reserve_for_store(const at::Tensor& dst);
 //! is Linux 5.14+). Use it on outputs only: on a private file mapping it copies every page.
 bool populate_for_write(const at::Tensor& dst);
 
-//! Asks the kernel to start reading the file pages under `v`'s bytes now (madvise MADV_WILLNEED) when `v` is a view
-//! of a file mapping made here: it queues reads of the whole range in large requests and returns, while a fault
-//! on a page not in the page cache reads 128 KiB around it and waits (a cold input read that way went at about
-//! half the disk's speed). Does nothing for other tensors or an empty span; a hint: errors are ignored.
-void advise_will_read(const at::Tensor& v);
-
 //! Number of live mappings created by this file's functions (diagnostics and leak tests).
 size_t live_mappings();
 
