@@ -413,6 +413,27 @@ BOOST_AUTO_TEST_CASE(a_call_that_finds_the_connection_busy_runs_on_a_second_conn
   one.close();
 }
 
+// a server that takes no more clients (maxclients) refuses the lane: the call waits for the handle's connection as
+// without lanes and succeeds; the handle does not try again
+BOOST_AUTO_TEST_CASE(a_refused_second_connection_leaves_the_calls_on_the_first) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port()).retry_delay_ms(10);
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {100}, o);
+  BOOST_TEST(fill_rows(buf, 1, 0, 100) == 0);
+  backends::RedisClient raw = raw_client(o);
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxclients", "2"});  // the handle's connection and this one
+  TensorDict row;
+  bool held = false;
+  while_a_write_waits(buf, raw, [&] { row = buf.index({5}).to_tensordict(); }, &held, "2000");
+  BOOST_TEST_REQUIRE(held, "the read found the handle's connection busy");
+  BOOST_TEST(row.get("id").item<int64_t>() == 5);
+  BOOST_TEST(buf.store_stats().lane_calls == 0);
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxclients", "10000"});
+  BOOST_TEST(fill_rows(buf, 4, 0, 100) == 0);  // lanes stay off for this handle: every call on its one connection
+  BOOST_TEST(buf.store_stats().lane_calls == 0);
+  BOOST_TEST(holds_rows(buf.to_tensordict(), 100));
+}
+
 // a lane caches the structure like any connection: a key replaced through the handle (another shape) is read with
 // its new shape on the lane too
 BOOST_AUTO_TEST_CASE(a_second_connection_sees_a_key_replaced_through_its_handle) {
