@@ -74,7 +74,9 @@ struct LazyStackNode : Node {
   void index_put_(TensorDict& self, const Index& index, const TensorDict& value) override;
   void index_put_(TensorDict& self, const Index& index, const at::Tensor& value) override;
   void index_put_(TensorDict& self, const Index& index, const at::Scalar& value) override;
-  //! the dense-only operations refuse a lazy stack (LazyStackedTensorDict::memmap_ writes its members)
+  //! upstream's layout, one staged save (memmap.cpp): `prefix`/meta.json {"_type", "stack_dim"}, member i in
+  //! `prefix`/<i>/; memmap_ maps the members' own leaves (dense members only) and locks the stack, memmap and
+  //! memmap_like save copies (another node's member as its dense form); no prefix: anonymous shared memory
   void memmap_(TensorDict& self, const std::string& prefix, const MemmapOptions& options) override;
   TensorDict memmap(const TensorDict& self, const std::string& prefix, const MemmapOptions& options) const override;
   TensorDict memmap_like(const TensorDict& self, const std::string& prefix,

@@ -194,13 +194,6 @@ void LazyStackNode::mul_(TensorDict&, const at::Scalar& other) {
   for (auto& m : members) m.mul_(other);
 }
 
-void LazyStackNode::memmap_(TensorDict&, const std::string&, const MemmapOptions&) { not_dense(*this); }
-TensorDict LazyStackNode::memmap(const TensorDict&, const std::string&, const MemmapOptions&) const {
-  not_dense(*this);
-}
-TensorDict LazyStackNode::memmap_like(const TensorDict&, const std::string&, const MemmapOptions&) const {
-  not_dense(*this);
-}
 void LazyStackNode::share_memory_(TensorDict&) { not_dense(*this); }
 
 }  // namespace tensordict

@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <cstring>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <string_view>
 #include <thread>
 
@@ -20,6 +22,7 @@
 #include "tensor_dict_internal.hpp"
 #include "tensordict/backends/memmap_file.hpp"
 #include "tensordict/backends/memmap_format.hpp"
+#include "lazy_stack_node.hpp"
 #include "tensordict/lazy_stack.hpp"
 #include "tree_visitor.hpp"
 
@@ -148,8 +151,9 @@ class StagedSave {
   //! the path inside the staging directory for a path below prefix (itself when not staged)
   std::string at(const std::string& final_path) const;
   bool staged() const { return !stage_.empty(); }
-  //! switches the staging directory in; the mappings made from it are renamed to prefix
-  void commit();
+  //! switches the staging directory in; the mappings made from it are renamed to prefix. `stack_dirs`: the
+  //! directories (below prefix) this save writes lazy stacks into, whose old numbered members are not carried
+  void commit(const std::vector<std::string>& stack_dirs = {});
 
  private:
   std::string prefix_;
@@ -201,6 +205,8 @@ struct WritePlan {
   bool durable = false;  //!< MemmapOptions::durable: leaf files fsynced once written
   std::vector<LeafJob> leaves;
   std::vector<std::pair<std::string, std::shared_ptr<DirNode>>> metas;  // post-order: children first
+  //! the lazy stacks' directories (final paths) with their number of members
+  std::vector<std::pair<std::string, size_t>> stacks;
   //! where a path below the prefix is written
   std::string at(const std::string& p) const { return stage ? stage->at(p) : p; }
 };
@@ -212,17 +218,30 @@ std::string strip_slashes(const std::string& path) {
   return p;
 }
 
-//! links (or, for symlinks, recreates) every entry of `old_dir` missing from `new_dir`, recursively
-void link_missing(const fs::path& old_dir, const fs::path& new_dir) {
+//! whether a directory entry's name is a lazy stack's member ("0", "1", ...)
+bool member_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+//! links (or, for symlinks, recreates) every entry of `old_dir` missing from `new_dir`, recursively. In a
+//! directory of `stacks` (a lazy stack the new save writes) the old members the new save has not are not carried:
+//! a load reads members 0, 1, ... while they exist, and would take a longer old stack's last members for the new one's
+void link_missing(const fs::path& old_dir, const fs::path& new_dir, const std::set<std::string>& stacks) {
   std::error_code ec;
+  const bool stack = stacks.count(new_dir.lexically_normal().string()) > 0;
   for (fs::directory_iterator it(old_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (stack && member_name(it->path().filename().string())) {
+      const fs::file_status tst = fs::symlink_status(new_dir / it->path().filename(), ec);
+      ec.clear();
+      if (!fs::exists(tst)) continue;
+    }
     const fs::path target = new_dir / it->path().filename();
     const fs::file_status st = it->symlink_status(ec);
     if (ec) return;
     const fs::file_status tst = fs::symlink_status(target, ec);
     ec.clear();
     if (fs::exists(tst)) {
-      if (fs::is_directory(st) && fs::is_directory(tst)) link_missing(it->path(), target);
+      if (fs::is_directory(st) && fs::is_directory(tst)) link_missing(it->path(), target, stacks);
       continue;
     }
     std::error_code e2;
@@ -230,7 +249,7 @@ void link_missing(const fs::path& old_dir, const fs::path& new_dir) {
       fs::copy_symlink(it->path(), target, e2);
     } else if (fs::is_directory(st)) {
       fs::create_directory(target, e2);
-      if (!e2) link_missing(it->path(), target);
+      if (!e2) link_missing(it->path(), target, stacks);
     } else if (fs::is_regular_file(st)) {
       fs::create_hard_link(it->path(), target, e2);
       if (e2) fs::copy_file(it->path(), target, e2);
@@ -271,7 +290,7 @@ std::string StagedSave::at(const std::string& final_path) const {
   return final_path;
 }
 
-void StagedSave::commit() {
+void StagedSave::commit(const std::vector<std::string>& stack_dirs) {
   if (stage_.empty() || committed_) return;
   std::error_code ec;
   const bool existed = fs::is_directory(fs::symlink_status(prefix_, ec));
@@ -279,7 +298,9 @@ void StagedSave::commit() {
     if (::rename(stage_.c_str(), prefix_.c_str()) != 0)
       throw BackendError("cannot move the staged save '" + stage_ + "' to '" + prefix_ + "': " + std::strerror(errno));
   } else {
-    link_missing(prefix_, stage_);
+    std::set<std::string> stacks;
+    for (const std::string& d : stack_dirs) stacks.insert(fs::path(at(d)).lexically_normal().string());
+    link_missing(prefix_, stage_, stacks);
     if (::renameat2(AT_FDCWD, stage_.c_str(), AT_FDCWD, prefix_.c_str(), RENAME_EXCHANGE) != 0) {
       if (errno != EINVAL && errno != ENOSYS)
         throw BackendError("cannot switch the staged save '" + stage_ + "' in for '" + prefix_ +
@@ -409,6 +430,7 @@ struct PlanVisitor : detail::tree::SavedShapeVisitor<PlanLevel> {
     sl.node->type_repr = backends::type_repr::kLazyStackedTensorDict;
     sl.node->stack_dim = lz.dim;
     sl.node->batch_size = sub.batch_size();
+    plan.stacks.emplace_back(sl.dir, lz.members->size());
     return sl;
   }
   PlanLevel member(PlanLevel& sl, size_t i, TensorDictImpl& m) { return open(m, join_path(sl.dir, std::to_string(i))); }
@@ -530,6 +552,36 @@ void write_plan(WritePlan& plan, const StagedSave& stage, int64_t num_threads) {
   });
 }
 
+//! a structure copy of a dense TensorDict for a save (its leaves shared, its tensorclass record kept)
+TensorDict save_copy(const TensorDictImpl& level, const TensorDict& td) {
+  TensorDict out = td.copy();
+  const auto o = detail::impl_of(out);
+  o->type_repr = level.type_repr;
+  o->class_fields = level.class_fields;
+  o->class_pickle = level.class_pickle;
+  return out;
+}
+
+//! switches a written plan in: a staged save's directory, or in place (a parent that is not writable) the old
+//! members of its lazy stacks past their new number removed (a load would read them as members)
+void finish_save(const WritePlan& plan, StagedSave& stage) {
+  std::vector<std::string> dirs;
+  for (const auto& [dir, members] : plan.stacks) dirs.push_back(dir);
+  if (stage.staged()) {
+    stage.commit(dirs);
+    return;
+  }
+  for (const auto& [dir, members] : plan.stacks) {
+    for (size_t i = members;; ++i) {
+      const std::string m = join_path(dir, std::to_string(i));
+      std::error_code ec;
+      if (!fs::is_directory(fs::symlink_status(m, ec))) break;
+      fs::remove_all(m, ec);
+      if (ec) throw BackendError("cannot remove the old member '" + m + "' of the lazy stack saved in place: " + ec.message());
+    }
+  }
+}
+
 void check_prefix(const std::string& prefix, const MemmapOptions& o) {
   if (!o.existsok() && fs::exists(join_path(prefix, "meta.json"))) {
     throw ValueError("'" + prefix + "' already holds a saved TensorDict (existsok=false)");
@@ -582,7 +634,7 @@ void TensorDictImpl::memmap_(TensorDict& self, const std::string& prefix, const 
     throw;
   }
   write_plan(plan, stage, options.num_threads());
-  stage.commit();
+  finish_save(plan, stage);
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
   mark_memmap(me, prefix);
@@ -590,10 +642,7 @@ void TensorDictImpl::memmap_(TensorDict& self, const std::string& prefix, const 
 }
 
 TensorDict TensorDictImpl::memmap(const TensorDict& self, const std::string& prefix, const MemmapOptions& options) const {
-  TensorDict out = self.copy();
-  detail::impl_of(out)->type_repr = type_repr;
-  detail::impl_of(out)->class_fields = class_fields;
-  detail::impl_of(out)->class_pickle = class_pickle;
+  TensorDict out = save_copy(*this, self);
   // the copy's leaves are this TensorDict's: re-writing them elsewhere is what memmap() means
   MemmapOptions o = options;
   o.copy_existing(true);
@@ -628,7 +677,7 @@ TensorDict TensorDictImpl::memmap_like(const TensorDict& self, const std::string
   plan.durable = options.durable();
   plan_tree(*detail::impl_of(out), prefix, options, /*like=*/true, /*replace=*/true, plan);
   write_plan(plan, stage, options.num_threads());
-  stage.commit();
+  finish_save(plan, stage);
   for (auto& j : plan.leaves)
     if (j.target) *j.target = Entry(j.result);
   mark_memmap(detail::impl_of(out), prefix);
@@ -636,18 +685,110 @@ TensorDict TensorDictImpl::memmap_like(const TensorDict& self, const std::string
   return out;
 }
 
-// ============================================================================ LazyStackedTensorDict
-// (construction, batch size, keys, densification: lazy_stack.cpp)
+// ============================================================================ lazy stacks
+// upstream's layout: `prefix`/meta.json {"_type", "stack_dim"} and member i in `prefix`/<i>/, written as one staged
+// save (a failure leaves the old save whole, a longer old stack's last members are not carried into the new one)
+namespace {
+
+//! the dense level of a lazy stack's member i, or a typed error naming it (before anything is written)
+TensorDictImpl& stack_member_level(const TensorDict& m, size_t i, const char* op) {
+  auto* level = const_cast<TensorDictImpl*>(detail::tree::level_of(m, detail::tree::Descend::DenseOnly));
+  if (!level) {
+    throw NotImplementedError(std::string(op) + " of a lazy stack: member " + std::to_string(i) + " is a " +
+                              m.node()->type_name() + ", whose leaves live in its storage (memmap() copies it)");
+  }
+  return *level;
+}
+
+//! a member of a lazy stack as memmap() / memmap_like() save it: a dense level's structure copy, another node's
+//! dense form
+TensorDict member_for_copy(const TensorDict& m) {
+  if (const TensorDictImpl* level = detail::tree::level_of(m, detail::tree::Descend::DenseOnly)) return save_copy(*level, m);
+  TensorDict dense = m.contiguous();
+  if (!detail::tree::level_of(dense, detail::tree::Descend::DenseOnly)) {
+    throw NotImplementedError("memmap of a lazy stack: a member " + m.node()->type_name() + " has no dense form");
+  }
+  return dense;
+}
+
+//! writes the members (their leaves become memory-mapped, each member locked) and the stack's meta.json into
+//! `prefix` as one staged save; like: zero-filled files of the leaves' shapes
+void save_stack(const std::vector<TensorDict>& members, int64_t stack_dim, const BatchSize& batch,
+                const std::string& prefix, const MemmapOptions& options, bool like) {
+  const char* op = like ? "memmap_like" : "memmap_";
+  if (members.empty()) {
+    throw ValueError(std::string(op) + ": a lazy stack without members cannot be saved (a load finds no member to "
+                     "read back)");
+  }
+  std::vector<TensorDictImpl*> levels;
+  for (size_t i = 0; i < members.size(); ++i) {
+    TensorDictImpl& level = stack_member_level(members[i], i, op);
+    if (level.is_shared) {
+      throw ValueError(std::string(op) + ": member " + std::to_string(i) +
+                       " is in shared memory; memmap_ and share_memory_ are mutually exclusive");
+    }
+    levels.push_back(&level);
+  }
+  check_prefix(prefix, options);
+  StagedSave stage(prefix, options.durable());
+  WritePlan plan;
+  plan.stage = &stage;
+  plan.durable = options.durable();
+  make_dirs(plan.at(prefix));
+  plan.stacks.emplace_back(prefix, members.size());
+  for (size_t i = 0; i < levels.size(); ++i)
+    plan_tree(*levels[i], join_path(prefix, std::to_string(i)), options, like, /*replace=*/true, plan);
+  auto node = std::make_shared<DirNode>();
+  node->kind = NodeKind::LazyStackedTensorDict;
+  node->type_repr = backends::type_repr::kLazyStackedTensorDict;
+  node->stack_dim = stack_dim;
+  node->batch_size = batch;
+  plan.metas.emplace_back(plan.at(prefix), node);  // after the members' (a durable save's order: children first)
+  write_plan(plan, stage, options.num_threads());
+  finish_save(plan, stage);
+  for (auto& j : plan.leaves)
+    if (j.target) *j.target = Entry(j.result);
+  for (size_t i = 0; i < levels.size(); ++i) {
+    mark_memmap(std::static_pointer_cast<TensorDictImpl>(levels[i]->shared_from_this()),
+                join_path(prefix, std::to_string(i)));
+    TensorDict(members[i]).lock_();
+  }
+}
+
+}  // namespace
+
+void LazyStackNode::memmap_(TensorDict& self, const std::string& prefix, const MemmapOptions& options) {
+  if (prefix.empty()) {  // anonymous shared memory, member by member (no file to switch in)
+    for (size_t i = 0; i < members.size(); ++i) stack_member_level(members[i], i, "memmap_");
+    for (auto& m : members) m.memmap_("", options);
+  } else {
+    save_stack(members, stack_dim, batch_size, prefix, options, /*like=*/false);
+  }
+  self.lock_();
+}
+
+TensorDict LazyStackNode::memmap(const TensorDict&, const std::string& prefix, const MemmapOptions& options) const {
+  std::vector<TensorDict> copies;
+  // anonymous: the members' values copied even where they are mapped already (the copy must not alias this stack)
+  for (const auto& m : members) copies.push_back(prefix.empty() ? m.clone() : member_for_copy(m));
+  LazyStackedTensorDict out(std::move(copies), stack_dim);
+  MemmapOptions o = options;
+  o.copy_existing(true);  // the copies' leaves are this stack's: writing them elsewhere is what memmap() means
+  out.memmap_(prefix, o);
+  return std::move(out);
+}
+
+TensorDict LazyStackNode::memmap_like(const TensorDict&, const std::string& prefix, const MemmapOptions& options) const {
+  std::vector<TensorDict> copies;
+  for (const auto& m : members) copies.push_back(prefix.empty() ? m.memmap_like("", options) : member_for_copy(m));
+  LazyStackedTensorDict out(std::move(copies), stack_dim);
+  if (!prefix.empty()) save_stack(out.tensordicts(), stack_dim, out.batch_size(), prefix, options, /*like=*/true);
+  out.lock_();
+  return std::move(out);
+}
+
 LazyStackedTensorDict& LazyStackedTensorDict::memmap_(const std::string& prefix, const MemmapOptions& options) {
-  if (prefix.empty()) throw ValueError("LazyStackedTensorDict::memmap_ needs a prefix");
-  make_dirs(prefix);
-  const auto& tds = tensordicts();
-  for (size_t i = 0; i < tds.size(); ++i) TensorDict(tds[i]).memmap_(join_path(prefix, std::to_string(i)), options);
-  DirNode node;
-  node.kind = NodeKind::LazyStackedTensorDict;
-  node.type_repr = backends::type_repr::kLazyStackedTensorDict;
-  node.stack_dim = stack_dim();
-  backends::write_meta(prefix, node);
+  TensorDict::memmap_(prefix, options);
   return *this;
 }
 

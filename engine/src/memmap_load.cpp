@@ -191,8 +191,10 @@ auto load_one_save(const std::string& prefix, const LoadOptions& o, const Build&
 }
 
 TensorDict build_tree(const std::string& prefix, const DirNode& root, const LoadOptions& o) {
-  if (root.kind == NodeKind::LazyStackedTensorDict) {
-    throw TypeError("'" + prefix + "' holds a LazyStackedTensorDict: load it with LazyStackedTensorDict::load_memmap");
+  if (root.kind == NodeKind::LazyStackedTensorDict) {  // upstream's load_memmap: the class meta.json names
+    LazyStackedTensorDict lazy = lazy_from_node(root, o);
+    report_warnings(root, o);
+    return std::move(lazy);
   }
   if (root.kind == NodeKind::NonTensorData || root.kind == NodeKind::NonTensorStack) {
     throw TypeError("'" + prefix + "' holds a " + std::string(backends::node_kind_name(root.kind)) +
@@ -304,6 +306,10 @@ TensorDict& TensorDict::load_memmap_(const std::string& prefix, const LoadOption
     return *this;
   }
   TensorDict loaded = load_tree(prefix, options);
+  if (LazyStackedTensorDict::is_lazy_stack(loaded)) {
+    throw TypeError("load_memmap_: '" + prefix + "' holds a LazyStackedTensorDict, whose members cannot become this "
+                    "TensorDict's entries; load it with load_memmap");
+  }
   if (d()->locked) {
     throw LockedError("Cannot modify locked TensorDict: load_memmap_ replaces the entries; unlock it first");
   }

@@ -78,7 +78,8 @@ BOOST_AUTO_TEST_CASE(python_fixtures_load_with_expected_values) {
 BOOST_AUTO_TEST_CASE(python_lazy_stack_fixture) {
   std::string dir = fixtures::python_written("f_lazy_stack");
   BOOST_TEST(is_lazy_stack_dir(dir));
-  BOOST_CHECK_THROW(TensorDict::load_memmap(dir), TypeError);
+  // TensorDict::load_memmap reads the class meta.json names (upstream), here the lazy stack
+  BOOST_TEST(LazyStackedTensorDict(TensorDict::load_memmap(dir)).tensordicts().size() == 2u);
   LazyStackedTensorDict lazy = LazyStackedTensorDict::load_memmap(dir);
   BOOST_TEST(lazy.tensordicts().size() == 2u);
   BOOST_TEST(lazy.batch_size() == BatchSize({2}));
@@ -574,6 +575,121 @@ BOOST_AUTO_TEST_CASE(shallow_copy_keeps_flags_and_leaves_not_structure) {
   c.lock_();
   BOOST_TEST(c.is_memmap());  // lock_ keeps the flag (unlock_ would clear it)
   BOOST_TEST(TensorDict::load_memmap(tmp.path + "/td").contains({"sub", "new"}));
+}
+
+// lazy stacks save through the TensorDict handle (memmap, memmap_, memmap_like, save) in upstream's layout, as
+// one staged save, and TensorDict::load_memmap reads the stack back (upstream's load_memmap reads the class
+// meta.json names)
+namespace {
+//! a ragged stack of n members: member i holds "x" of [2, i + 1] filled with v + i and "sub"."y" of [2]
+LazyStackedTensorDict ragged_stack(int n, float v) {
+  std::vector<TensorDict> members;
+  for (int i = 0; i < n; ++i) {
+    TensorDict m(Dict{{"x", at::full({2, i + 1}, v + static_cast<float>(i))}}, {2});
+    m.set("sub", TensorDict(Dict{{"y", at::full({2}, v)}}, {2}));
+    members.push_back(m);
+  }
+  return LazyStackedTensorDict(members, 0);
+}
+
+//! the members' "x" of the stack saved in `dir`, loaded through TensorDict::load_memmap
+std::vector<at::Tensor> saved_xs(const std::string& dir) {
+  TensorDict back = TensorDict::load_memmap(dir);
+  BOOST_TEST_REQUIRE(LazyStackedTensorDict::is_lazy_stack(back));
+  return LazyStackedTensorDict(back).get_list("x");
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_lazy_stack_saves_through_the_tensordict_handle) {
+  fixtures::TempDir tmp("lazy-handle");
+  TensorDict stack = ragged_stack(3, 1.f);  // the handle: the node decides how it saves
+  // memmap: a copy in the stack layout; the stack itself stays in memory and unlocked
+  TensorDict saved = stack.memmap(tmp.path + "/copy");
+  BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(saved));
+  BOOST_TEST(saved.is_memmap());
+  BOOST_TEST(saved.is_locked());
+  BOOST_TEST(!stack.is_memmap());
+  BOOST_TEST(!stack.is_locked());
+  BOOST_TEST(is_lazy_stack_dir(tmp.path + "/copy"));
+  std::vector<at::Tensor> xs = saved_xs(tmp.path + "/copy");
+  BOOST_TEST_REQUIRE(xs.size() == 3u);
+  for (int i = 0; i < 3; ++i) BOOST_TEST(xs[i].equal(at::full({2, i + 1}, 1.f + static_cast<float>(i))));
+  TensorDict back = TensorDict::load_memmap(tmp.path + "/copy");
+  BOOST_TEST(back.get({"sub", "y"}).equal(at::ones({3, 2})));
+  BOOST_TEST(back.batch_size() == BatchSize({3, 2}));
+  // save: the same
+  stack.save(tmp.path + "/saved");
+  BOOST_TEST(saved_xs(tmp.path + "/saved").size() == 3u);
+  // memmap_like: zeros of the members' shapes
+  TensorDict like = stack.memmap_like(tmp.path + "/like");
+  std::vector<at::Tensor> zs = saved_xs(tmp.path + "/like");
+  BOOST_TEST_REQUIRE(zs.size() == 3u);
+  for (int i = 0; i < 3; ++i) BOOST_TEST(zs[i].equal(at::zeros({2, i + 1})));
+  BOOST_TEST(like.is_locked());
+  // memmap_: the members' own leaves become the files; the stack is locked
+  stack.memmap_(tmp.path + "/inplace");
+  BOOST_TEST(stack.is_memmap());
+  BOOST_TEST(stack.is_locked());
+  const TensorDict& m1 = LazyStackedTensorDict(stack).member(1);
+  BOOST_TEST(m1.is_memmap());
+  BOOST_TEST(backends::mapping_of(m1.get("x")).has_value());
+  BOOST_TEST(saved_xs(tmp.path + "/inplace")[2].equal(at::full({2, 3}, 3.f)));
+  // anonymous memory: no files, members mapped
+  TensorDict anon = ragged_stack(2, 5.f);
+  anon.memmap_();
+  BOOST_TEST(anon.is_memmap());
+  BOOST_TEST(LazyStackedTensorDict(anon).member(0).get("x").equal(at::full({2, 1}, 5.f)));
+  // load_memmap_ into a TensorDict cannot take a stack's members: a typed error, the TensorDict untouched
+  TensorDict target(Dict{{"k", at::ones({2})}}, {2});
+  check_error<TypeError>([&] { target.load_memmap_(tmp.path + "/copy"); }, {"LazyStackedTensorDict"});
+  BOOST_TEST(target.get("k").equal(at::ones({2})));
+}
+
+BOOST_AUTO_TEST_CASE(a_lazy_stack_saved_over_a_longer_one_loads_its_own_members) {
+  // a load reads members 0, 1, ... while their directories exist: a save over a longer stack's save must not
+  // carry the old last members into the new one (at the root, and for a stack inside a TensorDict)
+  fixtures::TempDir tmp("lazy-over");
+  for (int threads : {0, 2}) {
+    const std::string dir = tmp.path + "/root" + std::to_string(threads);
+    ragged_stack(5, 1.f).memmap(dir);
+    TensorDict old = TensorDict::load_memmap(dir);  // kept open: the old save stays readable
+    LazyStackedTensorDict(ragged_stack(3, 10.f)).memmap_(dir, MemmapOptions().num_threads(threads));
+    std::vector<at::Tensor> xs = saved_xs(dir);
+    BOOST_TEST(xs.size() == 3u, threads << " threads: " << xs.size() << " members");
+    BOOST_TEST(xs[0].equal(at::full({2, 1}, 10.f)));
+    BOOST_TEST(LazyStackedTensorDict(old).get_list("x")[4].equal(at::full({2, 5}, 5.f)));
+    BOOST_TEST(!fs::exists(dir + "/3"));
+    // inside a TensorDict (its own stack directory below the prefix), a user's file beside the members kept
+    const std::string outer = tmp.path + "/outer" + std::to_string(threads);
+    TensorDict a(BatchSize{5});
+    a.set("s", ragged_stack(5, 1.f));
+    a.memmap(outer);
+    std::ofstream(outer + "/s/notes.txt") << "mine";
+    TensorDict b(BatchSize{3});
+    b.set("s", ragged_stack(3, 10.f));
+    b.memmap(outer, MemmapOptions().num_threads(threads));
+    TensorDict back = TensorDict::load_memmap(outer);
+    BOOST_TEST(back.get_td("s").batch_size() == BatchSize({3, 2}));
+    BOOST_TEST(!fs::exists(outer + "/s/3"));
+    BOOST_TEST(fixtures::read_file(outer + "/s/notes.txt") == "mine");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_lazy_stack_save_refuses_what_it_cannot_write_before_writing) {
+  fixtures::TempDir tmp("lazy-refused");
+  // a member that is itself a lazy stack has no dense level: memmap_ refuses, memmap writes its dense form
+  TensorDict inner0 = ragged_stack(2, 1.f).get_td("sub");
+  TensorDict inner1 = ragged_stack(2, 2.f).get_td("sub");
+  TensorDict nested = lazy_stack({inner0, inner1}, 0);
+  check_error<NotImplementedError>([&] { nested.memmap_(tmp.path + "/n"); }, {"member 0", "LazyStackedTensorDict"});
+  BOOST_TEST(!fs::exists(tmp.path + "/n"));
+  BOOST_TEST(!nested.is_locked());
+  TensorDict copy = nested.memmap(tmp.path + "/n");
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/n").get("y").equal(at::stack({at::ones({2, 2}), at::full({2, 2}, 2.f)})));
+  // existsok=false over a saved prefix
+  check_error<ValueError>([&] { ragged_stack(2, 1.f).memmap(tmp.path + "/n", MemmapOptions().existsok(false)); },
+                          {"existsok"});
+  BOOST_TEST(TensorDict::load_memmap(tmp.path + "/n").get("y").equal(at::stack({at::ones({2, 2}), at::full({2, 2}, 2.f)})));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -28,6 +28,7 @@
 #include "fixtures.hpp"
 #include "process_util.hpp"
 #include "tensordict/backends/memmap_format.hpp"
+#include "tensordict/lazy_stack.hpp"
 #include "tensordict/memmap_storage.hpp"
 #include "tensordict/tensor_dict.hpp"
 
@@ -497,6 +498,38 @@ BOOST_AUTO_TEST_CASE(a_threaded_save_on_a_full_disk_keeps_the_old_save_and_leave
       },
       [](const std::string& prefix, int64_t) {
         const bool old = TensorDict::load_memmap(prefix).get("a").equal(at::arange(4, at::kFloat));
+        int staged = 0;
+        for (const auto& e : fs::directory_iterator(fs::path(prefix).parent_path()))
+          if (e.path().filename().string().find("td-stage") != std::string::npos) ++staged;
+        return std::string(old ? "old" : "changed") + " " + std::to_string(staged);
+      });
+  BOOST_TEST(r.rc == 0, "child " << testutil::describe_child(r.rc) << " (90-93: no private tmpfs could be mounted)");
+  BOOST_TEST(r.kept == 1);
+  BOOST_TEST(r.what.find("No space left on device") != std::string::npos, r.what);
+  BOOST_TEST(r.verdict == "old 0");
+}
+
+BOOST_AUTO_TEST_CASE(a_lazy_stack_save_on_a_full_disk_keeps_the_old_save_and_leaves_nothing) {
+  // the members and the stack's meta.json are one staged save: the members written before the disk filled up
+  // must not replace the old save's (a member-by-member save had left members 0.. of the new stack beside the
+  // old stack's last members and meta.json)
+  FullDisk r = fill_full_disk(
+      "lazy-save",
+      [](const std::string& prefix, int64_t& kept) {
+        std::vector<TensorDict> small;
+        for (int i = 0; i < 3; ++i) small.push_back(TensorDict(Dict{{"a", at::full({4}, static_cast<float>(i))}}, {4}));
+        lazy_stack(small, 0).memmap(prefix);
+        kept = 1;
+        std::vector<TensorDict> big;
+        for (int i = 0; i < 40; ++i) big.push_back(TensorDict(Dict{{"a", at::full({4, 8192}, 9.f)}}, {4}));
+        lazy_stack(big, 0).memmap_(prefix, MemmapOptions().num_threads(2));  // 40 x 128 KiB on a 1 MiB tmpfs
+        kept = 2;
+      },
+      [](const std::string& prefix, int64_t) {
+        const LazyStackedTensorDict back(TensorDict::load_memmap(prefix));
+        bool old = back.tensordicts().size() == 3;
+        for (size_t i = 0; old && i < 3; ++i)
+          old = back.member(static_cast<int64_t>(i)).get("a").equal(at::full({4}, static_cast<float>(i)));
         int staged = 0;
         for (const auto& e : fs::directory_iterator(fs::path(prefix).parent_path()))
           if (e.path().filename().string().find("td-stage") != std::string::npos) ++staged;

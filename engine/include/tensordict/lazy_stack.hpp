@@ -55,8 +55,9 @@ class LazyStackedTensorDict : public TensorDict {
   void append(const TensorDict& td);
   void insert(int64_t index, const TensorDict& td);
 
-  //! writes `prefix`/meta.json ({"_type", "stack_dim"}) and every member in `prefix`/<i>/; members become
-  //! memory-mapped and locked
+  //! writes `prefix`/meta.json ({"_type", "stack_dim"}) and every member in `prefix`/<i>/ as one staged save (a
+  //! failure leaves the old save as it was); members become memory-mapped and the stack locked. TensorDict's
+  //! memmap / memmap_like / save write the same layout; an empty prefix maps the members onto anonymous memory
   LazyStackedTensorDict& memmap_(const std::string& prefix, const MemmapOptions& options = {});
   static LazyStackedTensorDict load_memmap(const std::string& prefix, const LoadOptions& options = {});
 };
