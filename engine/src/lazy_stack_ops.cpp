@@ -154,16 +154,46 @@ TensorDict LazyStackNode::apply(const TensorDict&, const LeafFn& fn, const Apply
   return detail::make_lazy(std::move(out), stack_dim);
 }
 
-TensorDict LazyStackNode::apply(const TensorDict&, const MultiLeafFn&, const std::vector<TensorDict>&,
-                                const ApplyOptions&) const {
-  not_dense(*this);
+//! the others of an apply with other TensorDicts split along the stack dim: member i's others (upstream unbinds
+//! each other along the stack dim); BatchSizeError when one does not hold as many along it as the stack's members
+static std::vector<std::vector<TensorDict>> others_by_member(const LazyStackNode& lz, const TensorDict& self,
+                                                             const std::vector<TensorDict>& others, const char* op) {
+  std::vector<std::vector<TensorDict>> out(lz.members.size());
+  for (size_t k = 0; k < others.size(); ++k) {
+    if (!others[k].defined()) throw ValueError(std::string(op) + ": others[" + std::to_string(k) + "] is undefined");
+    const BatchSize& b = others[k].batch_size();
+    const auto dim = static_cast<size_t>(lz.stack_dim);
+    if (b.size() <= dim || b[dim] != static_cast<int64_t>(lz.members.size())) {
+      throw BatchSizeError(std::string(op) + ": others[" + std::to_string(k) + "] has batch size " +
+                           detail::shape_str(b) + ", the lazy stack " + detail::shape_str(self.batch_size()) +
+                           " (stacked along dim " + std::to_string(lz.stack_dim) + ")");
+    }
+    std::vector<TensorDict> parts = others[k].unbind(lz.stack_dim);
+    for (size_t i = 0; i < parts.size(); ++i) out[i].push_back(std::move(parts[i]));
+  }
+  return out;
+}
+
+TensorDict LazyStackNode::apply(const TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others,
+                                const ApplyOptions& options) const {
+  // member by member with the others' slices: a lazy stack again (upstream _apply_nest unbinds the others)
+  if (options.batch_size()) throw NotImplementedError("apply with batch_size on a LazyStackedTensorDict");
+  const auto parts = others_by_member(*this, self, others, "apply");
+  std::vector<TensorDict> out;
+  for (size_t i = 0; i < members.size(); ++i) out.push_back(members[i].apply(fn, parts[i], options));
+  return detail::make_lazy(std::move(out), stack_dim);
 }
 
 void LazyStackNode::apply_(TensorDict&, const LeafFn& fn) {
   detail::on_each_or_put_back(members, [&](TensorDict& m) { m.apply_(fn); });
 }
 
-void LazyStackNode::apply_(TensorDict&, const MultiLeafFn&, const std::vector<TensorDict>&) { not_dense(*this); }
+void LazyStackNode::apply_(TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others) {
+  // member by member; a member that refuses puts the ones before it back
+  const auto parts = others_by_member(*this, self, others, "apply_");
+  size_t i = 0;
+  detail::on_each_or_put_back(members, [&](TensorDict& m) { m.apply_(fn, parts[i++]); });
+}
 
 void LazyStackNode::zero_(TensorDict&) {
   for (auto& m : members) m.zero_();

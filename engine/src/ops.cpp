@@ -137,6 +137,8 @@ struct ApplyCall {
   //! result is known and checked (they were applied during the visit: a later leaf's fn that threw left them
   //! changed and the dense leaves not)
   std::vector<TensorDict> deferred;
+  //! the others' sub-TensorDicts at each deferred one (an apply_ with other TensorDicts)
+  std::vector<std::vector<TensorDict>> deferred_others;
 };
 
 [[noreturn]] void missing_in_other(const NestedKey& full, size_t i, const TensorDictImpl& where, const char* op) {
@@ -185,9 +187,11 @@ struct ApplyVisitor : tree::RebuildVisitor {
                         Entry::kind_name(m[i]->kind()) + " in others[" + std::to_string(i) + "]");
       }
     }
-    // another node kind (not a dense node) applies itself where it can (one tree, one fn)
+    // another node kind (not a dense node) applies itself where it can (one tree, one fn), with the others'
+    // sub-TensorDicts at its key when every other has one
     const TensorDictImpl* level = tree::level_of(child, tree::Descend::DenseOnly);
-    if (!level && c.unary && m.empty()) return nullptr;
+    if (!level && ((c.unary && m.empty()) || (c.multi && std::all_of(m.begin(), m.end(), [](const Entry* e) { return e; }))))
+      return nullptr;
     return level ? level : detail::impl_of(child).get();
   }
   std::vector<const TensorDictImpl*> descend_others(const tree::KeyPath&, const TensorDictImpl& child,
@@ -199,13 +203,17 @@ struct ApplyVisitor : tree::RebuildVisitor {
     return out;
   }
   std::optional<TensorDict> other_node(const tree::KeyPath&, const TensorDict& sub, const BatchSize&,
-                                       const tree::Matched&) {
+                                       const tree::Matched& m) {
     TensorDict child = sub;
-    if (c.inplace) {  // reached with a unary fn only (descend: other TensorDicts walk into the sub-node)
+    std::vector<TensorDict> subs;  // a unary fn or a multi fn (descend: every other holds a TensorDict here)
+    for (const Entry* e : m) subs.push_back(e->tensordict());
+    if (c.inplace) {
       c.deferred.push_back(child);
+      c.deferred_others.push_back(std::move(subs));
       return child;
     }
-    return child.apply(*c.unary, ApplyOptions().keep_empty(c.opts.keep_empty()));
+    const ApplyOptions o = ApplyOptions().keep_empty(c.opts.keep_empty());
+    return c.multi ? child.apply(*c.multi, subs, o) : child.apply(*c.unary, o);
   }
   std::optional<TensorDict> sub_result(const tree::KeyPath&, const TensorDict&, TensorDict out, bool any) {
     if (c.inplace || (!c.opts.keep_empty() && !any)) return std::nullopt;
@@ -297,7 +305,15 @@ void commit_writes(ApplyCall& c) {
     if (!std::get<1>(w).is_same(std::get<2>(w))) backends::reserve_for_store(std::get<1>(w));
   // the other node kinds below apply fn now; one that refuses puts the ones before it back (the dense writes after
   // them cannot fail once checked and reserved)
-  detail::on_each_or_put_back(c.deferred, [&](TensorDict& sub) { sub.apply_(*c.unary); });
+  size_t d = 0;
+  detail::on_each_or_put_back(c.deferred, [&](TensorDict& sub) {
+    const std::vector<TensorDict>& subs = c.deferred_others[d++];
+    if (c.multi) {
+      sub.apply_(*c.multi, subs);
+    } else {
+      sub.apply_(*c.unary);
+    }
+  });
   for (const auto& w : c.writes) {
     const at::Tensor& dest = std::get<1>(w);
     const at::Tensor& value = std::get<2>(w);

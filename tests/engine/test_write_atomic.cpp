@@ -378,13 +378,54 @@ BOOST_AUTO_TEST_CASE(an_apply_that_a_later_leaf_refuses_leaves_a_lazy_stack_belo
   td.del("b");
   td.apply_(fn);
   BOOST_TEST(at::equal(td.get(NestedKey({"l", "f"})), at::full({2, 2}, 2 * kSentinel)));
-  // apply_ with other TensorDicts over a lazy stack is refused (as the lazy stack's own apply_ with others), and
-  // before anything is written
-  td.set("d", at::zeros({2}));
+  // apply_ with other TensorDicts reaches the lazy stack with the others' sub-TensorDicts (its members with their
+  // slices), once every dense leaf's result is known: a fn refusing a later dense leaf leaves the stack as it was
+  td.set("d", at::ones({2}));
+  td.set("b", at::full({2, 3}, 7, at::kLong));
   const TensorDict other = td.clone();
-  BOOST_CHECK_THROW(td.apply_([](const std::vector<at::Tensor>& ts) { return ts[0] + ts[1]; }, {other}),
-                    NotImplementedError);
-  BOOST_TEST(at::equal(td.get("d"), at::zeros({2})));
+  auto sum = [](const std::vector<at::Tensor>& ts) {
+    if (ts[0].scalar_type() == at::kLong) throw std::runtime_error("refused");
+    return ts[0] + ts[1];
+  };
+  BOOST_CHECK_THROW(td.apply_(sum, {other}), std::exception);
+  BOOST_TEST(at::equal(td.get(NestedKey({"l", "f"})), at::full({2, 2}, 2 * kSentinel)));
+  BOOST_TEST(at::equal(td.get("d"), at::ones({2})));
+  td.del("b");
+  td.apply_(sum, {other});
+  BOOST_TEST(at::equal(td.get(NestedKey({"l", "f"})), at::full({2, 2}, 4 * kSentinel)));
+  BOOST_TEST(at::equal(td.get("d"), at::full({2}, 2.f)));
+  // apply (a new TensorDict) with others: the stack's result is a lazy stack of the members' results
+  TensorDict r = td.apply([](const std::vector<at::Tensor>& ts) { return ts[0] - ts[1]; }, {other});
+  BOOST_TEST(LazyStackedTensorDict::is_lazy_stack(r.get_td("l")));
+  BOOST_TEST(at::equal(r.get(NestedKey({"l", "f"})), at::full({2, 2}, 2 * kSentinel)));
+}
+
+// a lazy stack's apply_ with other TensorDicts runs member by member with each other's slice along the stack dim
+// (upstream _apply_nest); a member that refuses puts the members before it back; an other that does not split
+// into the members is refused before anything is written
+BOOST_AUTO_TEST_CASE(a_lazy_stacks_apply_with_others_goes_member_by_member_or_not_at_all) {
+  TensorDict a(Dict{{"x", at::full({3}, 1.f)}}, {}), b(Dict{{"x", at::full({5}, 2.f)}}, {});
+  LazyStackedTensorDict ls({a, b}, 0);  // ragged: x is [3] and [5]
+  const TensorDict other = ls.clone();
+  auto sum = [](const std::vector<at::Tensor>& ts) { return ts[0] + 10 * ts[1]; };
+  ls.apply_(sum, {other});
+  BOOST_TEST(at::equal(ls.member(0).get("x"), at::full({3}, 11.f)));
+  BOOST_TEST(at::equal(ls.member(1).get("x"), at::full({5}, 22.f)));
+  TensorDict r = ls.apply(sum, {other});
+  BOOST_TEST(LazyStackedTensorDict(r).member(1).get("x").equal(at::full({5}, 42.f)));
+  BOOST_TEST(at::equal(ls.member(1).get("x"), at::full({5}, 22.f)));
+  // member 1 refuses: member 0 is put back
+  auto refuse_long = [](const std::vector<at::Tensor>& ts) {
+    if (ts[0].numel() == 5) throw std::runtime_error("refused");
+    return ts[0] + ts[1];
+  };
+  BOOST_CHECK_THROW(ls.apply_(refuse_long, {other}), std::exception);
+  BOOST_TEST(at::equal(ls.member(0).get("x"), at::full({3}, 11.f)));
+  BOOST_TEST(at::equal(ls.member(1).get("x"), at::full({5}, 22.f)));
+  // an other of three along the stack dim: a BatchSizeError, nothing written
+  TensorDict three = lazy_stack({a.clone(), a.clone(), a.clone()}, 0);
+  BOOST_CHECK_THROW(ls.apply_(sum, {three}), BatchSizeError);
+  BOOST_TEST(at::equal(ls.member(0).get("x"), at::full({3}, 11.f)));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
