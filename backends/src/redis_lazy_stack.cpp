@@ -285,8 +285,32 @@ std::unique_ptr<RedisLazyStackStore> RedisLazyStackStore::create(
     }
   }
   {
+    // refused over a td_id that holds a store (dense or lazy): the transaction would mix its metadata and keys with
+    // the old store's. WATCH makes a store created there meanwhile abort the transaction (nothing applied)
     RedisClient c(options.connect_options());
-    std::vector<RedisReply> r = c.transaction(cmds);
+    auto held = [&] {
+      std::vector<RedisReply> h = c.pipeline({RedisCommand{"GET", k("__batch_size__")}, RedisCommand{"GET", k("__type__")}});
+      for (const auto& x : h)
+        if (x.is_error()) redis_reply_error(x, k("__type__"));
+      return !h[0].is_nil() || !h[1].is_nil();
+    };
+    auto refuse = [&] {
+      return ValueError("td_id '" + options.td_id() + "' (prefix '" + options.prefix() + "') already holds a store at " +
+                        c.endpoint() + "; clear it (clear_redis) or use another td_id");
+    };
+    const RedisReply w = c.command({"WATCH", k("__batch_size__"), k("__type__")});
+    if (w.is_error()) redis_reply_error(w, k("__type__"));
+    if (held()) {
+      c.command({"UNWATCH"});
+      throw refuse();
+    }
+    std::vector<RedisReply> r;
+    try {
+      r = c.transaction(cmds);
+    } catch (const BackendError&) {
+      if (held()) throw refuse();
+      throw;
+    }
     for (const auto& x : r)
       if (x.is_error()) redis_reply_error(x, k("__type__"));
   }

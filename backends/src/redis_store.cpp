@@ -394,12 +394,52 @@ std::shared_ptr<LeafStore> create_redis_store(const RedisOptions& options, const
   for (int64_t b : batch_size)
     if (b < 0) throw ValueError("a batch size cannot be negative: " + redis_shape_text(batch_size));
   auto store = std::make_shared<RedisStore>(options);
-  std::vector<RedisReply> r = store->client().transaction(
-      {RedisCommand{"SET", store->key("__batch_size__"), redis_shape_text(batch_size)},
-       RedisCommand{"SET", store->key("__device__"), device}});
-  for (const auto& x : r)
-    if (x.is_error()) redis_reply_error(x, store->key("__batch_size__"));
-  return store;
+  // one script, so nothing changes unless it may: a td_id that holds a store of another batch size (or a lazy
+  // stack's store) is refused. Setting __batch_size__ over it had left its keys disagreeing with the new batch size,
+  // a store no handle could open again. The same batch size is upstream's reconnect (its metadata written again)
+  static const char* const kCreate =
+      "local bs = redis.call('GET', KEYS[1])\n"
+      "if bs and bs ~= ARGV[1] then return {0, bs} end\n"
+      "if not bs then\n"
+      "  local t = redis.call('GET', KEYS[3])\n"
+      "  if t then return {1, t} end\n"
+      "end\n"
+      "redis.call('SET', KEYS[1], ARGV[1])\n"
+      "redis.call('SET', KEYS[2], ARGV[2])\n"
+      "return {2, ''}\n";
+  const std::string bs_key = store->key("__batch_size__");
+  std::string shape = redis_shape_text(batch_size);
+  for (int attempt = 0;; ++attempt) {
+    const RedisReply r = store->client().command(
+        {"EVAL", kCreate, "3", bs_key, store->key("__device__"), store->key("__type__"), shape, device});
+    if (r.is_error()) redis_reply_error(r, bs_key);
+    if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
+      throw BackendError("creating " + store->describe() + ": an unexpected reply from the server's script");
+    const int64_t code = r.elements[0].integer;
+    if (code == 2) return store;
+    if (code == 1) {
+      throw ValueError("td_id '" + options.td_id() + "' (prefix '" + options.prefix() + "') already holds a " +
+                       "lazy-stack store at " + store->client().endpoint() + "; clear it (clear_redis) or use another td_id");
+    }
+    const std::string& old = r.elements[1].str;
+    std::vector<int64_t> old_shape;
+    bool parsed = false;
+    try {
+      old_shape = parse_redis_shape(old, bs_key);
+      parsed = true;
+    } catch (const Error&) {
+    }
+    // the same batch size spelled otherwise (another writer's formatting): kept as it is spelled
+    if (parsed && old_shape == batch_size && attempt == 0) {
+      shape = old;
+      continue;
+    }
+    throw ValueError("td_id '" + options.td_id() + "' (prefix '" + options.prefix() + "') already holds a store of " +
+                     "batch size " + (parsed ? redis_shape_text(old_shape) : "'" + old.substr(0, 64) + "'") +
+                     " at " + store->client().endpoint() + ": a store of batch size " + redis_shape_text(batch_size) +
+                     " over it would leave its keys unreadable; open it with TensorDictStore::from_store, or clear it "
+                     "(clear_redis) first");
+  }
 }
 
 std::shared_ptr<LeafStore> open_redis_store(const RedisOptions& options) {

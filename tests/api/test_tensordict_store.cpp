@@ -842,4 +842,46 @@ BOOST_AUTO_TEST_CASE(worker_processes_get_the_password_through_their_environment
   for (const auto& c : cmdlines) BOOST_TEST(!has(c, pw), c);
 }
 
+
+// a store created under a td_id that holds one already: another batch size, or a store of the other kind (dense /
+// lazy stack), is refused before anything changes, and the old store still opens with its data. Setting the new
+// batch size over it had left its keys disagreeing with it (no handle could open it again). The same batch size is
+// upstream's reconnect: its metadata written again, its keys kept
+BOOST_AUTO_TEST_CASE(a_store_created_over_a_taken_td_id_is_refused_and_the_old_one_kept) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port()).td_id("taken");
+  const TensorDict src(Dict{{"a", at::arange(40, at::kFloat).reshape({10, 4})}}, {10});
+  TensorDictStore first = TensorDictStore::from_tensordict(src, o);
+  auto old_store_intact = [&] {
+    TensorDictStore again = TensorDictStore::from_store("taken", RedisOptions().port(server.port()));
+    return again.batch_size() == BatchSize({10}) && again.to_tensordict().get("a").equal(src.get("a"));
+  };
+  const TensorDict five(Dict{{"b", at::ones({5, 2})}}, {5});
+  std::string e = error_of<ValueError>([&] { TensorDictStore::from_tensordict(five, o); });
+  BOOST_TEST(has(e, "already holds a store of batch size [10]"), e);
+  BOOST_TEST(old_store_intact());
+  e = error_of<ValueError>([&] { TensorDictStore::from_schema({{"b", {{2}, at::kFloat}}}, {5}, o); });
+  BOOST_TEST(has(e, "already holds"), e);
+  e = error_of<ValueError>([&] { TensorDictStore({5}, o); });
+  BOOST_TEST(has(e, "already holds"), e);
+  BOOST_TEST(old_store_intact());
+  // the same batch size: a handle on the same store
+  TensorDictStore same({10}, o);
+  BOOST_TEST(same.keys().size() == 1u);
+  BOOST_TEST(old_store_intact());
+  // a lazy-stack store over the dense one, and a dense store over a lazy-stack one
+  const LazyStackedTensorDict lz({TensorDict(Dict{{"x", at::ones({2, 3})}}, {2}), TensorDict(Dict{{"x", at::zeros({2, 5})}}, {2})}, 0);
+  e = error_of<ValueError>([&] { TensorDictStore::save_lazy_stack(lz, o); });
+  BOOST_TEST(has(e, "already holds a store"), e);
+  BOOST_TEST(old_store_intact());
+  const RedisOptions lo = RedisOptions().port(server.port()).td_id("lazy");
+  TensorDictStore::save_lazy_stack(lz, lo);
+  e = error_of<ValueError>([&] { TensorDictStore({2}, lo); });
+  BOOST_TEST(has(e, "lazy-stack store"), e);
+  e = error_of<ValueError>([&] { TensorDictStore::save_lazy_stack(lz, lo); });
+  BOOST_TEST(has(e, "already holds a store"), e);
+  const LazyStackedTensorDict back = TensorDictStore::load_lazy_stack("lazy", RedisOptions().port(server.port()));
+  BOOST_TEST(back.member(1).get("x").equal(at::zeros({2, 5})));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
