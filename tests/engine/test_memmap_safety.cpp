@@ -482,6 +482,23 @@ BOOST_AUTO_TEST_CASE(a_save_over_any_spelling_of_its_prefix_is_staged) {
   }
 }
 
+//! "old N" / "changed N": whether the reload found the old save, and how many staging directories are left beside
+//! `prefix`
+std::string save_verdict(const std::string& prefix, bool old) {
+  int staged = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(prefix).parent_path()))
+    if (e.path().filename().string().find("td-stage") != std::string::npos) ++staged;
+  return std::string(old ? "old" : "changed") + " " + std::to_string(staged);
+}
+
+//! a save that ran out of space: it failed with the disk's error, the old save kept whole, nothing staged left
+void check_old_save_kept(const FullDisk& r) {
+  BOOST_TEST(r.rc == 0, "child " << testutil::describe_child(r.rc) << " (90-93: no private tmpfs could be mounted)");
+  BOOST_TEST(r.kept == 1);
+  BOOST_TEST(r.what.find("No space left on device") != std::string::npos, r.what);
+  BOOST_TEST(r.verdict == "old 0");
+}
+
 BOOST_AUTO_TEST_CASE(a_threaded_save_on_a_full_disk_keeps_the_old_save_and_leaves_nothing) {
   FullDisk r = fill_full_disk(
       "threaded-save",
@@ -498,15 +515,9 @@ BOOST_AUTO_TEST_CASE(a_threaded_save_on_a_full_disk_keeps_the_old_save_and_leave
       },
       [](const std::string& prefix, int64_t) {
         const bool old = TensorDict::load_memmap(prefix).get("a").equal(at::arange(4, at::kFloat));
-        int staged = 0;
-        for (const auto& e : fs::directory_iterator(fs::path(prefix).parent_path()))
-          if (e.path().filename().string().find("td-stage") != std::string::npos) ++staged;
-        return std::string(old ? "old" : "changed") + " " + std::to_string(staged);
+        return save_verdict(prefix, old);
       });
-  BOOST_TEST(r.rc == 0, "child " << testutil::describe_child(r.rc) << " (90-93: no private tmpfs could be mounted)");
-  BOOST_TEST(r.kept == 1);
-  BOOST_TEST(r.what.find("No space left on device") != std::string::npos, r.what);
-  BOOST_TEST(r.verdict == "old 0");
+  check_old_save_kept(r);
 }
 
 BOOST_AUTO_TEST_CASE(a_lazy_stack_save_on_a_full_disk_keeps_the_old_save_and_leaves_nothing) {
@@ -530,15 +541,9 @@ BOOST_AUTO_TEST_CASE(a_lazy_stack_save_on_a_full_disk_keeps_the_old_save_and_lea
         bool old = back.tensordicts().size() == 3;
         for (size_t i = 0; old && i < 3; ++i)
           old = back.member(static_cast<int64_t>(i)).get("a").equal(at::full({4}, static_cast<float>(i)));
-        int staged = 0;
-        for (const auto& e : fs::directory_iterator(fs::path(prefix).parent_path()))
-          if (e.path().filename().string().find("td-stage") != std::string::npos) ++staged;
-        return std::string(old ? "old" : "changed") + " " + std::to_string(staged);
+        return save_verdict(prefix, old);
       });
-  BOOST_TEST(r.rc == 0, "child " << testutil::describe_child(r.rc) << " (90-93: no private tmpfs could be mounted)");
-  BOOST_TEST(r.kept == 1);
-  BOOST_TEST(r.what.find("No space left on device") != std::string::npos, r.what);
-  BOOST_TEST(r.verdict == "old 0");
+  check_old_save_kept(r);
 }
 
 // prefault on a file system that cannot hold the leaf (a 2 MiB leaf on a 1 MiB tmpfs: no blocks to reserve
