@@ -17,6 +17,7 @@
 //   --kernel torch: libtorch's kernels (flip, copy, mul, sub, copy) on slabs of R rows (0: whole chunks)
 #include <fcntl.h>
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <array>
@@ -332,15 +333,23 @@ int main(int argc, char** argv) {
         fused_into(c, out_image.narrow(0, at_row, n), out_bucket.narrow(0, at_row, n));
         return TensorDict::undefined();  // upstream's None: written in place
       };
+      // what the process did meanwhile (its CPU time and major faults: pages read from disk): a map that waits on the
+      // disk keeps fewer of its workers' cores busy than a warm one
+      struct rusage r0, r1;
+      getrusage(RUSAGE_SELF, &r0);
       auto t1 = Clock::now();
       TensorDict ret = direct ? engine.map(input, direct_fn,
                                            MapOptions().dim(0).num_workers(workers).chunksize(chunk).out(into).progress(true))
                               : engine.map(input, run_transform,
                                            MapOptions().dim(0).num_workers(workers).chunksize(chunk).out(into).progress(true));
       const double t = seconds_since(t1);
+      getrusage(RUSAGE_SELF, &r1);
+      auto secs = [](const timeval& a, const timeval& b) { return (b.tv_sec - a.tv_sec) + (b.tv_usec - a.tv_usec) * 1e-6; };
+      const double cpu = secs(r0.ru_utime, r1.ru_utime) + secs(r0.ru_stime, r1.ru_stime);
       if (ret.defined()) throw RuntimeError("map into a memmap out should return nothing (upstream's None)");
-      std::printf("  map%s: %.2f s, %.0f rows/s, %.1f MB/s in, %.1f MB/s out%s\n", what, t, rows / t,
-                  input.bytes() / 1e6 / t, into.bytes() / 1e6 / t, direct ? " (fn writes its rows of out in place)" : "");
+      std::printf("  map%s: %.2f s, %.0f rows/s, %.1f MB/s in, %.1f MB/s out%s; cpu %.2f s (%.2f cores busy), %ld major "
+                  "faults\n", what, t, rows / t, input.bytes() / 1e6 / t, into.bytes() / 1e6 / t,
+                  direct ? " (fn writes its rows of out in place)" : "", cpu, cpu / t, r1.ru_majflt - r0.ru_majflt);
       return t;
     };
     double t_cold = 0;
