@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <limits>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -105,7 +107,13 @@ struct StoreCallState {
   };
   std::vector<std::unique_ptr<Lane>> lanes;  //!< fixed when the client starts (config store.lanes)
   std::function<std::shared_ptr<backends::LeafStore>()> open_lane;
-  std::atomic<bool> lanes_usable{true};      //!< false once a lane could not be opened (logged once)
+  //! 0 while lanes may be opened; after one could not be (the server refused another client), the steady-clock time
+  //! (ns) before which calls wait for the one connection (store.lane_retry_ms later), then a lane is tried again
+  std::atomic<int64_t> lanes_retry_at{0};
+  int64_t lane_retry_ns = 1000000000;
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
   //! bumped by every structural call (Op::Run), which runs with every lane idle: a lane's store forgets its
   //! cached structure before its next call
   std::atomic<uint64_t> structure_version{0};
@@ -256,7 +264,8 @@ struct StoreCallState {
   //! a synchronous read or write that found the store held runs on a free lane, on this thread, at once; false
   //! when every lane is busy (or none can be opened): the call then waits for the holder
   bool run_on_lane(leaf_call& c) {
-    if (!lanes_usable.load(std::memory_order_acquire)) return false;
+    const int64_t retry_at = lanes_retry_at.load(std::memory_order_acquire);
+    if (retry_at != 0 && now_ns() < retry_at) return false;
     for (auto& lp : lanes) {
       Lane& l = *lp;
       std::unique_lock<std::mutex> lock(l.mu, std::try_to_lock);
@@ -267,15 +276,18 @@ struct StoreCallState {
         try {
           l.store = open_lane();
         } catch (const std::exception& e) {
-          // the server may refuse more clients: the calls share the one connection, as without lanes
-          if (lanes_usable.exchange(false))
-            logger()->warn("store: {}: no second connection ({}); calls wait for the first", describe, e.what());
+          // the server may refuse more clients: the calls share the one connection, as without lanes, until the
+          // retry (logged when lanes were usable before)
+          if (lanes_retry_at.exchange(now_ns() + lane_retry_ns) == 0)
+            logger()->warn("store: {}: no second connection ({}); calls wait for the first, a lane is tried again in "
+                           "{} ms", describe, e.what(), lane_retry_ns / 1000000);
           return false;
         }
-        if (!l.store) {
-          lanes_usable.store(false, std::memory_order_release);
+        if (!l.store) {  // the store opens none
+          lanes_retry_at.store(std::numeric_limits<int64_t>::max(), std::memory_order_release);
           return false;
         }
+        if (lanes_retry_at.exchange(0) != 0) logger()->info("store: {}: a second connection opened again", describe);
       } else if (l.structure != now) {
         l.store->forget_structure();
       }
@@ -668,6 +680,7 @@ std::shared_ptr<StoreClient> StoreClient::spawn(std::shared_ptr<Runtime> rt, std
   if (cfg.store_lanes > 0) {
     if (auto opener = store->lane_opener()) {
       c->impl_->st->open_lane = std::move(opener);
+      c->impl_->st->lane_retry_ns = cfg.store_lane_retry_ms * 1000000;
       for (int64_t i = 0; i < cfg.store_lanes; ++i)
         c->impl_->st->lanes.push_back(std::make_unique<StoreCallState::Lane>());
     }

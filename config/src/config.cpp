@@ -49,6 +49,7 @@ const std::map<std::string, Field>& fields() {
       {"redis.timeout_ms", {Kind::Int, &Config::redis_timeout_ms}},
       {"store.max_key_bytes", {Kind::Int, &Config::store_max_key_bytes}},
       {"store.lanes", {Kind::Int, &Config::store_lanes}},
+      {"store.lane_retry_ms", {Kind::Int, &Config::store_lane_retry_ms}},
       {"log.level", {Kind::String, nullptr, nullptr, &Config::log_level}},
       {"request_timeout_ms", {Kind::Int, &Config::request_timeout_ms}},
       {"facade_spin_us", {Kind::Int, &Config::facade_spin_us}},
@@ -198,6 +199,7 @@ void Config::validate() const {
   }
   non_negative("store.max_key_bytes", store_max_key_bytes);
   non_negative("store.lanes", store_lanes);
+  non_negative("store.lane_retry_ms", store_lane_retry_ms);
   static const char* levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool ok = false;
   for (auto l : levels) ok = ok || log_level == l;

@@ -42,6 +42,7 @@ BOOST_AUTO_TEST_CASE(embedded_default) {
   BOOST_TEST(c.redis_port == 6379);
   BOOST_TEST(c.shm_prefix == "tensordict_");
   BOOST_TEST(c.store_lanes == 3);
+  BOOST_TEST(c.store_lane_retry_ms == 1000);
   BOOST_TEST(Config::load().to_json() == c.to_json());
   // to_json round-trips
   Config back = Config().overlay(c.to_json());
@@ -97,6 +98,8 @@ BOOST_AUTO_TEST_CASE(bad_values_and_json) {
   BOOST_TEST(m.find("'scheduler.threads'") != std::string::npos, m);
   m = message_of<tensordict::ValueError>([] { Config::load(R"({"store": {"lanes": -1}})"); });
   BOOST_TEST(m.find("'store.lanes'") != std::string::npos, m);
+  m = message_of<tensordict::ValueError>([] { Config::load(R"({"store": {"lane_retry_ms": -5}})"); });
+  BOOST_TEST(m.find("'store.lane_retry_ms'") != std::string::npos, m);
   m = message_of<tensordict::ValueError>([] { Config::load(R"({"log": {"level": "loud"}})"); });
   BOOST_TEST(m.find("'log.level'") != std::string::npos, m);
   BOOST_CHECK_THROW(Config::load("{not json"), tensordict::FormatError);

@@ -415,10 +415,14 @@ BOOST_AUTO_TEST_CASE(a_call_that_finds_the_connection_busy_runs_on_a_second_conn
 
 // a server that takes no more clients (maxclients) refuses the lane: the call waits for the handle's connection as
 // without lanes and succeeds; the handle does not try again
-BOOST_AUTO_TEST_CASE(a_refused_second_connection_leaves_the_calls_on_the_first) {
+BOOST_AUTO_TEST_CASE(a_refused_second_connection_leaves_the_calls_on_the_first_until_the_retry) {
   testutil::RedisServer server;
+  auto engine = [](int64_t retry_ms) {
+    return std::make_shared<Engine>(Config::load(R"({"store": {"lane_retry_ms": )" + std::to_string(retry_ms) + "}}"));
+  };
   const RedisOptions o = RedisOptions().port(server.port()).retry_delay_ms(10);
-  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {100}, o);
+  // store.lane_retry_ms 60 s (longer than the test): once refused, every call stays on the one connection
+  TensorDictStore buf = TensorDictStore::from_schema(kReplaySchema, {100}, RedisOptions(o).engine(engine(60000)));
   BOOST_TEST(fill_rows(buf, 1, 0, 100) == 0);
   backends::RedisClient raw = raw_client(o);
   raw.command(backends::RedisCommand{"CONFIG", "SET", "maxclients", "2"});  // the handle's connection and this one
@@ -429,9 +433,24 @@ BOOST_AUTO_TEST_CASE(a_refused_second_connection_leaves_the_calls_on_the_first) 
   BOOST_TEST(row.get("id").item<int64_t>() == 5);
   BOOST_TEST(buf.store_stats().lane_calls == 0);
   raw.command(backends::RedisCommand{"CONFIG", "SET", "maxclients", "10000"});
-  BOOST_TEST(fill_rows(buf, 4, 0, 100) == 0);  // lanes stay off for this handle: every call on its one connection
+  BOOST_TEST(fill_rows(buf, 4, 0, 100) == 0);  // within the back-off: every call on its one connection
   BOOST_TEST(buf.store_stats().lane_calls == 0);
   BOOST_TEST(holds_rows(buf.to_tensordict(), 100));
+  // store.lane_retry_ms 100: refused, then, once the server takes clients again and the back-off has passed, a call
+  // that finds the connection busy runs on a lane again
+  TensorDictStore quick = TensorDictStore::from_store(buf.td_id(), RedisOptions(o).engine(engine(100)));
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxclients", "3"});  // buf's, raw's and quick's connections
+  while_a_write_waits(quick, raw, [&] { row = quick.index({6}).to_tensordict(); }, &held, "1000");
+  BOOST_TEST_REQUIRE(held);
+  BOOST_TEST(row.get("id").item<int64_t>() == 6);
+  BOOST_TEST(quick.store_stats().lane_calls == 0);
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxclients", "10000"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const bool first = while_a_write_waits(quick, raw, [&] { row = quick.index({8}).to_tensordict(); }, &held);
+  BOOST_TEST_REQUIRE(held);
+  BOOST_TEST(first, "the read returned on a lane while the write was held");
+  BOOST_TEST(row.get("id").item<int64_t>() == 8);
+  BOOST_TEST(quick.store_stats().lane_calls >= 1);
 }
 
 // a lane caches the structure like any connection: a key replaced through the handle (another shape) is read with

@@ -45,6 +45,9 @@ struct Config {
   //! store.lanes: extra connections a store with them (Redis) opens, on first need, for synchronous reads and
   //! writes that find its connection busy (they run there at once instead of waiting for it); 0: none
   int64_t store_lanes = 3;
+  //! store.lane_retry_ms: after a lane could not be opened (the server refused another client), how long its calls
+  //! wait for the one connection before a lane is tried again
+  int64_t store_lane_retry_ms = 1000;
   // log.*
   std::string log_level = "warn";
   int64_t request_timeout_ms = 30000;
