@@ -337,6 +337,68 @@ bool RemoteNode::erase(const std::string& key) {
   return gone;
 }
 
+namespace {
+void check_unlocked(const Node& n, const char* what) {
+  if (n.locked) {
+    throw LockedError(std::string("Cannot modify locked TensorDict. For in-place modification, consider using the "
+                                  "`set_()` method and make sure the key is present. (") + what + ")");
+  }
+}
+LeafPath below(LeafPath p, const NestedKey& key) {
+  p.insert(p.end(), key.parts().begin(), key.parts().end());
+  return p;
+}
+}  // namespace
+
+void RemoteNode::rename_key(TensorDict& self, const NestedKey& old_key, const NestedKey& new_key, bool safe) {
+  (void)self;
+  check_unlocked(*this, "rename_key_");
+  const LeafPath from = below(path_, old_key), to = below(path_, new_key);
+  const auto snap = tree_->snapshot();
+  const backends::LeafInfo* leaf = snap->leaf(from);
+  if (!leaf && !snap->level(from)) {
+    std::string keys;
+    for (const auto& k : this->keys()) keys += (keys.empty() ? "" : ", ") + k;
+    throw KeyError("key " + old_key.repr() + " not found in TensorDict with keys [" + keys + "]");
+  }
+  if (old_key == new_key) return;
+  const bool taken = snap->leaf(to) || snap->level(to);
+  if (taken && safe) throw KeyError("key " + new_key.repr() + " already present in TensorDict.");
+  if (to.size() > from.size() && std::equal(from.begin(), from.end(), to.begin()))
+    throw ValueError("rename_key_: " + new_key.repr() + " lies inside " + old_key.repr());
+  // the new key's parent: a level (made when missing), never a leaf, whose batch size the moved value starts with
+  const LeafPath parent = parent_of(to);
+  for (LeafPath p = parent; p.size() > path_.size(); p = parent_of(p))
+    if (snap->leaf(p)) throw KeyError("rename_key_: '" + path_str(p) + "' is a leaf of " + tree_->client()->describe() + ", not a TensorDict");
+  const BatchSize batch = snap->batch_of(parent);
+  const bool tensor = leaf && leaf->kind == backends::LeafKind::Tensor;
+  if ((tensor && !starts_with(leaf->shape, batch)) || (!leaf && !starts_with(snap->batch_of(from), batch))) {
+    throw BatchSizeError("rename_key_: " + old_key.repr() + " of shape " +
+                         shape_str(tensor ? BatchSize(leaf->shape) : snap->batch_of(from)) +
+                         " does not fit under the batch size " + shape_str(batch) + " of " + new_key.repr() + "'s level");
+  }
+  const bool new_level = parent.size() > path_.size() && !snap->level(parent);
+  tree_->client()->run([&](backends::LeafStore& s) {
+    if (new_level) s.create_group(parent);
+    if (taken) s.erase(to);  // replaced, as upstream's set of the new key (safe=false)
+    s.move(from, to);
+  });
+  if (new_level) tree_->set_batch(parent, batch);
+  tree_->reload();
+}
+
+void RemoteNode::clear(TensorDict& self) {
+  (void)self;
+  check_unlocked(*this, "clear");
+  const std::vector<std::string> ks = keys();
+  if (ks.empty()) return;
+  // the level's batch size stays: it was decided when the tree was first listed (RemoteTree's fixed batch sizes)
+  tree_->client()->run([&](backends::LeafStore& s) {
+    for (const auto& k : ks) s.erase(child_path(k));
+  });
+  tree_->reload();
+}
+
 std::string RemoteNode::storage_spec() const {
   const auto& client = tree_->client();
   JsonValue::Object o;

@@ -101,6 +101,13 @@ class RemoteNode : public Node {
   std::vector<Entry> read(const std::vector<std::string>& keys, const Index& index) const override;
   void put(const std::string& key, const Entry& value) override;
   bool erase(const std::string& key) override;
+  //! the key moved in the store, in one request and without reading its data (Redis RENAME, an HDF5 link move;
+  //! a view's key is its store's, as upstream's SubTensorDict renames in its source); KeyError when it is missing
+  //! or (safe) when the new key exists. A dense store (memmap, shared) keeps every key it made (other processes
+  //! map its leaves by key): its store refuses (NotImplementedError), as it refuses erase
+  void rename_key(TensorDict& self, const NestedKey& old_key, const NestedKey& new_key, bool safe) override;
+  //! every key of this level erased in one request (the store's batch size and records kept; a dense store refuses)
+  void clear(TensorDict& self) override;
   std::shared_ptr<Node> index(const Index& index) const override;
   //! the selection over this node's level: this node's own index composed with `index` (resolved once)
   std::optional<ResolvedIndex> resolve(const Index& index) const override;

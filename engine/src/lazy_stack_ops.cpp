@@ -73,7 +73,11 @@ void LazyStackNode::rename_key(TensorDict&, const NestedKey& old_key, const Nest
       [&](TensorDict& m, const TensorDict&) { m.rename_key_(new_key, old_key); });
 }
 
-void LazyStackNode::clear(TensorDict&) { not_dense(*this); }
+void LazyStackNode::clear(TensorDict&) {
+  // upstream's clear: every key of the stack (its members' common keys) deleted from every member
+  detail::check_node_unlocked(*this);
+  for (const auto& k : keys()) erase(k);
+}
 
 void LazyStackNode::fill(TensorDict&, const NestedKey& key, const at::Scalar& value) {
   detail::on_each_member(

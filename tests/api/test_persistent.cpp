@@ -434,4 +434,32 @@ BOOST_AUTO_TEST_CASE(per_row_non_tensor_writes_are_refused) {
   BOOST_TEST(h5.get_non_tensor("name").as_string() == "all");
 }
 
+// rename_key_ moves the dataset or group in the file (an HDF5 link move: its data is not read), within a level and
+// into a new one; clear erases every key of the level in one request
+BOOST_AUTO_TEST_CASE(rename_key_and_clear_move_and_erase_links) {
+  TempDir dir("persistent");
+  const TensorDict ref = sample(16, 3);
+  PersistentTensorDict h5 = PersistentTensorDict::from_dict(ref, dir.path + "/a.h5");
+  const int64_t before = h5.store_stats().calls;
+  h5.rename_key_("obs", "o");
+  BOOST_TEST(h5.store_stats().calls == before);  // no read or write request: a structural one
+  h5.rename_key_(NestedKey({"sub", "x"}), NestedKey({"sub", "y"}));  // inside a nested level
+  h5.rename_key_("sub", "other");                                     // a whole group
+  h5.close();
+  PersistentTensorDict back = PersistentTensorDict::from_h5(dir.path + "/a.h5", "r+");
+  BOOST_TEST(back.get("o").equal(ref.get("obs")));
+  BOOST_TEST(back.get({"other", "y"}).equal(ref.get({"sub", "x"})));
+  BOOST_TEST(!back.contains("sub"));
+  BOOST_TEST(!back.contains("obs"));
+  BOOST_CHECK_THROW(back.rename_key_("o", "idx", RenameOptions().safe(true)), KeyError);
+  BOOST_TEST(back.get("idx").equal(ref.get("idx")));
+  back.rename_key_("o", "idx");
+  BOOST_TEST(back.get("idx").equal(ref.get("obs")));
+  BOOST_CHECK_THROW(back.rename_key_("missing", "m"), KeyError);
+  BOOST_TEST(back.batch_size() == BatchSize({16}));
+  back.clear();
+  BOOST_TEST(back.keys().empty());
+  BOOST_TEST(back.batch_size() == BatchSize({16}));  // kept, as upstream's
+}
+
 BOOST_AUTO_TEST_SUITE_END()

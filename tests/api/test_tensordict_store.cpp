@@ -903,4 +903,52 @@ BOOST_AUTO_TEST_CASE(a_store_created_over_a_taken_td_id_is_refused_and_the_old_o
   BOOST_TEST(back.member(1).get("x").equal(at::zeros({2, 5})));
 }
 
+// rename_key_ moves the key in the store (RENAME of its keys) without reading or writing its data, within a level,
+// out of one and into a new one; clear erases every key of the level and keeps the store's batch size
+BOOST_AUTO_TEST_CASE(rename_key_and_clear_move_and_erase_keys_without_their_data) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  TensorDict src(Dict{{"a", at::arange(40, at::kFloat).reshape({10, 4})}, {"b", at::ones({10})}}, {10});
+  src.set("sub", TensorDict(Dict{{"x", at::full({10, 2}, 3.f)}}, {10}));
+  TensorDictStore st = TensorDictStore::from_tensordict(src, o);
+  backends::RedisClient raw = raw_client(o);
+  raw.command(backends::RedisCommand{"CONFIG", "RESETSTAT"});
+  st.rename_key_("a", "c");
+  st.rename_key_(NestedKey({"sub", "x"}), NestedKey("y"));
+  st.rename_key_("b", NestedKey({"new", "b"}));
+  const std::string stats = raw.command(backends::RedisCommand{"INFO", "commandstats"}).str;
+  for (const char* data_cmd : {"cmdstat_get:", "cmdstat_getrange:", "cmdstat_set:", "cmdstat_setrange:", "cmdstat_evalsha:"})
+    BOOST_TEST(!has(stats, data_cmd), data_cmd << " in " << stats);
+  BOOST_TEST(has(stats, "cmdstat_rename:"), stats);
+  const TensorDictStore again = TensorDictStore::from_store(st.td_id(), o);
+  BOOST_TEST(again.get("c").equal(src.get("a")));
+  BOOST_TEST(again.get("y").equal(src.get({"sub", "x"})));
+  BOOST_TEST(again.get({"new", "b"}).equal(at::ones({10})));
+  BOOST_TEST(!again.contains("a"));
+  BOOST_TEST(!again.contains("b"));
+  // safe: the new key exists, a KeyError and nothing moved; not safe: the new key replaced
+  std::string e = error_of<KeyError>([&] { st.rename_key_("c", "y", RenameOptions().safe(true)); });
+  BOOST_TEST(has(e, "already present"), e);
+  BOOST_TEST(st.get("y").equal(src.get({"sub", "x"})));
+  st.rename_key_("c", "y");
+  BOOST_TEST(st.get("y").equal(src.get("a")));
+  BOOST_TEST(!st.contains("c"));
+  // a missing key, a key moved below itself, a value that does not fit the new level's batch size, a locked store
+  e = error_of<KeyError>([&] { st.rename_key_("nope", "z"); });
+  BOOST_TEST(has(e, "not found"), e);
+  BOOST_TEST(error_of<ValueError>([&] { st.rename_key_("new", NestedKey({"new", "deeper"})); }) != "no exception");
+  st.rename_key_("y", "y");  // the same key: nothing to do
+  BOOST_TEST(st.get("y").equal(src.get("a")));
+  st.lock_();
+  BOOST_TEST(error_of<LockedError>([&] { st.rename_key_("y", "z"); }) != "no exception");
+  BOOST_TEST(error_of<LockedError>([&] { st.clear(); }) != "no exception");
+  st.unlock_();
+  BOOST_TEST(st.get("y").equal(src.get("a")));
+  st.clear();
+  BOOST_TEST(st.keys().empty());
+  const TensorDictStore cleared = TensorDictStore::from_store(st.td_id(), o);
+  BOOST_TEST(cleared.keys().empty());
+  BOOST_TEST(cleared.batch_size() == BatchSize({10}));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

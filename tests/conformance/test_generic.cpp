@@ -271,6 +271,31 @@ BOOST_AUTO_TEST_CASE(test_select_exclude_update) {
   });
 }
 
+// rename_key_ and clear on every node kind (upstream's test_rename_key / test_clear_keys): the values under the new
+// key, the old key gone, an existing new key refused when safe, a missing key a KeyError; clear leaves no key and
+// the batch size (a store's view renames and clears its store's keys, as upstream's SubTensorDict its source's)
+BOOST_AUTO_TEST_CASE(test_rename_key_and_clear) {
+  for_each_member([](const Member& m, TensorDict td, const TensorDict& ref) {
+    if (td.is_locked()) td.unlock_();
+    if (!m.removes_keys) {  // refused, the key kept
+      BOOST_CHECK_THROW(td.rename_key_("a", "renamed"), NotImplementedError);
+      BOOST_CHECK_THROW(td.clear(), NotImplementedError);
+      BOOST_TEST(td.get("a").equal(ref.get("a")), m.name);
+      return;
+    }
+    td.rename_key_("a", "renamed");
+    BOOST_TEST(!td.contains("a"), m.name);
+    BOOST_TEST(td.get("renamed").equal(ref.get("a")), m.name);
+    BOOST_CHECK_THROW(td.rename_key_("renamed", "b", RenameOptions().safe(true)), KeyError);
+    BOOST_TEST(td.get("b").equal(ref.get("b")), m.name);
+    BOOST_CHECK_THROW(td.rename_key_("missing", "x"), KeyError);
+    const BatchSize batch = td.batch_size();
+    td.clear();
+    BOOST_TEST(td.keys().empty(), m.name);
+    BOOST_TEST(td.batch_size() == batch, m.name);
+  });
+}
+
 BOOST_AUTO_TEST_CASE(test_lock_write) {
   for_each_member([](const Member& m, TensorDict td, const TensorDict&) {
     const bool was = td.is_locked();

@@ -40,6 +40,8 @@ struct Member {
   bool writable = true;
   //! setting a key under a missing level creates the level (false: KeyError naming the missing parent)
   bool new_levels = true;
+  //! keys can be removed and renamed (false: a dense store keeps every key it made: NotImplementedError)
+  bool removes_keys = true;
 };
 
 //! the directory memmap and store members live in (one per test process)
@@ -81,14 +83,14 @@ inline std::vector<Member> members() {
                    TensorDict buf = zoo::plain(bs, 35).memmap(fresh_dir("store"));
                    return tensordict::Store::open(buf).tensordict();
                  },
-                 true});
+                 true, true, false});
   out.push_back({"shared_store_td",
                  [=] {
                    TensorDict buf = zoo::plain(bs, 37);
                    buf.share_memory_();
                    return tensordict::Store::open(buf).tensordict();
                  },
-                 true});
+                 true, true, false});
   // HDF5 (PersistentTensorDict): a file, a group of a file, an indexed view of a file
   out.push_back({"h5_td",
                  [=] { return TensorDict(tensordict::PersistentTensorDict::from_dict(zoo::plain(bs, 101), fresh_dir("h5") + ".h5")); },
