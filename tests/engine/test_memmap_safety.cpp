@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -544,6 +545,56 @@ BOOST_AUTO_TEST_CASE(a_lazy_stack_save_on_a_full_disk_keeps_the_old_save_and_lea
         return save_verdict(prefix, old);
       });
   check_old_save_kept(r);
+}
+
+// a save whose parent directory may not be written is made in place (no staging directory beside it): a lazy stack
+// saved so over a longer one removes the old last members, which a load would read as members. The parent is a
+// read-only bind mount in the child's own mount namespace, the prefix a writable bind mount below it
+BOOST_AUTO_TEST_CASE(a_lazy_stack_saved_in_place_over_a_longer_one_loads_its_own_members) {
+  TempDir dir("memmap-inplace-stack");
+  const std::string mnt = dir / "fs";
+  fs::create_directories(mnt);
+  const std::string report = dir / "report";
+  auto stack = [](int n, float v) {
+    std::vector<TensorDict> ms;
+    for (int i = 0; i < n; ++i) ms.push_back(TensorDict(Dict{{"a", at::full({2}, v + static_cast<float>(i))}}, {2}));
+    return lazy_stack(ms, 0);
+  };
+  pid_t pid = spawn_on_small_fs(mnt, 4096, [&]() -> int {
+    std::ofstream out(report);
+    const std::string parent = mnt + "/parent", prefix = parent + "/ls";
+    fs::create_directories(prefix);
+    if (::mount(parent.c_str(), parent.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
+        ::mount(nullptr, parent.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr) != 0 ||
+        ::mount(prefix.c_str(), prefix.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
+        ::mount(nullptr, prefix.c_str(), nullptr, MS_BIND | MS_REMOUNT, nullptr) != 0) {  // writable again
+      out << "no mounts: " << std::strerror(errno) << "\n";
+      return 94;
+    }
+    try {
+      stack(5, 1.f).memmap(prefix);
+      stack(3, 10.f).memmap(prefix);
+      const LazyStackedTensorDict back(TensorDict::load_memmap(prefix));
+      out << back.tensordicts().size() << " " << back.member(0).get("a")[0].item<float>() << " "
+          << fs::exists(prefix + "/3") << "\n";
+      int staged = 0;
+      for (const auto& e : fs::directory_iterator(parent))
+        if (e.path().filename().string().find("td-stage") != std::string::npos) ++staged;
+      out << staged << "\n";
+    } catch (const std::exception& e) {
+      out << "failed: " << e.what() << "\n";
+    }
+    return 0;
+  });
+  const int rc = testutil::wait_child(pid);
+  BOOST_TEST(rc == 0, "child " << testutil::describe_child(rc) << " (90-94: no private mounts could be made) "
+                                << testutil::read_text(report));
+  std::istringstream in(testutil::read_text(report));
+  std::string members, staged;
+  std::getline(in, members);
+  std::getline(in, staged);
+  BOOST_TEST(members == "3 10 0", members);  // three members, the new values, no old member 3 left
+  BOOST_TEST(staged == "0");                 // written in place: no staging directory could be made
 }
 
 // prefault on a file system that cannot hold the leaf (a 2 MiB leaf on a 1 MiB tmpfs: no blocks to reserve
