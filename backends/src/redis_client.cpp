@@ -545,6 +545,16 @@ std::vector<RedisReply> RedisClient::transaction(const std::vector<RedisCommand>
   return std::move(r.back().elements);
 }
 
+std::vector<RedisReply> RedisClient::read_together(const std::vector<RedisCommand>& cmds) {
+  try {
+    return transaction(cmds);
+  } catch (const BackendError& e) {
+    // the server's out-of-memory refusal of the queued commands ("-OOM command not allowed ..."): nothing ran
+    if (std::string(e.what()).find("OOM command not allowed") == std::string::npos) throw;
+  }
+  return pipeline(cmds);
+}
+
 std::vector<std::pair<size_t, RedisReply>> RedisClient::transaction_errors(const std::vector<RedisCommand>& cmds) {
   if (cmds.empty()) return {};
   ensure_connected();

@@ -173,7 +173,7 @@ std::vector<std::vector<at::Tensor>> RedisLazyStackStore::read_leaves(const std:
     if (l.kind != LeafKind::Tensor) throw TypeError("key '" + redis_join_path(p) + "' is a non-tensor");
     cmds.push_back(RedisCommand{"GET", redis_key(options_.prefix(), options_.td_id(), "d:" + redis_join_path(p))});
   }
-  std::vector<RedisReply> r = cmds.size() > 1 ? client_->transaction(cmds) : client_->pipeline(cmds);
+  std::vector<RedisReply> r = cmds.size() > 1 ? client_->read_together(cmds) : client_->pipeline(cmds);
   std::vector<std::vector<at::Tensor>> out;
   for (size_t i = 0; i < paths.size(); ++i) {
     const RedisStackLeaf& l = leaf(paths[i]);
@@ -208,7 +208,7 @@ std::vector<at::Tensor> RedisLazyStackStore::read_member(int64_t member) {
                        .arg(a)
                        .arg(b - 1));
   }
-  std::vector<RedisReply> r = cmds.size() > 1 ? client_->transaction(cmds) : client_->pipeline(cmds);
+  std::vector<RedisReply> r = cmds.size() > 1 ? client_->read_together(cmds) : client_->pipeline(cmds);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < leaves.size(); ++i) {
     const RedisStackLeaf& l = *leaves[i];

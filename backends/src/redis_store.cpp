@@ -278,9 +278,25 @@ std::vector<std::string> RedisStore::members_under(const std::string& joined) co
 }
 
 void RedisStore::transact(const std::vector<RedisCommand>& cmds, const std::string& what) {
-  std::vector<RedisReply> replies = client().transaction(cmds);
-  for (const auto& r : replies)
-    if (r.is_error()) redis_reply_error(r, what);
+  // one script (atomic, as MULTI/EXEC) running each command from ARGV: <argc> <arg>... per command. Not a
+  // MULTI: a server over its maxmemory refuses every command queued in a MULTI, so no key could be erased or
+  // moved to free memory, and a write that failed for want of memory could not remove the keys it had made. A
+  // script without flags runs there, and DEL / SREM / RENAME (not refused when out of memory) run inside it
+  static const char* const kRun =
+      "local i = 1\n"
+      "while i <= #ARGV do\n"
+      "  local n = tonumber(ARGV[i])\n"
+      "  redis.call(unpack(ARGV, i + 1, i + n))\n"
+      "  i = i + n + 1\n"
+      "end\n"
+      "return 1\n";
+  RedisCommand eval{"EVAL", kRun, "0"};
+  for (const auto& c : cmds) {
+    eval.arg(static_cast<int64_t>(c.size()));
+    for (size_t j = 0; j < c.size(); ++j) eval.arg(c.at(j));
+  }
+  const RedisReply r = client().command(eval);
+  if (r.is_error()) redis_reply_error(r, what);
 }
 
 void RedisStore::move(const LeafPath& from, const LeafPath& to) {
@@ -317,9 +333,10 @@ void RedisStore::clear() {
   RedisCommand del{"DEL", key("__batch_size__"), key("__device__"), key("__keys__")};
   for (const std::string& k : members()) del.arg(key("d:" + k)).arg(key("m:" + k)).arg(key("d:" + k + ":idx"));
   invalidate_cache();
-  std::vector<RedisReply> replies = client().transaction({std::move(del)});
-  for (const auto& r : replies)
-    if (r.is_error()) redis_reply_error(r, key("__keys__"));
+  // one command (atomic by itself): no MULTI, which a server over its maxmemory refuses (clear_redis is how memory
+  // is freed)
+  const RedisReply r = client().command(del);
+  if (r.is_error()) redis_reply_error(r, key("__keys__"));
 }
 
 NonTensorValue RedisStore::read_non_tensor(const LeafPath& path) {

@@ -238,7 +238,7 @@ std::vector<at::Tensor> RedisStore::read_once(const std::vector<LeafRead>& reads
     else if (cmds.size() == 1)
       replies = client().pipeline(cmds);
     else
-      replies = client().transaction(cmds);
+      replies = client().read_together(cmds);
     bool noscript = false;
     for (const auto& r : replies) noscript = noscript || is_noscript(r);
     if (!noscript) break;

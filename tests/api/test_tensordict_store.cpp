@@ -951,4 +951,48 @@ BOOST_AUTO_TEST_CASE(rename_key_and_clear_move_and_erase_keys_without_their_data
   BOOST_TEST(cleared.batch_size() == BatchSize({10}));
 }
 
+// A server at its maxmemory (noeviction). td[idx] = value with a key the store lacks makes the key (zero-filled at
+// the full batch size), then writes the rows: the create runs while the server is under its limit, the row write
+// after it is refused (OOM), and the key it made is removed again (the removal had been a MULTI, which such a
+// server refuses whole: the half-made key stayed). Over the limit, reads of several leaves and erases still work
+BOOST_AUTO_TEST_CASE(a_server_out_of_memory_keeps_no_half_made_key_and_still_reads_and_erases) {
+  testutil::RedisServer server;
+  const RedisOptions o = RedisOptions().port(server.port());
+  TensorDictStore st = TensorDictStore::from_tensordict(TensorDict(Dict{{"a", at::ones({1024})}}, {1024}), o);
+  const std::string lazy_id = TensorDictStore::save_lazy_stack(
+      LazyStackedTensorDict({TensorDict(Dict{{"x", at::ones({2, 3})}, {"y", at::ones({2})}}, {2}),
+                             TensorDict(Dict{{"x", at::zeros({2, 5})}, {"y", at::zeros({2})}}, {2})},
+                            0),
+      o);
+  backends::RedisClient raw = raw_client(o);
+  const std::string info = raw.command(backends::RedisCommand{"INFO", "memory"}).str;
+  const size_t at = info.find("used_memory:");
+  BOOST_TEST_REQUIRE(at != std::string::npos);
+  const long long used = std::stoll(info.substr(at + 12));
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxmemory-policy", "noeviction"});
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxmemory", std::to_string(used + 4 * 1024 * 1024)});
+  // "big" made at [1024, 4096] float32 (16 MiB, past the limit once made), then its row 3 written: refused
+  const TensorDict row(Dict{{"a", at::full({}, 5.f)}, {"big", at::full({4096}, 2.f)}}, {});
+  const std::string e = error_of<std::exception>([&] { st.index_put_({3}, row); });
+  BOOST_TEST((has(e, "OOM") || has(e, "maxmemory")), e);
+  // a server over its limit refuses writes, and keys can still be erased to free memory (in a MULTI, refused whole
+  // there, they could not)
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxmemory", "0"});
+  st.set("small", at::zeros({1024}));
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxmemory", "1"});
+  const std::string refused = error_of<std::exception>([&] { st.set("more", at::zeros({1024})); });
+  BOOST_TEST(has(refused, "OOM"), refused);
+  // reads of several leaves (a MULTI, refused whole there) go as one pipeline: no write can land between them
+  BOOST_TEST(st.index({5}).to_tensordict().get("a").item<float>() == 1.f);
+  BOOST_TEST(st.to_tensordict().get("small").equal(at::zeros({1024})));
+  const LazyStackedTensorDict lz = TensorDictStore::load_lazy_stack(lazy_id, o);
+  BOOST_TEST(lz.member(1).get("x").equal(at::zeros({2, 5})));
+  st.del("small");
+  BOOST_TEST(!st.contains("small"));
+  raw.command(backends::RedisCommand{"CONFIG", "SET", "maxmemory", "0"});
+  const TensorDictStore again = TensorDictStore::from_store(st.td_id(), o);
+  BOOST_TEST(!again.contains("big"), "the key the failed write made is still there");
+  BOOST_TEST(again.get("a").equal(at::ones({1024})));  // the old key as it was
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -152,6 +152,10 @@ class RedisClient {
   //! MULTI, the commands, EXEC in one round trip: the commands' replies (runtime error replies as values).
   //! A command refused while queueing (EXECABORT: nothing was applied) throws.
   std::vector<RedisReply> transaction(const std::vector<RedisCommand>& cmds);
+  //! reads that must see one moment (the leaves of a row): transaction(), or a pipeline when the server is over its
+  //! maxmemory, where it refuses every command queued in a MULTI (reads too) and every write that could land
+  //! between the reads (SET, SETRANGE, HSET: refused when out of memory)
+  std::vector<RedisReply> read_together(const std::vector<RedisCommand>& cmds);
   //! transaction() for commands whose replies only matter when they are errors (writes): the error replies
   //! with the index of their command, none when every command succeeded. The other replies are parsed and
   //! checked, not kept (a merged write of 256 rows had 2,000 replies built into two vectors, then dropped)

@@ -155,7 +155,8 @@ class RedisStore : public LeafStore {
     meta_cache_.erase(joined);
     length_checked_.erase(joined);
   }
-  //! runs cmds in one MULTI/EXEC; an error reply raises, naming `what`
+  //! runs cmds atomically in one script (not MULTI/EXEC, which a server over its maxmemory refuses whole: erase and
+  //! move must still run there); an error reply raises, naming `what`
   void transact(const std::vector<RedisCommand>& cmds, const std::string& what);
   void check_open() const;
   std::vector<at::Tensor> read_once(const std::vector<LeafRead>& reads, std::vector<size_t>* bad);
