@@ -209,13 +209,9 @@ void LazyStackNode::masked_fill_(TensorDict& self, const at::Tensor& mask, const
 
 void LazyStackNode::add_(TensorDict& self, const TensorDict& other) {
   // member by member, other split along the stack dim
-  std::vector<TensorDict> parts = other.unbind(stack_dim);
-  if (parts.size() != members.size()) {
-    throw BatchSizeError("add_: the other TensorDict has batch size " + detail::shape_str(other.batch_size()) +
-                         ", the lazy stack " + detail::shape_str(self.batch_size()));
-  }
+  const auto parts = others_by_member(*this, self, {other}, "add_");
   size_t i = 0;
-  detail::on_each_or_put_back(members, [&](TensorDict& m) { m.add_(parts[i++]); });
+  detail::on_each_or_put_back(members, [&](TensorDict& m) { m.add_(parts[i++][0]); });
 }
 
 void LazyStackNode::add_(TensorDict&, const at::Scalar& other) {

@@ -306,9 +306,9 @@ TensorDict& TensorDict::load_memmap_(const std::string& prefix, const LoadOption
     return *this;
   }
   TensorDict loaded = load_tree(prefix, options);
-  if (LazyStackedTensorDict::is_lazy_stack(loaded)) {
-    throw TypeError("load_memmap_: '" + prefix + "' holds a LazyStackedTensorDict, whose members cannot become this "
-                    "TensorDict's entries; load it with load_memmap");
+  if (!loaded.node()->dense_node()) {  // a lazy stack's directory: no entries of one level to take
+    throw TypeError("load_memmap_: '" + prefix + "' holds a " + loaded.node()->type_name() + ", whose members cannot "
+                    "become this TensorDict's entries; load it with load_memmap");
   }
   if (d()->locked) {
     throw LockedError("Cannot modify locked TensorDict: load_memmap_ replaces the entries; unlock it first");
