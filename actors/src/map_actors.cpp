@@ -341,6 +341,10 @@ caf::behavior map_helper(caf::event_based_actor* self, std::shared_ptr<SharedMap
           try {
             ev.result = map_detail::run_chunk(job->src, job->fn, job->plan, static_cast<size_t>(c), ctx);
             ev.kind = MapEvent::Kind::Result;
+            if (job->gather && job->gather->place(static_cast<size_t>(c), ev.result)) {
+              ev.placed = true;
+              ev.result = TensorDict::undefined();
+            }
           } catch (...) {
             job->cancelled = true;
             ev.kind = MapEvent::Kind::Error;

@@ -270,6 +270,10 @@ std::string random_token() {
 }  // namespace
 
 namespace {
+//! a chunk 0 cheaper than this (or than what helpers cost lately) is confirmed by a warm chunk 1 before helpers
+//! start, and helpers are not tried again for a rest of the call under twice this (Runtime::map)
+constexpr double kColdChunkNs = 50'000;
+
 int64_t now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
 
 //! rows of a chunk along the mapped dim (an element of chunksize 0 counts as one row)
@@ -326,6 +330,10 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
   const auto total = static_cast<int64_t>(plan.chunks.size());
   const bool plain_out = plan.out && !plan.in_place_out;
   std::vector<TensorDict> results(plan.chunks.size(), TensorDict::undefined());
+  // results not written into an out: copied into the call's result as they come, by the worker that made them
+  if (!plan.out) job->gather = std::make_shared<map_detail::ChunkGather>(plan);
+  std::vector<char> placed(plan.chunks.size(), 0);
+  bool gather_started = false;
   Progress progress(plan.progress, total, std::chrono::milliseconds(c.map_progress_interval_ms), "map");
   TorchThreadsGuard threads_guard;
   MapWorkerContext ctx;  // the caller is worker 0
@@ -333,12 +341,22 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
   ctx.seed = plan.seed;
   int64_t done = 0;
   int64_t helpers = 0, helpers_ended = 0;
-  auto consume = [&](int64_t chunk, TensorDict r) {
+  auto consume = [&](int64_t chunk, TensorDict r, bool was_placed) {
     const auto i = static_cast<size_t>(chunk);
     if (plain_out) {
       map_detail::write_chunk(*plan.out, plan, i, r);
+    } else if (was_placed) {
+      placed[i] = 1;
     } else if (!plan.in_place_out) {
-      results[i] = std::move(r);
+      // the first result sets the layout of the call's result; later ones a helper could not place (it ran
+      // before the layout was set, or does not fit it) are tried here once more
+      const bool put = job->gather && (gather_started ? job->gather->place(i, r) : job->gather->start(i, r));
+      gather_started = true;
+      if (put) {
+        placed[i] = 1;
+      } else {
+        results[i] = std::move(r);
+      }
     }
     progress.update(++done);
   };
@@ -355,14 +373,14 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
   };
   auto handle = [&](MapEvent& ev) {
     switch (ev.kind) {
-      case MapEvent::Kind::Result: consume(ev.chunk, std::move(ev.result)); return;
+      case MapEvent::Kind::Result: consume(ev.chunk, std::move(ev.result), ev.placed); return;
       case MapEvent::Kind::End: ++helpers_ended; return;
       case MapEvent::Kind::Error: fail(ev.error);
     }
   };
   auto run_own = [&](int64_t chunk) {
     try {
-      consume(chunk, map_detail::run_chunk(src, fn, plan, static_cast<size_t>(chunk), ctx));
+      consume(chunk, map_detail::run_chunk(src, fn, plan, static_cast<size_t>(chunk), ctx), false);
     } catch (...) {
       fail(map_detail::carry_current_exception(chunk));
     }
@@ -395,7 +413,9 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
     const int64_t first = job->claim();
     int64_t early_workers = 1, early_spawned = 0;
     const int64_t t_call = now_ns();
-    if (const double prior = static_cast<double>(last_ps_per_row_.load()) / 1000.0; prior > 0) {
+    // (not on a cheap prior: a chunk that costs under kColdChunkNs is confirmed warm before helpers start)
+    if (const double prior = static_cast<double>(last_ps_per_row_.load()) / 1000.0;
+        prior > 0 && prior * rows0 >= kColdChunkNs) {
       early_workers = workers_for(max_workers, total, rows_left + rows0, prior, prior * rows0,
                                   static_cast<double>(helper_spawn_ns_.load()), static_cast<double>(helper_start_ns_.load()));
       if (early_workers > 1) early_spawned = spawn_helpers(early_workers);
@@ -403,14 +423,36 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
     // chunk 0 on this thread, timed: its cost per row says whether helpers pay off for the rest
     const int64_t t0 = now_ns();
     run_own(first);
-    const double chunk0_ns = static_cast<double>(std::max<int64_t>(now_ns() - t0, 1));
-    const double ns_per_row = chunk0_ns / rows0;
+    double chunk_ns = static_cast<double>(std::max<int64_t>(now_ns() - t0, 1));
+    double ns_per_row = chunk_ns / rows0;
+    int64_t chunks_left = total - 1;
+    // chunk 0 runs on a cold cache: the previous call's output has evicted fn's code and data. An identity fn's
+    // chunk 0 of 1,000 rows took 7-15 us where the next chunks took 1.2 us (a 2 MiB L2, after a 3.2 MB cat), and
+    // helpers spawned on that figure made the call 20% slower than the loop. A chunk 0 that costs no more than
+    // helpers do is confirmed by the next chunk, warm, before helpers are spawned (a heavy fn decides at once)
+    if (early_workers == 1 && chunks_left > 0 &&
+        chunk_ns < std::max(kColdChunkNs, static_cast<double>(helper_spawn_ns_.load() + helper_start_ns_.load()))) {
+      if (const int64_t next = job->claim(); next >= 0) {
+        const double rows1 = static_cast<double>(std::max<int64_t>(chunk_rows(plan.chunks[static_cast<size_t>(next)]), 1));
+        const int64_t t1 = now_ns();
+        run_own(next);
+        const double next_ns = static_cast<double>(std::max<int64_t>(now_ns() - t1, 1));
+        if (next_ns / rows1 < ns_per_row) {
+          ns_per_row = next_ns / rows1;
+          chunk_ns = next_ns;
+        }
+        rows_left -= rows1;
+        --chunks_left;
+      }
+    }
     last_ps_per_row_.store(static_cast<int64_t>(ns_per_row * 1000.0));
-    const int64_t w = workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns,
+    const int64_t w = workers_for(max_workers, chunks_left, rows_left, ns_per_row, chunk_ns,
                                   static_cast<double>(helper_spawn_ns_.load()), static_cast<double>(helper_start_ns_.load()));
-    if (w == 1 && workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns, 0.0, 0.0) > 1) {
+    if (w == 1 && rows_left * ns_per_row >= 2 * kColdChunkNs &&
+        workers_for(max_workers, chunks_left, rows_left, ns_per_row, chunk_ns, 0.0, 0.0) > 1) {
       // only what helpers cost lately keeps this call inline: let both costs fade, so that helpers are tried
-      // again once the machine may have changed (they are only measured when helpers run)
+      // again once the machine may have changed (they are only measured when helpers run). Not for a rest
+      // under 2 x kColdChunkNs: its best saving is under one thread wake-up on a VM (10-30 us)
       helper_start_ns_.store(helper_start_ns_.load() * 7 / 8);
       helper_spawn_ns_.store(helper_spawn_ns_.load() * 7 / 8);
     }
@@ -420,7 +462,7 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
     // rows): retiring whenever a fresh call would stay inline made such calls 203 us against 169 us with the
     // helper kept and 190 us for the plain loop
     const bool retire = early_workers > 1 && w == 1 &&
-                        workers_for(max_workers, total - 1, rows_left, ns_per_row, chunk0_ns, 0.0, 0.0) == 1;
+                        workers_for(max_workers, chunks_left, rows_left, ns_per_row, chunk_ns, 0.0, 0.0) == 1;
     if (retire) job->retired = true;
     if (w > 1 || early_workers > 1) {
       const bool early = early_workers > 1;
@@ -440,8 +482,8 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
       // the start-up term of the next decision (it counts 1/w there)
       // (early: from the call's start, over every chunk; nothing to learn from retired helpers)
       if (!retire) {
-        const int64_t chunks = early ? total : total - 1;
-        const double ideal = static_cast<double>((chunks + workers - 1) / workers) * chunk0_ns;
+        const int64_t chunks = early ? total : chunks_left;
+        const double ideal = static_cast<double>((chunks + workers - 1) / workers) * chunk_ns;
         const double excess = static_cast<double>(now_ns() - (early ? t_call : spawned)) - ideal;
         smooth(helper_start_ns_, static_cast<int64_t>(std::max(0.0, excess) * static_cast<double>(workers)));
       }
@@ -452,7 +494,7 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
   progress.finish(true);
   if (plan.in_place_out) return TensorDict::undefined();
   if (plain_out) return *plan.out;
-  return map_detail::gather(results, plan);
+  return job->gather ? job->gather->finish(results, placed) : map_detail::gather(results, plan);
 }
 
 TensorDict Runtime::map_named(const TensorDict& src, const std::string& name, const MapFn& fn,

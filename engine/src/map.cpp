@@ -1,6 +1,9 @@
 // td.map / td.map_iter: the engine-side semantics (validation, chunks, restacking) and the backend registry.
 #include "tensordict/map.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -423,6 +426,147 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan) {
     }
     rethrow_with_prefix(std::string("map: cannot ") + op + " the results of fn: ", -1, hint);
   }
+}
+
+namespace {
+//! the dense level behind an entry's sub-TensorDict, or null (another node kind)
+const TensorDictImpl* dense_child(const Entry& e) { return e.tensordict().node()->dense_node(); }
+
+//! an empty level like `like` (its dense tree, tensor leaves only) with `total` rows along dim; false when a level
+//! or leaf is not of the plain kind
+bool alloc_like(const TensorDictImpl& like, int64_t dim, int64_t total, TensorDict* out) {
+  if (static_cast<int64_t>(like.batch_size.size()) <= dim) return false;
+  BatchSize bs = like.batch_size;
+  bs[static_cast<size_t>(dim)] = total;
+  TensorDict level = detail::make_empty(like, bs);
+  TensorDictImpl& r = *static_cast<TensorDictImpl*>(level.node().get());
+  r.entries.reserve(like.entries.size());
+  for (const auto& [key, e] : like.entries) {
+    if (e.is_tensor()) {
+      const at::Tensor& t = e.tensor();
+      if (t.layout() != at::kStrided || t.requires_grad()) return false;
+      std::vector<int64_t> sizes = t.sizes().vec();
+      sizes[static_cast<size_t>(dim)] = total;
+      r.entries.emplace_back(key, Entry(at::empty(sizes, t.options().memory_format(t.suggest_memory_format()))));
+    } else if (e.is_tensordict()) {
+      const TensorDictImpl* sub = dense_child(e);
+      TensorDict child;
+      if (!sub || !alloc_like(*sub, dim, total, &child)) return false;
+      r.entries.emplace_back(key, Entry(child));
+    } else {
+      return false;
+    }
+  }
+  *out = std::move(level);
+  return true;
+}
+
+//! r's leaves copied into rows [off, off + rows) along dim of `out`'s (same keys in the same order, dtypes,
+//! devices, shapes but along dim); false at the first thing that differs
+bool place_level(const TensorDictImpl& out, const TensorDictImpl& r, int64_t dim, int64_t off, int64_t rows) {
+  const auto d = static_cast<size_t>(dim);
+  if (r.batch_size.size() != out.batch_size.size() || r.batch_size[d] != rows || r.entries.size() != out.entries.size())
+    return false;
+  for (size_t j = 0; j < r.batch_size.size(); ++j)
+    if (j != d && r.batch_size[j] != out.batch_size[j]) return false;
+  for (size_t j = 0; j < r.entries.size(); ++j) {
+    const auto& [key, e] = r.entries[j];
+    const auto& [okey, oe] = out.entries[j];
+    if (key != okey) return false;
+    if (e.is_tensor() && oe.is_tensor()) {
+      const at::Tensor& t = e.tensor();
+      const at::Tensor& o = oe.tensor();
+      if (t.scalar_type() != o.scalar_type() || t.device() != o.device() || t.layout() != at::kStrided ||
+          t.requires_grad() || t.dim() != o.dim())
+        return false;
+      for (int64_t k = 0; k < t.dim(); ++k)
+        if (k != dim ? t.size(k) != o.size(k) : t.size(k) != rows) return false;
+      if (dim == 0 && t.is_contiguous() && o.is_contiguous() && !t.is_conj() && !t.is_neg()) {
+        // rows of a C-contiguous leaf are one block: the copy without an operator's dispatch (a chunk of 10 rows)
+        const int64_t row_bytes = o.numel() / std::max<int64_t>(o.size(0), 1) * static_cast<int64_t>(o.element_size());
+        if (rows > 0 && row_bytes > 0) {
+          std::memcpy(static_cast<char*>(o.data_ptr()) + off * row_bytes, t.data_ptr(),
+                      static_cast<size_t>(rows * row_bytes));
+        }
+      } else {
+        o.narrow(dim, off, rows).copy_(t);
+      }
+    } else if (e.is_tensordict() && oe.is_tensordict()) {
+      const TensorDictImpl* sub = dense_child(e);
+      const TensorDictImpl* osub = dense_child(oe);
+      if (!sub || !osub || !place_level(*osub, *sub, dim, off, rows)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+}  // namespace
+
+struct ChunkGather::State {
+  const MapPlan& plan;
+  std::vector<int64_t> offsets;  //!< chunk i's first row of the result along plan.dim (size chunks + 1)
+  bool ranges = false;           //!< every chunk a range (no shuffle, not stacked, no out)
+  TensorDict out;
+  std::atomic<bool> ready{false};
+  explicit State(const MapPlan& p) : plan(p) {}
+};
+
+ChunkGather::ChunkGather(const MapPlan& plan) : s_(std::make_unique<State>(plan)) {
+  s_->ranges = !plan.stack && !plan.out && !plan.chunks.empty();
+  s_->offsets.reserve(plan.chunks.size() + 1);
+  s_->offsets.push_back(0);
+  for (const MapChunk& c : plan.chunks) {
+    if (c.drop_dim || !c.indices.empty()) s_->ranges = false;
+    s_->offsets.push_back(s_->offsets.back() + c.length);
+  }
+}
+ChunkGather::~ChunkGather() = default;
+
+bool ChunkGather::start(size_t i, const TensorDict& r) {
+  if (!s_->ranges || !r.defined() || r.typed_schema()) return false;
+  const TensorDictImpl* level = r.node()->dense_node();
+  const auto d = static_cast<size_t>(s_->plan.dim);
+  if (!level || level->batch_size.size() <= d || level->batch_size[d] != s_->offsets[i + 1] - s_->offsets[i]) return false;
+  TensorDict out;
+  try {
+    if (!alloc_like(*level, s_->plan.dim, s_->offsets.back(), &out)) return false;
+  } catch (const c10::Error&) {  // a dtype or device at::empty does not make: the cat at the end decides
+    return false;
+  }
+  s_->out = std::move(out);
+  s_->ready.store(true, std::memory_order_release);  // from here on, out is only read (its leaves written by rows)
+  return place(i, r);
+}
+
+bool ChunkGather::ready() const { return s_->ready.load(std::memory_order_acquire); }
+
+bool ChunkGather::place(size_t i, const TensorDict& r) const {
+  if (!ready() || !r.defined() || r.typed_schema()) return false;
+  const TensorDictImpl* level = r.node()->dense_node();
+  const TensorDictImpl* out = s_->out.node()->dense_node();
+  const int64_t off = s_->offsets[i];
+  try {
+    return level && place_level(*out, *level, s_->plan.dim, off, s_->offsets[i + 1] - off);
+  } catch (const c10::Error&) {  // a copy torch refuses: kept whole, and the cat at the end says why
+    return false;
+  }
+}
+
+TensorDict ChunkGather::finish(const std::vector<TensorDict>& results, const std::vector<char>& placed) const {
+  if (!ready()) return gather(results, s_->plan);
+  bool all = true;
+  for (size_t i = 0; i < results.size(); ++i) all = all && placed[i];
+  if (all) return s_->out;
+  // some results did not fit: the placed rows (views) beside them, concatenated as gather does
+  std::vector<TensorDict> pieces = results;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (!placed[i]) continue;
+    Index idx(static_cast<size_t>(s_->plan.dim), at::indexing::Slice());
+    idx.emplace_back(at::indexing::Slice(s_->offsets[i], s_->offsets[i + 1]));
+    pieces[i] = s_->out.index(idx);
+  }
+  return gather(pieces, s_->plan);
 }
 
 TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan, size_t i, MapWorkerContext& ctx) {

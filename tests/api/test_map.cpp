@@ -674,4 +674,112 @@ BOOST_AUTO_TEST_CASE(chunksize_zero_restacks_non_tensor_results) {
   BOOST_TEST(same.get_non_tensor("tag").dump() == R"(["x","x","x","x","x","x"])");
 }
 
+// map copies each chunk's result into the call's result as it comes (map_detail::ChunkGather) instead of
+// concatenating them at the end: the same values, dtypes and batch sizes as the plain loop's cat, a copy (not a
+// view of the source), and every result that does not fit the first one's layout taken as cat takes it
+namespace {
+//! the plain loop the gather must equal: fn over the chunks, then cat
+TensorDict loop_cat(const TensorDict& td, const MapFn& fn, int64_t chunk, int64_t dim) {
+  std::vector<TensorDict> parts;
+  for (const TensorDict& c : td.split(chunk, dim)) parts.push_back(fn(c));
+  return cat(parts, dim);
+}
+//! the first leaf value of a chunk (dim 0: its row index in "i")
+int64_t first_i(const TensorDict& c) { return c.get("i").flatten()[0].item<int64_t>(); }
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(results_placed_as_they_come_equal_the_loops_cat) {
+  Engine engine(Config::load(R"({"map": {"num_workers": 2}})"));
+  // batch [12, 3]: "i" row index, "x" float32, a nested level, a leaf that is channels-last
+  TensorDict nested({{"b", at::randn({12, 3, 2})}}, {12, 3});
+  TensorDict td({{"i", at::arange(12).unsqueeze(1).expand({12, 3}).contiguous()},
+                 {"x", at::randn({12, 3, 4})},
+                 {"img", at::randn({12, 3, 5, 6}).contiguous()},
+                 {"nested", nested}},
+                {12, 3});
+  MapFn identity = [](const TensorDict& c) { return c; };
+  MapFn slow_plus_one = [](const TensorDict& c) {  // worth a helper: both workers place rows
+    std::this_thread::sleep_for(milliseconds(2));
+    return c.apply(plus_one);
+  };
+  for (int64_t dim : {0, 1}) {
+    for (int workers : {1, 2}) {
+      for (const MapFn* fn : {&identity, &slow_plus_one}) {
+        BOOST_TEST_CONTEXT("dim " << dim << " workers " << workers << (fn == &identity ? " identity" : " slow")) {
+          const TensorDict expected = loop_cat(td, *fn, 1, dim);
+          TensorDict r = td.map(*fn, MapOptions().dim(dim).chunksize(1).num_workers(workers));
+          BOOST_TEST(r.batch_size() == td.batch_size());
+          BOOST_TEST(r.equal(expected));
+          BOOST_TEST(r.get("x").dtype() == expected.get("x").dtype());
+        }
+      }
+    }
+  }
+  // a copy, as cat's result is: the identity fn's chunks are views of td, the result is not
+  TensorDict r = td.map(identity, MapOptions().chunksize(4));
+  const TensorDict before = r.clone();
+  td.get("x").add_(100);
+  td.get(NestedKey({"nested", "b"})).add_(100);
+  BOOST_TEST(r.equal(before));
+}
+
+BOOST_AUTO_TEST_CASE(results_that_do_not_fit_the_first_are_concatenated_as_cat_would) {
+  Engine engine(Config::load(R"({"map": {"num_workers": 2}})"));
+  TensorDict td({{"i", at::arange(20)}, {"x", at::arange(20, at::kFloat)}}, {20});
+  // each case: a fn whose result for the chunk starting at row 8 (or at every chunk but the first) differs
+  std::vector<std::pair<std::string, std::function<TensorDict(const TensorDict&)>>> cases = {
+      {"another dtype (promoted)",
+       [](const TensorDict& c) {
+         TensorDict o = c.clone();
+         if (first_i(c) == 8) o.set("x", c.get("x").to(at::kDouble));
+         return o;
+       }},
+      {"fewer rows", [](const TensorDict& c) { return first_i(c) == 8 ? c.index({Slice(0, 2)}).clone() : c.clone(); }},
+      {"the first with fewer rows", [](const TensorDict& c) { return first_i(c) == 0 ? c.index({Slice(0, 1)}).clone() : c.clone(); }},
+      {"keys in another order",
+       [](const TensorDict& c) {
+         if (first_i(c) != 8) return c.clone();
+         return TensorDict({{"x", c.get("x").clone()}, {"i", c.get("i").clone()}}, c.batch_size());
+       }},
+      {"a non-tensor leaf",
+       [](const TensorDict& c) {
+         TensorDict o = c.clone();
+         o.set_non_tensor("tag", JsonValue("t"));
+         return o;
+       }},
+      {"autograd",
+       [](const TensorDict& c) {
+         TensorDict o = c.clone();
+         o.set("x", c.get("x").clone().requires_grad_(true) * 2);
+         return o;
+       }},
+      {"no result for one chunk",
+       [](const TensorDict& c) { return first_i(c) == 8 ? TensorDict::undefined() : c.clone(); }},
+  };
+  for (const auto& [name, f] : cases) {
+    for (bool slow : {false, true}) {
+      BOOST_TEST_CONTEXT(name << (slow ? ", slow (helpers)" : "")) {
+        MapFn fn = [f = f, slow](const TensorDict& c) {
+          if (slow) std::this_thread::sleep_for(milliseconds(2));
+          return f(c);
+        };
+        std::vector<TensorDict> parts;
+        for (const TensorDict& c : td.split(4, 0)) {
+          TensorDict p = fn(c);
+          if (p.defined()) parts.push_back(p);
+        }
+        const TensorDict expected = cat(parts, 0);
+        TensorDict r = td.map(fn, MapOptions().chunksize(4));
+        BOOST_TEST(r.batch_size() == expected.batch_size());
+        BOOST_TEST(r.get("x").dtype() == expected.get("x").dtype());
+        BOOST_TEST(at::equal(r.get("x").detach(), expected.get("x").detach()));
+        BOOST_TEST(at::equal(r.get("i"), expected.get("i")));
+        BOOST_TEST(r.get("x").requires_grad() == expected.get("x").requires_grad());
+        BOOST_TEST(r.contains("tag") == expected.contains("tag"));
+        if (expected.contains("tag")) BOOST_TEST(r.get_non_tensor("tag").dump() == expected.get_non_tensor("tag").dump());
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

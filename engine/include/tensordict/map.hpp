@@ -132,6 +132,32 @@ void write_chunk(const TensorDict& out, const MapPlan& plan, size_t chunk_index,
 //! cat / stack of the defined results in chunk order (undefined if none); errors name the first chunk
 //! that does not fit with chunk 0
 TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan);
+//! map's cat of the chunk results (chunks of a range, no out, not stacked), made as the results come: the first
+//! result sets the layout and the whole result is allocated; each result is then copied into its rows by the
+//! worker that made it, while it is in that core's cache, and nothing is left to concatenate at the end. A result
+//! that does not fit the layout (another dtype, row count, key set or order, a non-tensor leaf, autograd) is kept,
+//! and the end concatenates it with the placed rows as `gather` would (its errors included). place() of distinct
+//! chunks may run on any threads at once, after start() returned true on one.
+class ChunkGather {
+ public:
+  explicit ChunkGather(const MapPlan& plan);
+  ~ChunkGather();
+  ChunkGather(const ChunkGather&) = delete;
+  ChunkGather& operator=(const ChunkGather&) = delete;
+  //! the first result (of chunk i): allocates the whole result when the plan and the result allow, then places r;
+  //! true when r was placed (false: nothing allocated, everything is gathered at the end)
+  bool start(size_t i, const TensorDict& r);
+  //! start() has allocated the result (acquire: place() may run)
+  bool ready() const;
+  //! copies result i into its rows; false when it does not fit (its rows are then never read)
+  bool place(size_t i, const TensorDict& r) const;
+  //! the result: placed chunks from their rows, the others from results[i] (undefined ones skipped)
+  TensorDict finish(const std::vector<TensorDict>& results, const std::vector<char>& placed) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 //! runs fn on one chunk inside a worker: sets the thread-local context and torch threads
 TensorDict run_chunk(const TensorDict& src, const MapFn& fn, const MapPlan& plan, size_t chunk_index,
                      MapWorkerContext& ctx);

@@ -23,6 +23,7 @@ struct MapEvent {
   enum class Kind { Result, Error, End } kind = Kind::End;
   int64_t chunk = -1;
   TensorDict result = TensorDict::undefined();
+  bool placed = false;  //!< Result: already copied into the call's ChunkGather (result undefined)
   map_detail::CarriedError error;
 };
 
@@ -67,6 +68,8 @@ struct SharedMapJob {
   std::atomic<bool> retired{false};    //!< helpers started early turned out not to pay: they claim no more
   //! Result (a chunk done by a helper), Error (a helper's fn failed), End (a helper exited)
   std::shared_ptr<Inbox<MapEvent>> events;
+  //! the call's result made as the chunks come (null: results go to the caller whole)
+  std::shared_ptr<map_detail::ChunkGather> gather;
   //! the next chunk index, or -1 when every chunk is claimed or the job is cancelled
   int64_t claim() {
     if (cancelled.load(std::memory_order_relaxed)) return -1;
