@@ -7,6 +7,7 @@
 #include <sstream>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include <boost/test/unit_test.hpp>
 
@@ -36,10 +37,13 @@ template <class E, class F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
+  } catch (const std::exception& e) {  // one handler: E may be std::exception itself
+    if constexpr (std::is_same_v<E, std::exception>) {
+      return e.what();
+    } else {
+      if (dynamic_cast<const E*>(&e)) return e.what();
+      return std::string("wrong exception type: ") + e.what();
+    }
   }
   return "no exception";
 }
