@@ -429,6 +429,52 @@ BOOST_AUTO_TEST_CASE(connection_closed_by_server) {
   BOOST_TEST(same(s->read({LeafRead{{"big"}, false, {1023}}})[0], data.slice(0, 1023, 1024)));
 }
 
+BOOST_AUTO_TEST_CASE(a_connection_lost_before_an_erase_move_or_clear_changes_nothing) {
+  // the server drops our connection right before an erase, a move or a clear (one Lua script or one DEL each):
+  // the call is a BackendError that names the lost connection, another client still sees every key whole, and
+  // the same call then succeeds on a new connection
+  auto s = new_store({4});
+  s->create({"a"}, at::kFloat, {4}, at::full({4}, 1.f), {});
+  s->create({"g", "x"}, at::kLong, {4, 2}, at::full({4, 2}, 2, at::kLong), {});
+  s->create({"g", "y"}, at::kFloat, {4}, at::full({4}, 3.f), {});
+  RedisClient killer(opts(shared_server()).connect_options());
+  auto drop_connection = [&] {
+    const std::string id = std::to_string(s->client().command(RedisCommand{"CLIENT", "ID"}).integer);
+    BOOST_TEST_REQUIRE(killer.command(RedisCommand{"CLIENT", "KILL", "ID", id}).integer == 1);
+  };
+  // what another client sees: each key present or not, with its value
+  auto seen = [&](const std::vector<LeafPath>& present, const std::vector<LeafPath>& absent) {
+    auto other = open_redis_store(s->spec_fields());
+    std::set<std::string> names;
+    for (const LeafInfo& l : other->list()) names.insert(redis_join_path(l.path));
+    for (const LeafPath& p : present) {
+      BOOST_TEST(names.count(redis_join_path(p)) == 1u, redis_join_path(p));
+      const at::Tensor v = other->read({LeafRead{p, true, {}}})[0];
+      const double want = p.back() == "a" ? 1 : p.back() == "x" ? 2 : 3;
+      BOOST_TEST(at::all(v == want).item<bool>(), redis_join_path(p));
+    }
+    for (const LeafPath& p : absent) BOOST_TEST(names.count(redis_join_path(p)) == 0u, redis_join_path(p));
+  };
+  drop_connection();
+  BOOST_TEST(contains(message_of<BackendError>([&] { s->erase({"a"}); }), "lost"));
+  seen({{"a"}, {"g", "x"}, {"g", "y"}}, {});
+  BOOST_TEST(s->erase({"a"}));
+  seen({{"g", "x"}, {"g", "y"}}, {{"a"}});
+
+  drop_connection();
+  BOOST_TEST(contains(message_of<BackendError>([&] { s->move({"g"}, {"h"}); }), "lost"));
+  seen({{"g", "x"}, {"g", "y"}}, {{"h", "x"}, {"h", "y"}});
+  s->move({"g"}, {"h"});
+  seen({{"h", "x"}, {"h", "y"}}, {{"g", "x"}, {"g", "y"}});
+
+  drop_connection();
+  BOOST_TEST(contains(message_of<BackendError>([&] { s->clear(); }), "lost"));
+  seen({{"h", "x"}, {"h", "y"}}, {});
+  BOOST_TEST(*open_redis_store(s->spec_fields())->stored_batch_size() == std::vector<int64_t>{4});
+  s->clear();  // every key of the store gone, its __batch_size__ too
+  BOOST_TEST(killer.command(RedisCommand{"KEYS", s->key("*")}).elements.empty());
+}
+
 BOOST_AUTO_TEST_CASE(hostile_metadata) {
   auto s = new_store({4});
   RedisClient& c = s->client();
