@@ -150,9 +150,10 @@ TensorDict LazyStackNode::to(const TensorDict&, at::Device device) const {
 }
 
 // ============================================================================ apply, fills, in-place arithmetic
-TensorDict LazyStackNode::apply(const TensorDict&, const LeafFn& fn, const ApplyOptions& options) const {
-  // member by member: a lazy stack again (upstream test_stack_apply)
-  if (options.batch_size()) throw NotImplementedError("apply with batch_size on a LazyStackedTensorDict");
+TensorDict LazyStackNode::apply(const TensorDict& self, const LeafFn& fn, const ApplyOptions& options) const {
+  // member by member: a lazy stack again (upstream test_stack_apply). With a batch_size, as upstream: an op that
+  // changes the batch size gives a regular TensorDict, fn applied to the stacked leaves
+  if (options.batch_size()) return dense_form(self).apply(fn, options);
   std::vector<TensorDict> out;
   for (const auto& m : members) out.push_back(m.apply(fn, options));
   return detail::make_lazy(std::move(out), stack_dim);
@@ -180,8 +181,9 @@ static std::vector<std::vector<TensorDict>> others_by_member(const LazyStackNode
 
 TensorDict LazyStackNode::apply(const TensorDict& self, const MultiLeafFn& fn, const std::vector<TensorDict>& others,
                                 const ApplyOptions& options) const {
-  // member by member with the others' slices: a lazy stack again (upstream _apply_nest unbinds the others)
-  if (options.batch_size()) throw NotImplementedError("apply with batch_size on a LazyStackedTensorDict");
+  // member by member with the others' slices: a lazy stack again (upstream _apply_nest unbinds the others); with a
+  // batch_size, a regular TensorDict over the stacked leaves and the others' leaves at the same keys (upstream)
+  if (options.batch_size()) return dense_form(self).apply(fn, others, options);
   const auto parts = others_by_member(*this, self, others, "apply");
   std::vector<TensorDict> out;
   for (size_t i = 0; i < members.size(); ++i) out.push_back(members[i].apply(fn, parts[i], options));

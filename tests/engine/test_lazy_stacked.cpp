@@ -276,6 +276,30 @@ BOOST_AUTO_TEST_CASE(test_stack_apply) {
   BOOST_TEST(tds[3].get("a").eq(0).all().item<bool>());
 }
 
+// upstream LazyStackedTensorDict._apply_nest: "any op that modifies the batch-size will result in a regular TensorDict"
+BOOST_AUTO_TEST_CASE(apply_with_a_batch_size_gives_a_regular_tensordict) {
+  std::vector<TensorDict> tds = members();
+  LazyStackedTensorDict lazy = lazy_stack(tds, 0);
+  const BatchSize b = lazy.batch_size();
+  const int64_t n = b[0] * b[1];
+  const TensorDict dense = dense_of(tds, 0);
+  auto flat = [](const at::Tensor& t) { return t.flatten(0, 1) * 2; };
+  TensorDict r = lazy.apply(flat, ApplyOptions().batch_size(BatchSize{n, b[2]}));
+  BOOST_TEST(!LazyStackedTensorDict::is_lazy_stack(r));
+  BOOST_TEST((r.node()->dense_node() != nullptr));
+  BOOST_TEST(r.batch_size() == BatchSize({n, b[2]}));
+  BOOST_TEST(r.equal(dense.apply(flat, ApplyOptions().batch_size(BatchSize{n, b[2]}))));
+  // with another TensorDict: its leaves at the same keys
+  TensorDict other = dense.apply([](const at::Tensor& t) { return t * 0 + 5; });
+  auto both = [](const std::vector<at::Tensor>& v) { return (v[0] + v[1]).flatten(0, 1); };
+  TensorDict r2 = lazy.apply(both, {other}, ApplyOptions().batch_size(BatchSize{n, b[2]}));
+  BOOST_TEST(!LazyStackedTensorDict::is_lazy_stack(r2));
+  BOOST_TEST(r2.equal(dense.apply(both, {other}, ApplyOptions().batch_size(BatchSize{n, b[2]}))));
+  // a batch size the results do not fit: the dense apply's BatchSizeError, the stack unchanged
+  BOOST_CHECK_THROW(lazy.apply(flat, ApplyOptions().batch_size(BatchSize{n + 1})), BatchSizeError);
+  BOOST_TEST(lazy.equal(dense));
+}
+
 BOOST_AUTO_TEST_CASE(test_best_intention_stack) {
   // maybe_dense_stack: dense when the members stack, lazy otherwise
   std::vector<TensorDict> tds = members(2);

@@ -12,7 +12,8 @@
 //! - index: an int at the stack dim is the member itself; other indices are split per member (slices, index
 //!   lists and masks over the stack dim give a lazy stack of indexed members; masks over the stack dim and
 //!   the following dims concatenate); the rest densifies first (the members must then stack).
-//! - apply / clone / to: member by member, a lazy stack again; contiguous(): a dense TensorDict.
+//! - apply / clone / to: member by member, a lazy stack again (apply with a batch_size: a dense TensorDict over
+//!   the stacked leaves, as upstream); contiguous(): a dense TensorDict.
 //! - shape ops (unsqueeze, squeeze, permute, transpose, split, chunk; view / reshape / flatten / unflatten
 //!   keeping the stack dim): member by member, a lazy stack again with the stack dim moved; the members'
 //!   results are views of the members. Merging or splitting the stack dim itself densifies.
