@@ -380,8 +380,11 @@ void RemoteNode::rename_key(TensorDict& self, const NestedKey& old_key, const Ne
   const bool new_level = parent.size() > path_.size() && !snap->level(parent);
   tree_->client()->run([&](backends::LeafStore& s) {
     if (new_level) s.create_group(parent);
-    if (taken) s.erase(to);  // replaced, as upstream's set of the new key (safe=false)
-    s.move(from, to);
+    if (taken) {
+      s.replace(from, to);  // replaced, as upstream's set of the new key (safe=false), in one step
+    } else {
+      s.move(from, to);
+    }
   });
   if (new_level) tree_->set_batch(parent, batch);
   tree_->reload();

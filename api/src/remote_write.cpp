@@ -79,8 +79,7 @@ void upload(backends::LeafStore& s, const LeafPath& path, const Entry& value, bo
     }
     throw;
   }
-  s.erase(path);
-  s.move(staged, path);
+  s.replace(staged, path);  // the old key dropped and the new one moved in, in one step where the store can
 }
 
 void upload_new(backends::LeafStore& s, const LeafPath& path, const Entry& value, const backends::CreateOptions& opts) {

@@ -281,12 +281,18 @@ void RedisStore::transact(const std::vector<RedisCommand>& cmds, const std::stri
   // one script (atomic, as MULTI/EXEC) running each command from ARGV: <argc> <arg>... per command. Not a
   // MULTI: a server over its maxmemory refuses every command queued in a MULTI, so no key could be erased or
   // moved to free memory, and a write that failed for want of memory could not remove the keys it had made. A
-  // script without flags runs there, and DEL / SREM / RENAME (not refused when out of memory) run inside it
+  // script without flags runs there, and DEL / SREM / RENAME (not refused when out of memory) run inside it. A
+  // RENAME whose source does not exist deletes its destination instead (RENAME would fail there, and a failing
+  // command stops a script with the commands before it applied)
   static const char* const kRun =
       "local i = 1\n"
       "while i <= #ARGV do\n"
       "  local n = tonumber(ARGV[i])\n"
-      "  redis.call(unpack(ARGV, i + 1, i + n))\n"
+      "  if ARGV[i + 1] == 'RENAME' and redis.call('EXISTS', ARGV[i + 2]) == 0 then\n"
+      "    redis.call('DEL', ARGV[i + 3])\n"
+      "  else\n"
+      "    redis.call(unpack(ARGV, i + 1, i + n))\n"
+      "  end\n"
       "  i = i + n + 1\n"
       "end\n"
       "return 1\n";
@@ -299,26 +305,18 @@ void RedisStore::transact(const std::vector<RedisCommand>& cmds, const std::stri
   if (r.is_error()) redis_reply_error(r, what);
 }
 
-void RedisStore::move(const LeafPath& from, const LeafPath& to) {
-  check_leaf_path(to);
-  const std::string jf = redis_join_path(from), jt = redis_join_path(to);
-  if (!members_under(jt).empty()) throw KeyError("key '" + jt + "' already exists in " + describe());
-  const std::vector<std::string> targets = members_under(jf);
-  if (targets.empty()) throw KeyError("key '" + jf + "' not found in " + describe());
-  // RENAME fails on a missing key: the lazy-stack offset tables (d:<key>:idx) that exist, asked first
-  std::vector<RedisCommand> exists;
-  for (const auto& k : targets) exists.push_back(RedisCommand{"EXISTS", key("d:" + k + ":idx")});
-  std::vector<RedisReply> has_idx = client().pipeline(exists);
+std::vector<RedisCommand> RedisStore::rename_cmds(const std::string& jf, const std::string& jt,
+                                                  const std::vector<std::string>& targets) {
+  // every key a leaf may have, renamed: the transaction's script skips a source that does not exist (a lazy
+  // stack's offset table d:<key>:idx, the value of a zero-byte leaf) and deletes its destination instead
   std::vector<RedisCommand> cmds;
   RedisCommand srem{"SREM", key("__keys__")};
   RedisCommand sadd{"SADD", key("__keys__")};
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const std::string& k = targets[i];
+  for (const std::string& k : targets) {
     const std::string nk = jt + k.substr(jf.size());
     cmds.push_back(RedisCommand{"RENAME", key("d:" + k), key("d:" + nk)});
     cmds.push_back(RedisCommand{"RENAME", key("m:" + k), key("m:" + nk)});
-    if (has_idx[i].is_integer() && has_idx[i].integer == 1)
-      cmds.push_back(RedisCommand{"RENAME", key("d:" + k + ":idx"), key("d:" + nk + ":idx")});
+    cmds.push_back(RedisCommand{"RENAME", key("d:" + k + ":idx"), key("d:" + nk + ":idx")});
     srem.arg(k);
     sadd.arg(nk);
     forget(k);
@@ -326,6 +324,41 @@ void RedisStore::move(const LeafPath& from, const LeafPath& to) {
   }
   cmds.push_back(std::move(srem));
   cmds.push_back(std::move(sadd));
+  return cmds;
+}
+
+void RedisStore::move(const LeafPath& from, const LeafPath& to) {
+  check_leaf_path(to);
+  const std::string jf = redis_join_path(from), jt = redis_join_path(to);
+  if (!members_under(jt).empty()) throw KeyError("key '" + jt + "' already exists in " + describe());
+  const std::vector<std::string> targets = members_under(jf);
+  if (targets.empty()) throw KeyError("key '" + jf + "' not found in " + describe());
+  transact(rename_cmds(jf, jt, targets), key("d:" + jf));
+}
+
+void RedisStore::replace(const LeafPath& from, const LeafPath& to) {
+  check_leaf_path(to);
+  const std::string jf = redis_join_path(from), jt = redis_join_path(to);
+  const std::vector<std::string> targets = members_under(jf);
+  if (targets.empty()) throw KeyError("key '" + jf + "' not found in " + describe());
+  if (jt.size() > jf.size() && jt.compare(0, jf.size() + 1, jf + ".") == 0)
+    throw ValueError("cannot move '" + jf + "' into itself ('" + jt + "') in " + describe());
+  // the old leaves under `to` (not those being moved, which may lie in it) deleted, in the same script
+  const std::set<std::string> moving(targets.begin(), targets.end());
+  RedisCommand del{"DEL"};
+  RedisCommand srem{"SREM", key("__keys__")};
+  for (const std::string& k : members_under(jt)) {
+    if (moving.count(k)) continue;
+    del.arg(key("d:" + k)).arg(key("m:" + k)).arg(key("d:" + k + ":idx"));
+    srem.arg(k);
+    forget(k);
+  }
+  std::vector<RedisCommand> cmds;
+  if (srem.size() > 2) {
+    cmds.push_back(std::move(del));
+    cmds.push_back(std::move(srem));
+  }
+  for (RedisCommand& c : rename_cmds(jf, jt, targets)) cmds.push_back(std::move(c));
   transact(cmds, key("d:" + jf));
 }
 

@@ -934,9 +934,25 @@ BOOST_AUTO_TEST_CASE(rename_key_and_clear_move_and_erase_keys_without_their_data
   std::string e = error_of<KeyError>([&] { st.rename_key_("c", "y", RenameOptions().safe(true)); });
   BOOST_TEST(has(e, "already present"), e);
   BOOST_TEST(st.get("y").equal(src.get({"sub", "x"})));
+  // the old key dropped and the new one moved in by one script: a connection lost between two steps could have
+  // left the old key erased and the renamed one not moved (RedisStore::replace)
+  auto eval_calls = [&] {
+    const std::string st_text = raw.command(backends::RedisCommand{"INFO", "commandstats"}).str;
+    const size_t at = st_text.find("cmdstat_eval:calls=");
+    return at == std::string::npos ? 0LL : std::stoll(st_text.substr(at + 19));
+  };
+  raw.command(backends::RedisCommand{"CONFIG", "RESETSTAT"});
   st.rename_key_("c", "y");
+  BOOST_TEST(eval_calls() == 1);
   BOOST_TEST(st.get("y").equal(src.get("a")));
   BOOST_TEST(!st.contains("c"));
+  // a key replaced by a value of another shape: written under a staging name, then moved over the old one by one
+  // script as well
+  raw.command(backends::RedisCommand{"CONFIG", "RESETSTAT"});
+  st.set("y", at::full({10, 7}, 9.f));
+  BOOST_TEST(eval_calls() == 1);
+  BOOST_TEST(TensorDictStore::from_store(st.td_id(), o).get("y").equal(at::full({10, 7}, 9.f)));
+  st.set("y", src.get("a"));
   // a missing key, a key moved below itself, a value that does not fit the new level's batch size, a locked store
   e = error_of<KeyError>([&] { st.rename_key_("nope", "z"); });
   BOOST_TEST(has(e, "not found"), e);

@@ -467,12 +467,55 @@ BOOST_AUTO_TEST_CASE(a_connection_lost_before_an_erase_move_or_clear_changes_not
   s->move({"g"}, {"h"});
   seen({{"h", "x"}, {"h", "y"}}, {{"g", "x"}, {"g", "y"}});
 
+  // a replace (the old key and the moved one in one script): the same
+  s->create({"a"}, at::kFloat, {4}, at::full({4}, 1.f), {});
+  drop_connection();
+  BOOST_TEST(contains(message_of<BackendError>([&] { s->replace({"a"}, {"h", "y"}); }), "lost"));
+  seen({{"a"}, {"h", "x"}, {"h", "y"}}, {});
+  s->replace({"a"}, {"h", "y"});
+  {
+    auto other = open_redis_store(s->spec_fields());
+    BOOST_TEST(at::all(other->read({LeafRead{{"h", "y"}, true, {}}})[0] == 1.f).item<bool>());
+    size_t leaves = 0;
+    for (const LeafInfo& l : other->list()) leaves += l.kind != LeafKind::Group;
+    BOOST_TEST(leaves == 2u);  // h.x and h.y
+  }
+  s->erase({"h", "y"});
+  s->create({"h", "y"}, at::kFloat, {4}, at::full({4}, 3.f), {});
+
   drop_connection();
   BOOST_TEST(contains(message_of<BackendError>([&] { s->clear(); }), "lost"));
   seen({{"h", "x"}, {"h", "y"}}, {});
   BOOST_TEST(*open_redis_store(s->spec_fields())->stored_batch_size() == std::vector<int64_t>{4});
   s->clear();  // every key of the store gone, its __batch_size__ too
   BOOST_TEST(killer.command(RedisCommand{"KEYS", s->key("*")}).elements.empty());
+}
+
+BOOST_AUTO_TEST_CASE(move_and_replace_keep_every_key_of_a_leaf) {
+  // a zero-byte leaf has no value key (only its hash): moved and replaced, it stays a leaf of its shape; a leaf
+  // moved over the level that holds it replaces the rest of that level
+  auto s = new_store({4});
+  s->create({"empty"}, at::kFloat, {4, 0}, {}, {});
+  s->create({"g", "x"}, at::kLong, {4}, at::arange(4), {});
+  s->create({"g", "y"}, at::kFloat, {4}, at::full({4}, 3.f), {});
+  s->move({"empty"}, {"e2"});
+  s->replace({"e2"}, {"g", "y"});
+  auto names = [&] {
+    std::set<std::string> out;
+    for (const LeafInfo& l : open_redis_store(s->spec_fields())->list())
+      if (l.kind != LeafKind::Group) out.insert(redis_join_path(l.path));
+    return out;
+  };
+  BOOST_TEST((names() == std::set<std::string>{"g.x", "g.y"}));
+  auto other = open_redis_store(s->spec_fields());
+  BOOST_TEST(other->read({LeafRead{{"g", "y"}, true, {}}})[0].sizes().vec() == (std::vector<int64_t>{4, 0}));
+  s->replace({"g", "x"}, {"g"});
+  BOOST_TEST((names() == std::set<std::string>{"g"}));
+  BOOST_TEST(same(open_redis_store(s->spec_fields())->read({LeafRead{{"g"}, true, {}}})[0], at::arange(4)));
+  // into itself: refused before anything changes
+  s->create({"k", "x"}, at::kFloat, {4}, at::ones({4}), {});
+  BOOST_TEST(contains(message_of<ValueError>([&] { s->replace({"k"}, {"k", "x", "z"}); }), "into itself"));
+  BOOST_TEST((names() == std::set<std::string>{"g", "k.x"}));
 }
 
 BOOST_AUTO_TEST_CASE(hostile_metadata) {

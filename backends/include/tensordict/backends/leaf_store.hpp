@@ -12,6 +12,7 @@
 //! Errors (backends/errors.hpp): KeyError (missing path), FormatError (a file or key that is malformed,
 //! naming the file/key and the dataset), TypeError (a dtype the format cannot hold), BackendError (I/O,
 //! connection, locking), ValueError (read-only store written, bad shapes), NotImplementedError.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -123,6 +124,24 @@ class LeafStore {
     (void)from;
     (void)to;
     throw NotImplementedError(describe() + " cannot move a key");
+  }
+  //! moves `from` over `to`, whose old leaf or group (when there is one) goes in the same step; what lies under
+  //! `from` inside `to` is moved, not dropped. A store that can (redis: one script) does both at once, so a
+  //! failure between them (a lost connection) cannot leave `to` erased and `from` unmoved; the default erases,
+  //! then moves (an HDF5 file in this process)
+  virtual void replace(const LeafPath& from, const LeafPath& to) {
+    const bool inside = from.size() > to.size() && std::equal(to.begin(), to.end(), from.begin());
+    if (!inside) {
+      erase(to);
+      move(from, to);
+      return;
+    }
+    LeafPath aside = to;  // from lies in to: set aside first, then moved over the rest of to
+    aside.back() = "__td_moving_" + aside.back();
+    erase(aside);
+    move(from, aside);
+    erase(to);
+    move(aside, to);
   }
 
   virtual NonTensorValue read_non_tensor(const LeafPath& path) = 0;

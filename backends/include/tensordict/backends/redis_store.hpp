@@ -114,6 +114,8 @@ class RedisStore : public LeafStore {
   bool erase(const LeafPath& path) override;
   //! RENAME of every key of the leaves under `from` and the key set updated, in one transaction
   void move(const LeafPath& from, const LeafPath& to) override;
+  //! the old keys under `to` deleted and `from`'s renamed over them, in one script
+  void replace(const LeafPath& from, const LeafPath& to) override;
   NonTensorValue read_non_tensor(const LeafPath& path) override;
   void write_non_tensor(const LeafPath& path, const NonTensorValue& value) override;
   void flush() override {}
@@ -150,6 +152,9 @@ class RedisStore : public LeafStore {
   std::vector<std::string> members() const;
   //! the leaves at `joined` or below it
   std::vector<std::string> members_under(const std::string& joined) const;
+  //! the commands that rename the leaves `targets` (under `jf`) to under `jt` and update the key set
+  std::vector<RedisCommand> rename_cmds(const std::string& jf, const std::string& jt,
+                                        const std::vector<std::string>& targets);
   //! the leaf's cached metadata and length check dropped
   void forget(const std::string& joined) {
     meta_cache_.erase(joined);
