@@ -331,7 +331,8 @@ TensorDict Runtime::map(const TensorDict& src, const MapFn& fn, const MapOptions
   const bool plain_out = plan.out && !plan.in_place_out;
   std::vector<TensorDict> results(plan.chunks.size(), TensorDict::undefined());
   // results not written into an out: copied into the call's result as they come, by the worker that made them
-  if (!plan.out) job->gather = std::make_shared<map_detail::ChunkGather>(plan);
+  // (chunksize 0 stacks its results: gathered at the end)
+  if (!plan.out && !plan.stack) job->gather = std::make_shared<map_detail::ChunkGather>(plan);
   std::vector<char> placed(plan.chunks.size(), 0);
   bool gather_started = false;
   Progress progress(plan.progress, total, std::chrono::milliseconds(c.map_progress_interval_ms), "map");

@@ -429,8 +429,9 @@ TensorDict gather(const std::vector<TensorDict>& results, const MapPlan& plan) {
 }
 
 namespace {
-//! the dense level behind an entry's sub-TensorDict, or null (another node kind)
-const TensorDictImpl* dense_child(const Entry& e) { return e.tensordict().node()->dense_node(); }
+//! the dense level of a result or of an entry's sub-TensorDict, or null (another node kind: gathered at the end)
+const TensorDictImpl* dense_of(const TensorDict& td) { return detail::tree::level_of(td, detail::tree::Descend::DenseOnly); }
+const TensorDictImpl* dense_child(const Entry& e) { return dense_of(e.tensordict()); }
 
 //! an empty level like `like` (its dense tree, tensor leaves only) with `total` rows along dim; false when a level
 //! or leaf is not of the plain kind
@@ -525,7 +526,7 @@ ChunkGather::~ChunkGather() = default;
 
 bool ChunkGather::start(size_t i, const TensorDict& r) {
   if (!s_->ranges || !r.defined() || r.typed_schema()) return false;
-  const TensorDictImpl* level = r.node()->dense_node();
+  const TensorDictImpl* level = dense_of(r);
   const auto d = static_cast<size_t>(s_->plan.dim);
   if (!level || level->batch_size.size() <= d || level->batch_size[d] != s_->offsets[i + 1] - s_->offsets[i]) return false;
   TensorDict out;
@@ -543,8 +544,8 @@ bool ChunkGather::ready() const { return s_->ready.load(std::memory_order_acquir
 
 bool ChunkGather::place(size_t i, const TensorDict& r) const {
   if (!ready() || !r.defined() || r.typed_schema()) return false;
-  const TensorDictImpl* level = r.node()->dense_node();
-  const TensorDictImpl* out = s_->out.node()->dense_node();
+  const TensorDictImpl* level = dense_of(r);
+  const TensorDictImpl* out = dense_of(s_->out);
   const int64_t off = s_->offsets[i];
   try {
     return level && place_level(*out, *level, s_->plan.dim, off, s_->offsets[i + 1] - off);
