@@ -93,6 +93,35 @@ BOOST_AUTO_TEST_CASE(nested_groups_and_list_order) {
   check_throws<tensordict::ValueError>([&] { s->create({"a/b"}, at::kFloat, {1}, {}, {}); }, {"invalid key"});
 }
 
+// LeafStore::replace's default (erase, then move): over a leaf, over a missing key, and a leaf moved over the
+// group that holds it (set aside first, so that erasing the group does not take it along)
+BOOST_AUTO_TEST_CASE(replace_moves_over_a_key_and_out_of_the_group_it_replaces) {
+  TempDir dir;
+  auto s = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);
+  s->create({"a"}, at::kLong, {3}, at::arange(3), {});
+  s->create({"b"}, at::kFloat, {2}, at::ones({2}), {});
+  s->create({"g", "x"}, at::kLong, {2}, at::full({2}, 7, at::kLong), {});
+  s->create({"g", "y"}, at::kFloat, {2}, at::zeros({2}), {});
+  auto leaves = [&] {
+    std::vector<std::string> out;
+    for (const auto& i : s->list()) {
+      std::string p;
+      for (const auto& part : i.path) p += "/" + part;
+      if (i.kind != be::LeafKind::Group) out.push_back(p);
+    }
+    return out;
+  };
+  s->replace({"a"}, {"b"});
+  BOOST_TEST(s->read({whole({"b"})})[0].equal(at::arange(3)));
+  s->replace({"b"}, {"c"});  // nothing at c
+  BOOST_TEST(s->read({whole({"c"})})[0].equal(at::arange(3)));
+  s->replace({"g", "x"}, {"g"});
+  BOOST_TEST(s->read({whole({"g"})})[0].equal(at::full({2}, 7, at::kLong)));
+  BOOST_TEST(leaves() == (std::vector<std::string>{"/c", "/g"}), boost::test_tools::per_element());
+  check_throws<tensordict::KeyError>([&] { s->replace({"nope"}, {"c"}); }, {"/nope"});
+  BOOST_TEST(s->read({whole({"c"})})[0].equal(at::arange(3)));
+}
+
 BOOST_AUTO_TEST_CASE(rows_read_and_write) {
   TempDir dir;
   auto s = be::open_h5_store(dir / "t.h5", be::H5Mode::Write);

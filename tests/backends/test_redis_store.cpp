@@ -515,6 +515,7 @@ BOOST_AUTO_TEST_CASE(move_and_replace_keep_every_key_of_a_leaf) {
   // into itself: refused before anything changes
   s->create({"k", "x"}, at::kFloat, {4}, at::ones({4}), {});
   BOOST_TEST(contains(message_of<ValueError>([&] { s->replace({"k"}, {"k", "x", "z"}); }), "into itself"));
+  BOOST_TEST(contains(message_of<KeyError>([&] { s->replace({"nope"}, {"g"}); }), "nope"));  // g not erased
   BOOST_TEST((names() == std::set<std::string>{"g", "k.x"}));
 }
 

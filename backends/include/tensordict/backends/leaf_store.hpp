@@ -12,7 +12,6 @@
 //! Errors (backends/errors.hpp): KeyError (missing path), FormatError (a file or key that is malformed,
 //! naming the file/key and the dataset), TypeError (a dtype the format cannot hold), BackendError (I/O,
 //! connection, locking), ValueError (read-only store written, bad shapes), NotImplementedError.
-#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -128,17 +127,13 @@ class LeafStore {
   //! moves `from` over `to`, whose old leaf or group (when there is one) goes in the same step; what lies under
   //! `from` inside `to` is moved, not dropped. A store that can (redis: one script) does both at once, so a
   //! failure between them (a lost connection) cannot leave `to` erased and `from` unmoved; the default erases,
-  //! then moves (an HDF5 file in this process)
+  //! then moves (an HDF5 file in this process): `from` is first moved aside, beside `to`, so that a missing `from`
+  //! (a KeyError) erases nothing and a `from` inside `to` is not erased with it
   virtual void replace(const LeafPath& from, const LeafPath& to) {
-    const bool inside = from.size() > to.size() && std::equal(to.begin(), to.end(), from.begin());
-    if (!inside) {
-      erase(to);
-      move(from, to);
-      return;
-    }
-    LeafPath aside = to;  // from lies in to: set aside first, then moved over the rest of to
+    if (to.empty()) throw ValueError(describe() + ": cannot replace the root");
+    LeafPath aside = to;
     aside.back() = "__td_moving_" + aside.back();
-    erase(aside);
+    erase(aside);  // left by a process killed mid-replacement
     move(from, aside);
     erase(to);
     move(aside, to);
